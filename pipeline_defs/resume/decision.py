@@ -1,0 +1,363 @@
+"""The single judge: one pure function maps a step's observed state to a resume action.
+
+UI launches, sensor ticks, backfills and scripts all call ``decide`` with the same inputs
+and therefore reach the same decision (SPEC §4). ``decide`` performs no I/O and reads no
+clock: the caller passes ``now`` and a lazy ``verify`` that is only run when the table
+needs it (verification can be expensive).
+"""
+
+import hashlib
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Any, Protocol
+
+from pipeline_defs.resume.clock import as_utc, format_timestamp, parse_timestamp
+from pipeline_defs.resume.completion import CompletionReport, Origin, report_from_exception
+from pipeline_defs.resume.settings import ResumeSettings
+
+CODE_RESUME_BLOCKED = "step.resume_blocked"
+CODE_VERIFY_CRASHED = "step.verify_crashed"
+CODE_RECOVERY_EXHAUSTED = "step.recovery_exhausted"
+BLOCK_CODES = frozenset({CODE_RESUME_BLOCKED, CODE_VERIFY_CRASHED, CODE_RECOVERY_EXHAUSTED})
+
+FORCE_HINT = "launch with tag resume/mode=force to rebuild"
+MAX_LISTED_MISSING = 5
+
+
+class ResumeAction(StrEnum):
+    """What the run (or the sensor) does with a step."""
+
+    SKIP = "skip"
+    RERUN_SELF = "rerun_self"
+    FORCE_EXPLICIT = "force_explicit"
+    STALE_RUNNING_RECOVERY = "stale_running_recovery"
+    BLOCK = "block"
+    NOT_APPLICABLE = "not_applicable"
+
+
+CLAIMING_ACTIONS = frozenset(
+    {ResumeAction.RERUN_SELF, ResumeAction.FORCE_EXPLICIT, ResumeAction.STALE_RUNNING_RECOVERY}
+)
+
+
+class LaunchMode(StrEnum):
+    """``force`` only ever comes from an explicit human/API request; everything else resumes."""
+
+    RESUME = "resume"
+    FORCE = "force"
+
+
+class JudgedStep(Protocol):
+    """The part of a step spec the judge reads (read-only, so frozen specs qualify)."""
+
+    @property
+    def step_id(self) -> str: ...
+
+    @property
+    def schema_version(self) -> int: ...
+
+    @property
+    def resume_config_keys(self) -> tuple[str, ...]: ...
+
+    @property
+    def allow_auto_rerun_on_schema_bump(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class CheckpointSummary:
+    """The envelope fields the judge needs, read by the caller (the judge does no I/O)."""
+
+    present: bool
+    schema_version: int | None = None
+    status: str | None = None
+    config_hash: str | None = None
+    config_fingerprints: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def absent(cls) -> "CheckpointSummary":
+        """No checkpoint on disk."""
+        return cls(present=False)
+
+
+def _canonical_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+def fingerprint(value: Any) -> str:
+    """Fingerprint of one config value (sha256 of canonical JSON), so writers agree."""
+    return hashlib.sha256(_canonical_json(value).encode("utf-8")).hexdigest()
+
+
+def config_hash(fingerprints: Mapping[str, str]) -> str:
+    """Hash of the scoped config: sha256 hex of canonical JSON of the sorted fingerprints."""
+    ordered = {str(k): str(v) for k, v in sorted(fingerprints.items())}
+    return hashlib.sha256(_canonical_json(ordered).encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True)
+class ScopedConfig:
+    """Current fingerprints of the step's ``resume_config_keys`` (dotted key -> fingerprint)."""
+
+    fingerprints: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def hash(self) -> str:
+        """Same function the checkpoint writer uses, so equal configs compare equal."""
+        return config_hash(self.fingerprints)
+
+
+@dataclass(frozen=True)
+class ResumeDecision:
+    """The judge's verdict; impossible combinations are refused so callers can trust flags."""
+
+    action: ResumeAction
+    reason: str
+    origin: Origin | None = None
+    code: str | None = None
+    expected_started_at: str | None = None
+    expected_run_id: str | None = None
+    first_run: bool = False
+    adopt: bool = False
+    auto_recovery: bool = False
+    deferred_until: str | None = None
+
+    def __post_init__(self) -> None:
+        action = ResumeAction(self.action)
+        object.__setattr__(self, "action", action)
+        if self.origin is not None:
+            object.__setattr__(self, "origin", Origin(self.origin))
+        if action is ResumeAction.BLOCK:
+            if self.code not in BLOCK_CODES:
+                raise ValueError(f"a BLOCK needs one of {sorted(BLOCK_CODES)}, got {self.code!r}")
+        elif self.code is not None:
+            raise ValueError(f"only a BLOCK carries a code, got {self.code!r} on {action.value}")
+        if action not in CLAIMING_ACTIONS:
+            if self.expected_started_at is not None or self.expected_run_id is not None:
+                raise ValueError(f"{action.value} claims nothing and carries no expected_* fields")
+            if self.auto_recovery or self.deferred_until is not None:
+                raise ValueError(f"{action.value} is not an automatic recovery")
+        if self.first_run and action is not ResumeAction.RERUN_SELF:
+            raise ValueError("first_run only applies to RERUN_SELF")
+        if self.adopt and action is not ResumeAction.SKIP:
+            raise ValueError("adopt only applies to SKIP")
+        if self.deferred_until is not None and not self.auto_recovery:
+            raise ValueError("only automatic recoveries are deferred")
+
+    @property
+    def claims(self) -> bool:
+        """Whether acting on this decision claims the ledger row."""
+        return self.action in CLAIMING_ACTIONS
+
+    @property
+    def is_block(self) -> bool:
+        """Whether the step is blocked (the run raises ``code``, the sensor reports it)."""
+        return self.action is ResumeAction.BLOCK
+
+
+def _status_of(value: Any) -> str:
+    return str(value).strip().lower() if value is not None else "unknown"
+
+
+def _count_of(value: Any) -> int:
+    try:
+        return int(value) if value is not None else 0
+    except (TypeError, ValueError):
+        return 0
+
+
+def _rerun(reason: str, origin: Origin | None = None) -> ResumeDecision:
+    return ResumeDecision(ResumeAction.RERUN_SELF, reason, origin=origin, auto_recovery=True)
+
+
+def _block(reason: str, origin: Origin | None, code: str = CODE_RESUME_BLOCKED) -> ResumeDecision:
+    return ResumeDecision(ResumeAction.BLOCK, reason, origin=origin, code=code)
+
+
+def _summarize(items: tuple[str, ...]) -> str:
+    listed = ", ".join(items[:MAX_LISTED_MISSING])
+    extra = len(items) - MAX_LISTED_MISSING
+    return f"{listed} (and {extra} more)" if extra > 0 else listed
+
+
+def _changed_keys(saved: Mapping[str, str], current: Mapping[str, str]) -> list[str]:
+    keys = set(saved) | set(current)
+    return sorted(k for k in keys if saved.get(k) != current.get(k))
+
+
+def _run_verify(verify: Callable[[], CompletionReport]) -> CompletionReport:
+    try:
+        report = verify()
+    except Exception as exc:  # the verifier's failure is itself a verdict
+        return report_from_exception(exc)
+    if not isinstance(report, CompletionReport):
+        return report_from_exception(
+            TypeError(f"verify_completion returned {type(report).__name__}, not CompletionReport")
+        )
+    return report
+
+
+def _judge_running(
+    row: Mapping[str, Any], settings: ResumeSettings, now: datetime
+) -> ResumeDecision:
+    """Rows 5, 6 and 6b: another run holds the step; only a timed-out lease may be stolen."""
+    raw_started = row.get("started_at")
+    run_id = row.get("run_id")
+    started = parse_timestamp(raw_started)
+    if started is None:
+        return _block(
+            f"ledger row is running but started_at {raw_started!r} is missing or unparseable "
+            f"(owner run {run_id!r}); manual investigation required",
+            None,
+        )
+    elapsed = now - started
+    timeout = timedelta(seconds=settings.running_timeout_seconds)
+    if elapsed < timeout:
+        return _block(
+            f"running healthy: owned by run {run_id!r}, started {elapsed.total_seconds():.0f}s ago "
+            f"(timeout {settings.running_timeout_seconds}s)",
+            None,
+        )
+    return ResumeDecision(
+        ResumeAction.STALE_RUNNING_RECOVERY,
+        f"run {run_id!r} has been running for {elapsed.total_seconds():.0f}s, at or past the "
+        f"{settings.running_timeout_seconds}s timeout; recovering the stale lease",
+        expected_started_at=raw_started,
+        expected_run_id=run_id,
+        auto_recovery=True,
+    )
+
+
+def _judge_settled(
+    status: str,
+    checkpoint: CheckpointSummary,
+    verify: Callable[[], CompletionReport],
+    step: JudgedStep,
+    config: ScopedConfig,
+) -> ResumeDecision:
+    """Rows 8-11 for a present checkpoint and a non-running status."""
+    if status != "completed":
+        return _rerun(f"auto recovery from {status}")
+    # Row 8: the stored shape is not the shape this code reads.
+    if checkpoint.schema_version != step.schema_version:
+        versions = (
+            f"checkpoint schema_version {checkpoint.schema_version} differs from the step's "
+            f"schema_version {step.schema_version}"
+        )
+        if step.allow_auto_rerun_on_schema_bump:
+            return _rerun(
+                f"{versions}; the step allows an automatic rerun on a schema bump",
+                Origin.CONTRACT_DRIFT,
+            )
+        return _block(f"{versions}; {FORCE_HINT}", Origin.CONTRACT_DRIFT)
+    # Row 9: the output was produced under a different scoped config.
+    saved_hash = checkpoint.config_hash
+    if saved_hash is None:  # an envelope without a hash: judge by its fingerprints
+        saved_hash = config_hash(checkpoint.config_fingerprints)
+    if saved_hash != config.hash:
+        changed = (
+            _changed_keys(checkpoint.config_fingerprints, config.fingerprints)
+            if checkpoint.config_fingerprints
+            else []
+        )
+        if changed:
+            what = f"scoped config changed for keys: {', '.join(changed)}"
+        else:
+            keys = ", ".join(step.resume_config_keys) or "(none)"
+            what = f"scoped config hash changed (resume_config_keys: {keys})"
+        return _block(f"{what}; {FORCE_HINT}", Origin.CONTRACT_DRIFT)
+    # Row 10: only now is the (possibly expensive) verifier worth running.
+    report = _run_verify(verify)
+    origin = report.origin or Origin.CLEAN
+    error = report.metadata.get("error")
+    detail = f" ({error})" if error else ""
+    if origin is Origin.CLEAN:
+        return ResumeDecision(ResumeAction.SKIP, "completed and verified clean", origin=origin)
+    if origin is Origin.ARTIFACT_MISSING:
+        missing = _summarize(report.missing) or "unspecified artifacts"
+        return _rerun(f"completed but artifacts are missing: {missing}", origin)
+    if origin is Origin.VERIFY_CRASHED:
+        return _block(f"verify_completion crashed{detail}", origin, CODE_VERIFY_CRASHED)
+    found = f": {_summarize(report.missing)}" if report.missing else ""
+    return _block(f"verification found {origin.value}{found}{detail}; {FORCE_HINT}", origin)
+
+
+def _apply_limits(
+    decision: ResumeDecision,
+    row: Mapping[str, Any] | None,
+    settings: ResumeSettings,
+    now: datetime,
+) -> ResumeDecision:
+    """Rows 12 and 13: cap automatic recoveries, and defer them during backoff."""
+    if not decision.auto_recovery or row is None:
+        return decision
+    count = _count_of(row.get("recovery_count"))
+    if count >= settings.max_recovery_attempts:
+        return _block(
+            f"recovery exhausted after {count} automatic recoveries "
+            f"(max_recovery_attempts={settings.max_recovery_attempts}); last recovery reason: "
+            f"{row.get('last_recovery_reason')!r}; would have done {decision.action.value}: "
+            f"{decision.reason}",
+            decision.origin,
+            CODE_RECOVERY_EXHAUSTED,
+        )
+    raw_retry = row.get("retry_not_before")
+    retry_at = parse_timestamp(raw_retry)
+    if retry_at is not None and retry_at > now:
+        text = raw_retry if isinstance(raw_retry, str) else format_timestamp(retry_at)
+        return replace(decision, deferred_until=text)
+    return decision
+
+
+def decide(
+    *,
+    mode: LaunchMode,
+    applicable: bool,
+    row: Mapping[str, Any] | None,
+    checkpoint: CheckpointSummary,
+    verify: Callable[[], CompletionReport],
+    step: JudgedStep,
+    config: ScopedConfig,
+    settings: ResumeSettings,
+    now: datetime,
+) -> ResumeDecision:
+    """Apply the SPEC §4 table (first match wins). Pure: no I/O, no writes, no wall clock.
+
+    ``verify`` is called at most once, and only for a completed step whose contract and
+    scoped config still match (row 10, also reached through row 4).
+    """
+    now = as_utc(now)
+    # Row 1.
+    if not applicable:
+        return ResumeDecision(
+            ResumeAction.NOT_APPLICABLE, "step is not applicable to this partition"
+        )
+    # Row 2.
+    if LaunchMode(mode) is LaunchMode.FORCE:
+        return ResumeDecision(ResumeAction.FORCE_EXPLICIT, "explicit force requested")
+    if row is None:
+        # Row 3.
+        if not checkpoint.present:
+            return ResumeDecision(ResumeAction.RERUN_SELF, "first run", first_run=True)
+        # Row 4: judge the orphan checkpoint by its own status; a clean one is adopted.
+        status = _status_of(checkpoint.status) if checkpoint.status is not None else "completed"
+        decision = _judge_settled(status, checkpoint, verify, step, config)
+        if decision.action is ResumeAction.SKIP:
+            decision = replace(
+                decision,
+                adopt=True,
+                reason="no ledger row; adopts the verified checkpoint as a completed row",
+            )
+    else:
+        status = _status_of(row.get("status"))
+        if status == "running":
+            decision = _judge_running(row, settings, now)  # rows 5, 6, 6b
+        elif status == "completed" and not checkpoint.present:
+            decision = _rerun(  # row 7
+                "ledger says completed but the checkpoint is absent", Origin.ARTIFACT_MISSING
+            )
+        else:
+            decision = _judge_settled(status, checkpoint, verify, step, config)  # rows 8-11
+    return _apply_limits(decision, row, settings, now)

@@ -1,0 +1,48 @@
+"""One typed error for the whole project: a stable ``code``, a message, an HTTP-like status."""
+
+from collections.abc import Mapping
+from typing import Any
+
+# Stable codes and their HTTP-like status. 409 = conflict with another owner or a block.
+STATUS_BY_CODE: dict[str, int] = {
+    "step.already_running": 409,
+    "step.resume_blocked": 409,
+    "step.ownership_lost": 409,
+    "step.recovery_exhausted": 409,
+    "step.gate_blocked": 409,
+    "step.verify_crashed": 500,
+    "step.execute_failed": 500,
+    "io.integrity_violation": 422,
+    "io.checkpoint_missing": 404,
+    "settings.invalid": 400,
+    "input.invalid_id": 400,
+    "input.invalid": 400,
+    "config.invalid": 400,
+}
+
+
+class PipelineError(Exception):
+    """A failure the operator can act on: ``code`` is stable, ``message`` names the culprit."""
+
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        *,
+        status: int | None = None,
+        origin: str | None = None,
+        details: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.code = code
+        self.message = message
+        self.status = status if status is not None else STATUS_BY_CODE.get(code, 400)
+        self.origin = origin
+        self.details = dict(details or {})
+        super().__init__(f"[{code}] {message}")
+
+    def as_metadata(self) -> dict[str, str]:
+        """Flat text view for Dagster metadata and audit rows."""
+        out = {"error/code": self.code, "error/message": self.message, "error/status": str(self.status)}
+        if self.origin:
+            out["error/origin"] = self.origin
+        return out

@@ -1,0 +1,520 @@
+"""The ledger store: the only place that speaks SQL to the ledger.
+
+Every operation is a short transaction of its own: no connection or transaction is held
+while a step body runs. The same statements run on PostgreSQL and SQLite.
+"""
+
+import os
+import socket
+import threading
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection, Engine
+
+from pipeline_defs.resume.clock import format_timestamp
+from pipeline_defs.resume.errors import PipelineError
+from pipeline_defs.resume.partition import Episode, StepKey
+from resources.ledger.tables import provider_call, step_run, step_transition
+
+T = TypeVar("T")
+
+MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+TERMINAL_STATUSES = frozenset({"completed", "partial", "failed", "not_applicable"})
+
+_ENGINES: dict[tuple[str, int], Engine] = {}
+_ENGINES_LOCK = threading.Lock()
+
+
+def _now() -> str:
+    return format_timestamp(datetime.now(UTC))
+
+
+def lock_owner() -> str:
+    """Diagnostic owner text: which host and process holds a claim."""
+    return f"{socket.gethostname()}/{os.getpid()}"
+
+
+def _sqlite_events(engine: Engine) -> None:
+    """Take transaction control from pysqlite: writes start with BEGIN IMMEDIATE.
+
+    An immediate transaction takes SQLite's write lock up front, which is what makes a
+    publish "under the row lock" on SQLite and avoids lock-upgrade deadlocks.
+    """
+
+    @sa.event.listens_for(engine, "connect")
+    def _connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA busy_timeout=60000")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.close()
+
+    @sa.event.listens_for(engine, "begin")
+    def _begin(conn: Connection) -> None:
+        mode = "DEFERRED" if conn.get_execution_options().get("read_only") else "IMMEDIATE"
+        conn.exec_driver_sql(f"BEGIN {mode}")
+
+
+def engine_for(url: str) -> Engine:
+    """One pooled engine per URL and process, created on first use (never at import)."""
+    key = (url, os.getpid())
+    with _ENGINES_LOCK:
+        engine = _ENGINES.get(key)
+        if engine is None:
+            if url.startswith("sqlite"):
+                engine = sa.create_engine(url, connect_args={"timeout": 60, "check_same_thread": False})
+                _sqlite_events(engine)
+            else:
+                engine = sa.create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10)
+            _ENGINES[key] = engine
+        return engine
+
+
+def _row(mapping: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    return dict(mapping) if mapping is not None else None
+
+
+class LedgerStore:
+    """Named ledger operations over SQLAlchemy Core. Rows come back as plain dicts."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._migrated = False
+
+    # ----------------------------------------------------------------- plumbing
+    @property
+    def engine(self) -> Engine:
+        return engine_for(self.url)
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.engine.dialect.name == "sqlite"
+
+    def _insert(self) -> Any:
+        return (sqlite.insert if self.is_sqlite else postgresql.insert)(step_run)
+
+    def _write(self) -> Any:
+        """A short write transaction (BEGIN IMMEDIATE on SQLite)."""
+        self.ensure_schema()
+        return self.engine.begin()
+
+    def _read(self) -> Any:
+        self.ensure_schema()
+        return self.engine.connect().execution_options(read_only=True)
+
+    @staticmethod
+    def _key_clause(key: StepKey) -> sa.ColumnElement[bool]:
+        return sa.and_(
+            step_run.c.project_id == key.project_id,
+            step_run.c.episode_id == key.episode_id,
+            step_run.c.step_id == key.step_id,
+        )
+
+    def migrate(self) -> str:
+        """Bring the database to the head revision; returns the revision."""
+        from alembic import command
+        from alembic.config import Config
+        from alembic.runtime.migration import MigrationContext
+        from alembic.script import ScriptDirectory
+
+        cfg = Config()
+        cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+        head = ScriptDirectory.from_config(cfg).get_current_head()
+        with self.engine.connect() as conn:
+            current = MigrationContext.configure(conn).get_current_revision()
+        if current != head:
+            try:
+                with self.engine.begin() as conn:
+                    cfg.attributes["connection"] = conn
+                    command.upgrade(cfg, "head")
+            except sa.exc.DBAPIError:
+                # A concurrent process may have migrated first; accept it if it reached head.
+                with self.engine.connect() as conn:
+                    if MigrationContext.configure(conn).get_current_revision() != head:
+                        raise
+        self._migrated = True
+        return str(head)
+
+    def ensure_schema(self) -> None:
+        if not self._migrated:
+            self.migrate()
+
+    # ----------------------------------------------------------------- reads
+    def get(self, key: StepKey) -> dict[str, Any] | None:
+        with self._read() as conn:
+            return _row(conn.execute(sa.select(step_run).where(self._key_clause(key))).mappings().first())
+
+    def get_many(
+        self,
+        *,
+        episodes: Iterable[Episode] | None = None,
+        step_ids: Iterable[str] | None = None,
+    ) -> dict[StepKey, dict[str, Any]]:
+        """All rows (optionally of some episodes/steps) in ONE query, keyed by StepKey."""
+        query = sa.select(step_run)
+        if step_ids is not None:
+            query = query.where(step_run.c.step_id.in_(list(step_ids)))
+        wanted: set[tuple[str, str]] | None = None
+        if episodes is not None:
+            wanted = {(e.project_id, e.episode_id) for e in episodes}
+            projects = sorted({p for p, _ in wanted})
+            query = query.where(step_run.c.project_id.in_(projects))
+        out: dict[StepKey, dict[str, Any]] = {}
+        with self._read() as conn:
+            for mapping in conn.execute(query).mappings():
+                if wanted is not None and (mapping["project_id"], mapping["episode_id"]) not in wanted:
+                    continue
+                row = dict(mapping)
+                out[StepKey(row["project_id"], row["episode_id"], row["step_id"])] = row
+        return out
+
+    def running_rows(self) -> list[dict[str, Any]]:
+        with self._read() as conn:
+            rows = conn.execute(sa.select(step_run).where(step_run.c.status == "running")).mappings()
+            return [dict(r) for r in rows]
+
+    def cursor(self) -> tuple[int, str]:
+        """(highest transition_seq, latest updated_at): changes when any row or audit changes."""
+        with self._read() as conn:
+            seq = conn.execute(sa.select(sa.func.max(step_transition.c.transition_seq))).scalar()
+            updated = conn.execute(sa.select(sa.func.max(step_run.c.updated_at))).scalar()
+        return int(seq or 0), str(updated or "")
+
+    def transitions(self, key: StepKey | None = None, *, since_seq: int = 0) -> list[dict[str, Any]]:
+        query = sa.select(step_transition).where(step_transition.c.transition_seq > since_seq)
+        if key is not None:
+            query = query.where(
+                step_transition.c.project_id == key.project_id,
+                step_transition.c.episode_id == key.episode_id,
+                step_transition.c.step_id == key.step_id,
+            )
+        with self._read() as conn:
+            rows = conn.execute(query.order_by(step_transition.c.transition_seq)).mappings()
+            return [dict(r) for r in rows]
+
+    def provider_calls(
+        self, key: StepKey | None = None, *, run_id: str | None = None, episode: Episode | None = None
+    ) -> list[dict[str, Any]]:
+        query = sa.select(provider_call)
+        if key is not None:
+            episode = key.episode
+            query = query.where(provider_call.c.step_id == key.step_id)
+        if episode is not None:
+            query = query.where(
+                provider_call.c.project_id == episode.project_id,
+                provider_call.c.episode_id == episode.episode_id,
+            )
+        if run_id is not None:
+            query = query.where(provider_call.c.run_id == run_id)
+        with self._read() as conn:
+            return [dict(r) for r in conn.execute(query.order_by(provider_call.c.id)).mappings()]
+
+    # ----------------------------------------------------------------- claims
+    def claim(
+        self,
+        key: StepKey,
+        run_id: str,
+        *,
+        allow_stale_steal: bool = False,
+        expected_started_at: str | None = None,
+        expected_run_id: str | None = None,
+        auto_recovery: bool = False,
+        reason: str | None = None,
+        now: str | None = None,
+    ) -> bool:
+        """One atomic upsert: take the row unless another owner is running it.
+
+        A running row is only taken over (``allow_stale_steal``) when its started_at and
+        run_id are still exactly the texts the judge read. Success = a row came back.
+        """
+        ts = now or _now()
+        owner = lock_owner()
+        insert = self._insert().values(
+            id=str(uuid.uuid4()),
+            project_id=key.project_id,
+            episode_id=key.episode_id,
+            step_id=key.step_id,
+            status="running",
+            run_id=run_id,
+            started_at=ts,
+            created_at=ts,
+            updated_at=ts,
+            heartbeat_at=ts,
+            lock_owner=owner,
+            recovery_count=1 if auto_recovery else 0,
+            last_recovery_reason=reason if auto_recovery else None,
+        )
+        may_take = step_run.c.status != "running"
+        if allow_stale_steal:
+            may_take = sa.or_(
+                may_take,
+                sa.and_(
+                    step_run.c.status == "running",
+                    step_run.c.started_at == expected_started_at,
+                    step_run.c.run_id == expected_run_id,
+                ),
+            )
+        update: dict[str, Any] = {
+            "run_id": run_id,
+            "status": "running",
+            "started_at": ts,
+            "updated_at": ts,
+            "heartbeat_at": ts,
+            "lock_owner": owner,
+            "completed_at": None,
+            "error_message": None,
+            "recovery_count": step_run.c.recovery_count + (1 if auto_recovery else 0),
+        }
+        if auto_recovery:
+            update["last_recovery_reason"] = reason
+        statement = insert.on_conflict_do_update(
+            index_elements=[step_run.c.project_id, step_run.c.episode_id, step_run.c.step_id],
+            set_=update,
+            where=may_take,
+        ).returning(step_run.c.run_id)
+        with self._write() as conn:
+            won = conn.execute(statement).first()
+        return won is not None and won[0] == run_id
+
+    def adopt(self, key: StepKey, run_id: str, *, summary: str, now: str | None = None) -> bool:
+        """Record a verified orphan checkpoint as completed; never overwrites an existing row."""
+        ts = now or _now()
+        statement = (
+            self._insert()
+            .values(
+                id=str(uuid.uuid4()),
+                project_id=key.project_id,
+                episode_id=key.episode_id,
+                step_id=key.step_id,
+                status="completed",
+                run_id=run_id,
+                result_summary=summary,
+                completed_at=ts,
+                created_at=ts,
+                updated_at=ts,
+                recovery_count=0,
+            )
+            .on_conflict_do_nothing(
+                index_elements=[step_run.c.project_id, step_run.c.episode_id, step_run.c.step_id]
+            )
+            .returning(step_run.c.id)
+        )
+        with self._write() as conn:
+            return conn.execute(statement).first() is not None
+
+    def mark_not_applicable(self, key: StepKey, run_id: str, reason: str, now: str | None = None) -> bool:
+        """Record that the step does not apply here; never touches a running row."""
+        ts = now or _now()
+        statement = (
+            self._insert()
+            .values(
+                id=str(uuid.uuid4()),
+                project_id=key.project_id,
+                episode_id=key.episode_id,
+                step_id=key.step_id,
+                status="not_applicable",
+                run_id=run_id,
+                result_summary=reason,
+                completed_at=ts,
+                created_at=ts,
+                updated_at=ts,
+                recovery_count=0,
+            )
+            .on_conflict_do_update(
+                index_elements=[step_run.c.project_id, step_run.c.episode_id, step_run.c.step_id],
+                set_={
+                    "status": "not_applicable",
+                    "run_id": run_id,
+                    "result_summary": reason,
+                    "completed_at": ts,
+                    "updated_at": ts,
+                    "error_message": None,
+                },
+                where=step_run.c.status != "running",
+            )
+            .returning(step_run.c.id)
+        )
+        with self._write() as conn:
+            return conn.execute(statement).first() is not None
+
+    # ----------------------------------------------------------------- owner-aware writes
+    def _owned(self, key: StepKey, run_id: str) -> sa.ColumnElement[bool]:
+        return sa.and_(self._key_clause(key), step_run.c.run_id == run_id)
+
+    def transition(
+        self,
+        key: StepKey,
+        run_id: str,
+        status: str,
+        *,
+        require_owner: bool = True,
+        applicable_count: int | None = None,
+        completed_count: int | None = None,
+        failed_count: int | None = None,
+        error: str | None = None,
+        summary: str | None = None,
+        resolved_model: str | None = None,
+        input_hash: str | None = None,
+        publish: Callable[[], Any] | None = None,
+        now: str | None = None,
+    ) -> bool:
+        """Move the row to ``status`` if this run still owns it.
+
+        With ``publish`` the owner's row is locked first, the status written, ``publish``
+        run (the checkpoint rename) and everything committed together, so a worker whose
+        lease was stolen can neither record a status nor replace the newer checkpoint.
+        Returns False (and runs nothing) when the row no longer names this owner.
+        """
+        ts = now or _now()
+        values: dict[str, Any] = {"status": status, "updated_at": ts, "error_message": error}
+        for column, value in (
+            ("applicable_count", applicable_count),
+            ("completed_count", completed_count),
+            ("failed_count", failed_count),
+            ("result_summary", summary),
+            ("resolved_model", resolved_model),
+            ("input_hash", input_hash),
+        ):
+            if value is not None:
+                values[column] = value
+        if status in TERMINAL_STATUSES:
+            values["completed_at"] = ts
+        where = self._owned(key, run_id) if require_owner else self._key_clause(key)
+        with self._write() as conn:
+            if publish is not None:
+                locked = conn.execute(sa.select(step_run.c.id).where(where).with_for_update()).first()
+                if locked is None:
+                    return False
+            changed = conn.execute(sa.update(step_run).where(where).values(**values)).rowcount
+            if changed != 1:
+                return False
+            if publish is not None:
+                publish()
+        return True
+
+    def publish(self, key: StepKey, run_id: str, fn: Callable[[], T]) -> T:
+        """Run ``fn`` while holding the row lock of a row that still names this owner."""
+        with self._write() as conn:
+            locked = conn.execute(
+                sa.select(step_run.c.id).where(self._owned(key, run_id)).with_for_update()
+            ).first()
+            if locked is None:
+                raise PipelineError(
+                    "step.ownership_lost",
+                    f"{key}: run {run_id} no longer owns the ledger row; refusing to publish",
+                )
+            return fn()
+
+    def reset_recovery(self, key: StepKey, run_id: str) -> bool:
+        with self._write() as conn:
+            result = conn.execute(
+                sa.update(step_run)
+                .where(self._owned(key, run_id))
+                .values(recovery_count=0, last_recovery_reason=None, retry_not_before=None)
+            )
+            return result.rowcount == 1
+
+    def set_retry_not_before(self, key: StepKey, run_id: str, when: str) -> bool:
+        with self._write() as conn:
+            result = conn.execute(
+                sa.update(step_run).where(self._owned(key, run_id)).values(retry_not_before=when)
+            )
+            return result.rowcount == 1
+
+    def heartbeat(self, key: StepKey, run_id: str, now: str | None = None) -> bool:
+        with self._write() as conn:
+            result = conn.execute(
+                sa.update(step_run).where(self._owned(key, run_id)).values(heartbeat_at=now or _now())
+            )
+            return result.rowcount == 1
+
+    def invalidate(self, keys: Iterable[StepKey], reason: str, now: str | None = None) -> list[StepKey]:
+        """Mark rows stale (explicit force only). Running rows are left to their owner."""
+        ts = now or _now()
+        done: list[StepKey] = []
+        with self._write() as conn:
+            for key in keys:
+                result = conn.execute(
+                    sa.update(step_run)
+                    .where(self._key_clause(key), step_run.c.status != "running")
+                    .values(status="stale", updated_at=ts, result_summary=reason)
+                )
+                if result.rowcount == 1:
+                    done.append(key)
+        return done
+
+    def reset_running(self, key: StepKey, expected_started_at: str | None, reason: str) -> bool:
+        """Operator reset of a stuck row to failed; refuses unless it is unchanged."""
+        started = (
+            step_run.c.started_at.is_(None)
+            if expected_started_at is None
+            else step_run.c.started_at == expected_started_at
+        )
+        ts = _now()
+        with self._write() as conn:
+            result = conn.execute(
+                sa.update(step_run)
+                .where(self._key_clause(key), step_run.c.status == "running", started)
+                .values(status="failed", error_message=reason, updated_at=ts, completed_at=ts)
+            )
+            return result.rowcount == 1
+
+    # ----------------------------------------------------------------- audit and cost
+    def append_transition(
+        self,
+        key: StepKey,
+        *,
+        action: str,
+        from_status: str | None,
+        to_status: str | None,
+        origin: str | None = None,
+        reason: str | None = None,
+        run_id: str | None = None,
+        launch_path: str | None = None,
+        now: str | None = None,
+    ) -> int:
+        with self._write() as conn:
+            result = conn.execute(
+                sa.insert(step_transition)
+                .values(
+                    project_id=key.project_id,
+                    episode_id=key.episode_id,
+                    step_id=key.step_id,
+                    from_status=from_status,
+                    to_status=to_status,
+                    action=action,
+                    origin=origin,
+                    reason=reason,
+                    run_id=run_id,
+                    launch_path=launch_path,
+                    at=now or _now(),
+                )
+                .returning(step_transition.c.transition_seq)
+            )
+            return int(result.scalar_one())
+
+    def record_provider_call(
+        self, key: StepKey, run_id: str | None, *, kind: str, units: int, model: str | None
+    ) -> None:
+        if kind not in ("text", "image"):
+            raise PipelineError("input.invalid", f"provider call kind must be text or image, not {kind!r}")
+        with self._write() as conn:
+            conn.execute(
+                sa.insert(provider_call).values(
+                    project_id=key.project_id,
+                    episode_id=key.episode_id,
+                    step_id=key.step_id,
+                    run_id=run_id,
+                    kind=kind,
+                    units=units,
+                    model=model,
+                    at=_now(),
+                )
+            )

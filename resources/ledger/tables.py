@@ -1,0 +1,88 @@
+"""SQLAlchemy Core models of the ledger. Timestamps are ISO-8601 UTC text, never cast in SQL."""
+
+import sqlalchemy as sa
+
+metadata = sa.MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+STEP_STATUSES = ("pending", "running", "completed", "partial", "failed", "stale", "not_applicable")
+
+step_run = sa.Table(
+    "step_run",
+    metadata,
+    sa.Column("id", sa.String(36), primary_key=True),
+    sa.Column("project_id", sa.String(64), nullable=False),
+    sa.Column("episode_id", sa.String(64), nullable=False),
+    sa.Column("step_id", sa.String(64), nullable=False),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("run_id", sa.String(128)),
+    sa.Column("resolved_model", sa.Text),
+    sa.Column("input_hash", sa.String(64)),
+    sa.Column("upstream_revision", sa.Text),
+    sa.Column("prompt_version", sa.Text),
+    sa.Column("applicable_count", sa.Integer),
+    sa.Column("completed_count", sa.Integer),
+    sa.Column("failed_count", sa.Integer),
+    sa.Column("error_message", sa.Text),
+    sa.Column("result_summary", sa.Text),
+    sa.Column("started_at", sa.Text),
+    sa.Column("completed_at", sa.Text),
+    sa.Column("created_at", sa.Text, nullable=False),
+    sa.Column("updated_at", sa.Text, nullable=False),
+    sa.Column("recovery_count", sa.Integer, nullable=False, server_default=sa.text("0")),
+    sa.Column("last_recovery_reason", sa.Text),
+    sa.Column("retry_not_before", sa.Text),
+    sa.Column("lock_owner", sa.Text),
+    sa.Column("heartbeat_at", sa.Text),
+    sa.UniqueConstraint("project_id", "episode_id", "step_id"),
+)
+sa.Index("ix_step_run_status", step_run.c.status)
+sa.Index("ix_step_run_updated_at", step_run.c.updated_at)
+
+step_transition = sa.Table(
+    "step_transition",
+    metadata,
+    sa.Column("transition_seq", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True, autoincrement=True),
+    sa.Column("project_id", sa.String(64), nullable=False),
+    sa.Column("episode_id", sa.String(64), nullable=False),
+    sa.Column("step_id", sa.String(64), nullable=False),
+    sa.Column("from_status", sa.String(16)),
+    sa.Column("to_status", sa.String(16)),
+    sa.Column("action", sa.String(32), nullable=False),
+    sa.Column("origin", sa.String(32)),
+    sa.Column("reason", sa.Text),
+    sa.Column("run_id", sa.String(128)),
+    sa.Column("launch_path", sa.String(16)),
+    sa.Column("at", sa.Text, nullable=False),
+)
+sa.Index(
+    "ix_step_transition_key",
+    step_transition.c.project_id,
+    step_transition.c.episode_id,
+    step_transition.c.step_id,
+)
+
+provider_call = sa.Table(
+    "provider_call",
+    metadata,
+    sa.Column("id", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True, autoincrement=True),
+    sa.Column("project_id", sa.String(64), nullable=False),
+    sa.Column("episode_id", sa.String(64), nullable=False),
+    sa.Column("step_id", sa.String(64), nullable=False),
+    sa.Column("run_id", sa.String(128)),
+    sa.Column("kind", sa.String(8), nullable=False),
+    sa.Column("units", sa.Integer, nullable=False),
+    sa.Column("model", sa.Text),
+    sa.Column("at", sa.Text, nullable=False),
+)
+sa.Index(
+    "ix_provider_call_key",
+    provider_call.c.project_id,
+    provider_call.c.episode_id,
+    provider_call.c.step_id,
+)

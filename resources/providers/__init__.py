@@ -1,0 +1,36 @@
+"""Model providers: every text and image call of the pipeline goes through these resources."""
+
+from .base import (
+    BAD_RESPONSE,
+    CONFIG_ERROR,
+    HTTP_ERROR,
+    PNG_SIGNATURE,
+    RETRIES_EXHAUSTED,
+    ImageCall,
+    ImageModel,
+    ImageReply,
+    TextCall,
+    TextModel,
+    TextReply,
+)
+from .offline_images import OFFLINE_IMAGE_MODEL, OfflineImageModel
+from .openai_http import OpenAIConnection, OpenAIImageModel, OpenAITextModel
+
+__all__ = [
+    "BAD_RESPONSE",
+    "CONFIG_ERROR",
+    "HTTP_ERROR",
+    "OFFLINE_IMAGE_MODEL",
+    "PNG_SIGNATURE",
+    "RETRIES_EXHAUSTED",
+    "ImageCall",
+    "ImageModel",
+    "ImageReply",
+    "OfflineImageModel",
+    "OpenAIConnection",
+    "OpenAIImageModel",
+    "OpenAITextModel",
+    "TextCall",
+    "TextModel",
+    "TextReply",
+]

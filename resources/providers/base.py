@@ -1,0 +1,121 @@
+"""Provider contracts: every model call in the pipeline goes through one of these resources.
+
+Steps depend only on ``TextModel`` / ``ImageModel`` so the offline generator and an
+OpenAI-compatible endpoint are interchangeable, and every call yields ``units`` the ledger
+can count (spec §8).
+"""
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import dagster as dg
+
+from pipeline_defs.resume.errors import PipelineError
+
+# Stable error codes of the provider layer.
+HTTP_ERROR = "provider.http_error"
+RETRIES_EXHAUSTED = "provider.retries_exhausted"
+BAD_RESPONSE = "provider.bad_response"
+CONFIG_ERROR = "provider.config"
+INVALID_INPUT = "input.invalid"
+
+# HTTP-like statuses: upstream failures are "bad gateway"/"unavailable", not a user's 400.
+PROVIDER_STATUS_BY_CODE: dict[str, int] = {
+    HTTP_ERROR: 502,
+    RETRIES_EXHAUSTED: 503,
+    BAD_RESPONSE: 502,
+    CONFIG_ERROR: 400,
+    INVALID_INPUT: 400,
+}
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+# Largest edge we accept: guards Pillow and remote endpoints against absurd requests.
+MAX_IMAGE_EDGE = 4096
+
+
+def provider_error(
+    code: str, message: str, *, details: Mapping[str, Any] | None = None
+) -> PipelineError:
+    """Build a ``PipelineError`` with the provider status so callers need not know the map."""
+    return PipelineError(code, message, status=PROVIDER_STATUS_BY_CODE.get(code), details=details)
+
+
+@dataclass(frozen=True)
+class TextCall:
+    """One structured text request; ``task`` names the step's request kind (e.g. entity_canon)."""
+
+    task: str
+    prompt: str
+    payload: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class TextReply:
+    """The parsed JSON object a model answered, with billable ``units`` (tokens, or 1 offline)."""
+
+    data: dict[str, Any]
+    units: int
+    model: str
+
+
+@dataclass(frozen=True)
+class ImageCall:
+    """One image request; ``seed`` makes offline output reproducible per content hash."""
+
+    prompt: str
+    caption: str
+    width: int
+    height: int
+    seed: str
+
+
+@dataclass(frozen=True)
+class ImageReply:
+    """PNG bytes of one generated image, with billable ``units``."""
+
+    png: bytes
+    units: int
+    model: str
+
+
+def check_image_size(call: ImageCall) -> None:
+    """Reject sizes no provider can honour before spending a call (or memory) on them."""
+    for name, value in (("width", call.width), ("height", call.height)):
+        if (
+            not isinstance(value, int)
+            or isinstance(value, bool)
+            or not 1 <= value <= MAX_IMAGE_EDGE
+        ):
+            raise provider_error(
+                INVALID_INPUT,
+                f"image {name} must be an integer in 1..{MAX_IMAGE_EDGE}, got {value!r}",
+                details={name: repr(value)},
+            )
+
+
+class TextModel(dg.ConfigurableResource):
+    """A text model answering one JSON object per call; steps depend on this, not on a vendor."""
+
+    def complete(self, call: TextCall) -> TextReply:
+        """Answer ``call`` with a parsed JSON object; subclasses implement the transport."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement complete()")
+
+    @property
+    def model_name(self) -> str:
+        """Model name recorded in the ledger and checkpoint metadata."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement model_name")
+
+
+class ImageModel(dg.ConfigurableResource):
+    """An image model returning PNG bytes; steps depend on this, not on a vendor."""
+
+    def generate(self, call: ImageCall) -> ImageReply:
+        """Produce one PNG for ``call``; subclasses implement the transport or drawing."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement generate()")
+
+    @property
+    def model_name(self) -> str:
+        """Model name recorded in the ledger and checkpoint metadata."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement model_name")

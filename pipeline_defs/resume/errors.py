@@ -12,6 +12,10 @@ STATUS_BY_CODE: dict[str, int] = {
     "step.gate_blocked": 409,
     "step.verify_crashed": 500,
     "step.execute_failed": 500,
+    "step.victim_running": 409,
+    "step.victim_not_settled": 409,
+    "step.mutation_rejected": 422,
+    "step.provider_outside_run": 500,
     "io.integrity_violation": 422,
     "io.checkpoint_missing": 404,
     "settings.invalid": 400,
@@ -42,7 +46,11 @@ class PipelineError(Exception):
 
     def as_metadata(self) -> dict[str, str]:
         """Flat text view for Dagster metadata and audit rows."""
-        out = {"error/code": self.code, "error/message": self.message, "error/status": str(self.status)}
+        out = {
+            "error/code": self.code,
+            "error/message": self.message,
+            "error/status": str(self.status),
+        }
         if self.origin:
             out["error/origin"] = self.origin
         return out

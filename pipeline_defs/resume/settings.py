@@ -8,7 +8,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from pipeline_defs.resume.errors import PipelineError
 
-ALLOWED_DB_SCHEMES = ("sqlite", "sqlite+pysqlite", "postgresql", "postgresql+psycopg", "postgresql+psycopg2")
+ALLOWED_DB_SCHEMES = (
+    "sqlite",
+    "sqlite+pysqlite",
+    "postgresql",
+    "postgresql+psycopg",
+    "postgresql+psycopg2",
+)
 
 # setting name -> environment variable
 ENV_NAMES: dict[str, str] = {
@@ -38,7 +44,9 @@ class ResumeSettings(BaseModel):
             return None
         scheme = value.split("://", 1)[0] if "://" in value else ""
         if scheme not in ALLOWED_DB_SCHEMES:
-            raise ValueError(f"unknown database scheme {scheme or value!r}; expected one of {ALLOWED_DB_SCHEMES}")
+            raise ValueError(
+                f"unknown database scheme {scheme or value!r}; expected one of {ALLOWED_DB_SCHEMES}"
+            )
         return value
 
     @property
@@ -63,7 +71,9 @@ class ResumeSettings(BaseModel):
             ) from None
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> "ResumeSettings":
+    def from_env(
+        cls, env: Mapping[str, str] | None = None, **overrides: object
+    ) -> "ResumeSettings":
         """Read ``PIPELINE_*`` variables (at call time, never at import), then apply overrides."""
         source = os.environ if env is None else env
         values: dict[str, object] = {name: source.get(var) for name, var in ENV_NAMES.items()}

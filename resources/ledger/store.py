@@ -69,7 +69,9 @@ def engine_for(url: str) -> Engine:
         engine = _ENGINES.get(key)
         if engine is None:
             if url.startswith("sqlite"):
-                engine = sa.create_engine(url, connect_args={"timeout": 60, "check_same_thread": False})
+                engine = sa.create_engine(
+                    url, connect_args={"timeout": 60, "check_same_thread": False}
+                )
                 _sqlite_events(engine)
             else:
                 engine = sa.create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10)
@@ -149,7 +151,9 @@ class LedgerStore:
     # ----------------------------------------------------------------- reads
     def get(self, key: StepKey) -> dict[str, Any] | None:
         with self._read() as conn:
-            return _row(conn.execute(sa.select(step_run).where(self._key_clause(key))).mappings().first())
+            return _row(
+                conn.execute(sa.select(step_run).where(self._key_clause(key))).mappings().first()
+            )
 
     def get_many(
         self,
@@ -169,7 +173,10 @@ class LedgerStore:
         out: dict[StepKey, dict[str, Any]] = {}
         with self._read() as conn:
             for mapping in conn.execute(query).mappings():
-                if wanted is not None and (mapping["project_id"], mapping["episode_id"]) not in wanted:
+                if (
+                    wanted is not None
+                    and (mapping["project_id"], mapping["episode_id"]) not in wanted
+                ):
                     continue
                 row = dict(mapping)
                 out[StepKey(row["project_id"], row["episode_id"], row["step_id"])] = row
@@ -177,7 +184,9 @@ class LedgerStore:
 
     def running_rows(self) -> list[dict[str, Any]]:
         with self._read() as conn:
-            rows = conn.execute(sa.select(step_run).where(step_run.c.status == "running")).mappings()
+            rows = conn.execute(
+                sa.select(step_run).where(step_run.c.status == "running")
+            ).mappings()
             return [dict(r) for r in rows]
 
     def cursor(self) -> tuple[int, str]:
@@ -187,7 +196,9 @@ class LedgerStore:
             updated = conn.execute(sa.select(sa.func.max(step_run.c.updated_at))).scalar()
         return int(seq or 0), str(updated or "")
 
-    def transitions(self, key: StepKey | None = None, *, since_seq: int = 0) -> list[dict[str, Any]]:
+    def transitions(
+        self, key: StepKey | None = None, *, since_seq: int = 0
+    ) -> list[dict[str, Any]]:
         query = sa.select(step_transition).where(step_transition.c.transition_seq > since_seq)
         if key is not None:
             query = query.where(
@@ -200,7 +211,11 @@ class LedgerStore:
             return [dict(r) for r in rows]
 
     def provider_calls(
-        self, key: StepKey | None = None, *, run_id: str | None = None, episode: Episode | None = None
+        self,
+        key: StepKey | None = None,
+        *,
+        run_id: str | None = None,
+        episode: Episode | None = None,
     ) -> list[dict[str, Any]]:
         query = sa.select(provider_call)
         if key is not None:
@@ -309,7 +324,9 @@ class LedgerStore:
         with self._write() as conn:
             return conn.execute(statement).first() is not None
 
-    def mark_not_applicable(self, key: StepKey, run_id: str, reason: str, now: str | None = None) -> bool:
+    def mark_not_applicable(
+        self, key: StepKey, run_id: str, reason: str, now: str | None = None
+    ) -> bool:
         """Record that the step does not apply here; never touches a running row."""
         ts = now or _now()
         statement = (
@@ -389,7 +406,9 @@ class LedgerStore:
         where = self._owned(key, run_id) if require_owner else self._key_clause(key)
         with self._write() as conn:
             if publish is not None:
-                locked = conn.execute(sa.select(step_run.c.id).where(where).with_for_update()).first()
+                locked = conn.execute(
+                    sa.select(step_run.c.id).where(where).with_for_update()
+                ).first()
                 if locked is None:
                     return False
             changed = conn.execute(sa.update(step_run).where(where).values(**values)).rowcount
@@ -412,6 +431,28 @@ class LedgerStore:
                 )
             return fn()
 
+    def with_settled_row(self, key: StepKey, fn: Callable[[], T]) -> T:
+        """Run ``fn`` under the row lock of a settled (completed/partial) row.
+
+        Used by mutators to edit another step's checkpoint: refused while that step is
+        running (its owner would publish over the edit) or has no completed result.
+        """
+        with self._write() as conn:
+            row = conn.execute(
+                sa.select(step_run.c.status, step_run.c.run_id)
+                .where(self._key_clause(key))
+                .with_for_update()
+            ).first()
+            if row is None or row.status not in ("completed", "partial"):
+                status = "absent" if row is None else row.status
+                code = "step.victim_running" if status == "running" else "step.victim_not_settled"
+                raise PipelineError(
+                    code,
+                    f"{key}: cannot edit its checkpoint while its ledger row is {status}",
+                    status=409,
+                )
+            return fn()
+
     def reset_recovery(self, key: StepKey, run_id: str) -> bool:
         with self._write() as conn:
             result = conn.execute(
@@ -431,11 +472,15 @@ class LedgerStore:
     def heartbeat(self, key: StepKey, run_id: str, now: str | None = None) -> bool:
         with self._write() as conn:
             result = conn.execute(
-                sa.update(step_run).where(self._owned(key, run_id)).values(heartbeat_at=now or _now())
+                sa.update(step_run)
+                .where(self._owned(key, run_id))
+                .values(heartbeat_at=now or _now())
             )
             return result.rowcount == 1
 
-    def invalidate(self, keys: Iterable[StepKey], reason: str, now: str | None = None) -> list[StepKey]:
+    def invalidate(
+        self, keys: Iterable[StepKey], reason: str, now: str | None = None
+    ) -> list[StepKey]:
         """Mark rows stale (explicit force only). Running rows are left to their owner."""
         ts = now or _now()
         done: list[StepKey] = []
@@ -504,7 +549,9 @@ class LedgerStore:
         self, key: StepKey, run_id: str | None, *, kind: str, units: int, model: str | None
     ) -> None:
         if kind not in ("text", "image"):
-            raise PipelineError("input.invalid", f"provider call kind must be text or image, not {kind!r}")
+            raise PipelineError(
+                "input.invalid", f"provider call kind must be text or image, not {kind!r}"
+            )
         with self._write() as conn:
             conn.execute(
                 sa.insert(provider_call).values(

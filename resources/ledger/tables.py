@@ -47,7 +47,12 @@ sa.Index("ix_step_run_updated_at", step_run.c.updated_at)
 step_transition = sa.Table(
     "step_transition",
     metadata,
-    sa.Column("transition_seq", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True, autoincrement=True),
+    sa.Column(
+        "transition_seq",
+        sa.BigInteger().with_variant(sa.Integer, "sqlite"),
+        primary_key=True,
+        autoincrement=True,
+    ),
     sa.Column("project_id", sa.String(64), nullable=False),
     sa.Column("episode_id", sa.String(64), nullable=False),
     sa.Column("step_id", sa.String(64), nullable=False),
@@ -70,7 +75,12 @@ sa.Index(
 provider_call = sa.Table(
     "provider_call",
     metadata,
-    sa.Column("id", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True, autoincrement=True),
+    sa.Column(
+        "id",
+        sa.BigInteger().with_variant(sa.Integer, "sqlite"),
+        primary_key=True,
+        autoincrement=True,
+    ),
     sa.Column("project_id", sa.String(64), nullable=False),
     sa.Column("episode_id", sa.String(64), nullable=False),
     sa.Column("step_id", sa.String(64), nullable=False),

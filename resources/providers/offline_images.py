@@ -6,6 +6,7 @@ PNGs, so checkpoint artifact hashes stay stable and a resume never sees spurious
 
 import hashlib
 import io
+import math
 import random
 import time
 
@@ -125,7 +126,7 @@ def _draw_caption(image: Image.Image, caption: str) -> None:
     font = ImageFont.load_default()
     width, height = image.size
     left, top, _, bottom = draw.textbbox((0, 0), "Ag", font=font)
-    line_h = max(1, bottom - top) + 2
+    line_h = max(1, math.ceil(bottom - top)) + 2
     pad = 4
     max_lines = max(1, (height // 3 - 2 * pad) // line_h)
     lines = _wrap(draw, text, font, max(1, width - 2 * pad), max_lines)

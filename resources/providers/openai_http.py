@@ -325,7 +325,7 @@ class OpenAITextModel(OpenAIConnection, TextModel):
             raise provider_error(
                 BAD_RESPONSE,
                 f"{where} contains no JSON object: {_excerpt(text.encode())}",
-                details={"finish_reason": str(first.get("finish_reason"))},
+                details={"finish_reason": str(first.get("finish_reason")) if first else "None"},
             )
         usage = response.get("usage")
         tokens = usage.get("total_tokens") if isinstance(usage, dict) else None

@@ -74,7 +74,10 @@ def upgrade() -> None:
     op.create_table(
         "provider_call",
         sa.Column(
-            "id", sa.BigInteger().with_variant(sa.Integer, "sqlite"), autoincrement=True, nullable=False
+            "id",
+            sa.BigInteger().with_variant(sa.Integer, "sqlite"),
+            autoincrement=True,
+            nullable=False,
         ),
         sa.Column("project_id", sa.String(64), nullable=False),
         sa.Column("episode_id", sa.String(64), nullable=False),

@@ -1,0 +1,154 @@
+"""Turns step declarations into judged Dagster assets on the ``episodes`` partitions."""
+
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import dagster as dg
+
+from pipeline_defs.resume.decision import LaunchMode
+from pipeline_defs.resume.errors import PipelineError
+from pipeline_defs.steps.protocol import RunInfo, StepOutcome, StepRuntime
+from pipeline_defs.steps.spec import Step, step_import_path
+from resources.checkpoints.envelope import Checkpoint
+from resources.checkpoints.io_manager import STEP_METADATA_KEY
+
+episodes = dg.DynamicPartitionsDefinition(name="episodes")
+
+RESUME_CHECK = "resume_integrity"
+MODE_TAG = "resume/mode"
+LAUNCH_PATH_TAG = "resume/launch_path"
+IO_MANAGER_KEY = "checkpoint_io_manager"
+GROUP = "storyboard"
+
+
+def launch_mode(tags: Mapping[str, str]) -> LaunchMode:
+    """Explicit force is the run tag ``resume/mode=force``; nothing else produces it."""
+    return (
+        LaunchMode.FORCE if tags.get(MODE_TAG, "").strip().lower() == "force" else LaunchMode.RESUME
+    )
+
+
+def launch_path(tags: Mapping[str, str]) -> str:
+    """Where a run came from, for the audit trail only; it never changes the decision."""
+    if tags.get(LAUNCH_PATH_TAG):
+        return tags[LAUNCH_PATH_TAG]
+    if "dagster/backfill" in tags:
+        return "backfill"
+    if "dagster/sensor_name" in tags:
+        return "sensor"
+    if tags.get("dagster/from_ui") == "true":
+        return "ui"
+    return "api"
+
+
+def owner_token(context: dg.AssetExecutionContext) -> str:
+    """Ledger owner: the Dagster run id plus the retry attempt (a retry is a new owner)."""
+    return f"{context.run_id}:{context.retry_number}"
+
+
+def _outcome_metadata(step: Step, outcome: StepOutcome, path: str) -> dict[str, Any]:
+    decision = outcome.decision
+    metadata: dict[str, Any] = {
+        "resume/decision": decision.action.value,
+        "resume/reason": decision.reason,
+        "resume/origin": decision.origin.value if decision.origin else "none",
+        "resume/status": outcome.status,
+        "resume/provider_calls": outcome.provider_calls,
+        "checkpoint/path": path,
+        "step/schema_version": step.schema_version,
+    }
+    if outcome.checkpoint is not None:
+        metadata["checkpoint/content_hash"] = outcome.checkpoint.content_hash
+        metadata["checkpoint/artifacts"] = len(outcome.checkpoint.artifacts)
+    for name, value in outcome.metadata.items():
+        if isinstance(value, str | int | float | bool):
+            metadata[f"step/{name}"] = value
+    return metadata
+
+
+def build_step_asset(step: Step, catalog: Mapping[str, Step]) -> dg.AssetsDefinition:
+    """One judged asset: the run protocol wraps the step; the step never sees Dagster."""
+
+    @dg.asset(
+        name=step.step_id,
+        partitions_def=episodes,
+        ins={dep: dg.AssetIn(key=dep) for dep in step.deps},
+        io_manager_key=IO_MANAGER_KEY,
+        check_specs=[dg.AssetCheckSpec(RESUME_CHECK, asset=step.step_id)],
+        metadata={
+            STEP_METADATA_KEY: step_import_path(step),
+            "resume/schema_version": step.schema_version,
+            "resume/config_keys": ", ".join(step.resume_config_keys) or "none",
+            "resume/modifies": ", ".join(step.modifies_checkpoints) or "none",
+        },
+        description=step.description or None,
+        group_name=GROUP,
+        required_resource_keys={"pipeline", "text_model", "image_model"},
+    )
+    def _judged_step(
+        context: dg.AssetExecutionContext, **inputs: Checkpoint | None
+    ) -> Iterator[Any]:
+        pipeline = context.resources.pipeline
+        runtime = StepRuntime(
+            step,
+            steps=catalog,
+            settings=pipeline.settings(),
+            ledger=pipeline.ledger(),
+            checkpoints=pipeline.checkpoints(),
+            text_model=context.resources.text_model,
+            image_model=context.resources.image_model,
+            log=context.log,
+        )
+        tags = context.run.tags
+        run = RunInfo(owner_token(context), launch_mode(tags), launch_path(tags))
+        try:
+            outcome = runtime.run(context.partition_key, run, inputs)
+        except PipelineError as error:
+            raise dg.Failure(
+                description=str(error),
+                metadata={**error.as_metadata(), "resume/partition": context.partition_key},
+                allow_retries=False,
+            ) from error
+        assert outcome.checkpoint is not None
+        path = str(runtime.checkpoints.path_for(runtime.key(context.partition_key)))
+        metadata = _outcome_metadata(step, outcome, path)
+        context.log.info(
+            f"{step.step_id} [{context.partition_key}]: {outcome.decision.action.value} — {outcome.decision.reason}"
+        )
+        with warnings.catch_warnings():
+            # data_version on Output is beta in Dagster 1.13; we rely on it deliberately so
+            # Dagster's staleness agrees with the ledger. Silenced here only.
+            warnings.simplefilter("ignore", dg.BetaWarning)
+            output = dg.Output(
+                outcome.checkpoint,
+                data_version=dg.DataVersion(outcome.checkpoint.content_hash),
+                metadata=metadata,
+            )
+        yield output
+        for victim in outcome.mutated:
+            context.log_event(
+                dg.AssetObservation(
+                    asset_key=victim,
+                    partition=context.partition_key,
+                    metadata={"resume/mutated_by": step.step_id, "resume/run_id": run.run_id},
+                )
+            )
+        yield dg.AssetCheckResult(
+            check_name=RESUME_CHECK,
+            passed=True,
+            metadata={
+                "resume/decision": outcome.decision.action.value,
+                "resume/status": outcome.status,
+            },
+        )
+
+    return _judged_step
+
+
+def build_step_assets(steps: Sequence[Step]) -> list[dg.AssetsDefinition]:
+    catalog = {s.step_id: s for s in steps}
+    unknown = sorted({d for s in steps for d in s.deps if d not in catalog})
+    if unknown:
+        raise PipelineError("input.invalid", f"steps depend on undeclared steps {unknown}")
+    return [build_step_asset(s, catalog) for s in steps]

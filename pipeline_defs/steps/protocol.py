@@ -1,0 +1,626 @@
+"""The run protocol every step execution follows, written once.
+
+gate → applicability → judge (never writes) → SKIP / BLOCK / claim → (force: cleanup and
+invalidate downstream) → finalize: execute, status, exit verify, owner-aware status +
+fenced publish, recovery bookkeeping, mutator hook. Any failure after the claim records an
+owner-aware ``failed`` and re-raises. Dagster-free: the asset factory adapts it.
+"""
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from pipeline_defs.project import ProjectConfig, load_project_config, scoped_fingerprints
+from pipeline_defs.resume.clock import format_timestamp
+from pipeline_defs.resume.completion import (
+    CompletionReport,
+    Origin,
+    Severity,
+    merge_reports,
+)
+from pipeline_defs.resume.decision import (
+    CheckpointSummary,
+    LaunchMode,
+    ResumeAction,
+    ResumeDecision,
+    ScopedConfig,
+    config_hash,
+    decide,
+)
+from pipeline_defs.resume.errors import PipelineError
+from pipeline_defs.resume.partition import StepKey
+from pipeline_defs.resume.settings import ResumeSettings
+from pipeline_defs.steps.context import ProviderMeter, StepContext
+from pipeline_defs.steps.spec import Mutation, Step, StepResult
+from resources.checkpoints.envelope import Checkpoint, mask_secrets
+from resources.checkpoints.store import CheckpointStore
+from resources.ledger.store import LedgerStore
+from resources.providers import ImageModel, TextModel
+
+SETTLED_UPSTREAM = frozenset({"completed", "partial", "not_applicable"})
+UNSETTLED_ROW = frozenset({"running", "failed", "stale", "pending"})
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """Who is running: the ledger owner token, the requested mode, the launch path."""
+
+    run_id: str
+    mode: LaunchMode = LaunchMode.RESUME
+    launch_path: str = "api"
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """A decision plus what it was made from (for SKIP outputs and reporting)."""
+
+    key: StepKey
+    decision: ResumeDecision
+    checkpoint: Checkpoint | None
+    row: Mapping[str, Any] | None
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    decision: ResumeDecision
+    status: str
+    checkpoint: Checkpoint | None
+    provider_calls: int = 0
+    mutated: tuple[str, ...] = ()
+    report: CompletionReport | None = None
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+class StepRuntime:
+    """One step bound to its stores and providers. Judges and runs it for a partition."""
+
+    def __init__(
+        self,
+        step: Step,
+        *,
+        steps: Mapping[str, Step],
+        settings: ResumeSettings,
+        ledger: LedgerStore,
+        checkpoints: CheckpointStore,
+        text_model: TextModel | None = None,
+        image_model: ImageModel | None = None,
+        log: logging.Logger | None = None,
+        clock: Callable[[], datetime] = utc_now,
+    ) -> None:
+        self.step = step
+        self.steps = steps
+        self.settings = settings
+        self.ledger = ledger
+        self.checkpoints = checkpoints
+        self.text_model = text_model
+        self.image_model = image_model
+        self.log = log or logging.getLogger(f"storyboard.{step.step_id}")
+        self.clock = clock
+
+    # ------------------------------------------------------------------ helpers
+    def key(self, partition_key: str) -> StepKey:
+        from pipeline_defs.resume.partition import Episode
+
+        return Episode.parse(partition_key).step(self.step.step_id)
+
+    def project(self, key: StepKey) -> ProjectConfig:
+        return load_project_config(self.checkpoints.home, key.project_id)
+
+    def context(
+        self, key: StepKey, *, run_id: str | None = None, meter: ProviderMeter | None = None
+    ) -> StepContext:
+        return StepContext(
+            key=key,
+            project=self.project(key),
+            checkpoints=self.checkpoints,
+            ledger=self.ledger,
+            run_id=run_id,
+            meter=meter,
+            log=self.log,
+        )
+
+    def downstream(self) -> tuple[str, ...]:
+        """Every step that transitively depends on this one, in declaration order."""
+        found: list[str] = []
+        frontier = [self.step.step_id]
+        while frontier:
+            current = frontier.pop()
+            for other in self.steps.values():
+                if current in other.deps and other.step_id not in found:
+                    found.append(other.step_id)
+                    frontier.append(other.step_id)
+        return tuple(s for s in self.steps if s in found)
+
+    def scoped_config(self, project: ProjectConfig) -> ScopedConfig:
+        return ScopedConfig(scoped_fingerprints(project.as_dict(), self.step.resume_config_keys))
+
+    # ------------------------------------------------------------------ judging
+    def verify(self, ctx: StepContext, checkpoint: Checkpoint) -> CompletionReport:
+        """Envelope artifacts + sentinels + the step's own verifier, merged by priority."""
+        reports: list[CompletionReport] = []
+        problems = self.checkpoints.check_artifacts(checkpoint)
+        if problems:
+            severity = (
+                Severity.MISSING if len(problems) >= len(checkpoint.artifacts) else Severity.PARTIAL
+            )
+            reports.append(
+                CompletionReport.incomplete(Origin.ARTIFACT_MISSING, tuple(problems), severity)
+            )
+        try:
+            self.step.validate_data(checkpoint.data, source=str(self.checkpoints.path_for(ctx.key)))
+        except PipelineError as exc:
+            origin = Origin(exc.origin) if exc.origin in set(Origin) else Origin.CONTRACT_DRIFT
+            reports.append(CompletionReport.incomplete(origin, (exc.message,)))
+        reports.append(self.step.verify_completion(ctx, checkpoint))
+        return merge_reports(*reports)
+
+    def load_checkpoint(self, key: StepKey) -> tuple[Checkpoint | None, PipelineError | None]:
+        try:
+            return self.checkpoints.load(key), None
+        except PipelineError as exc:
+            return None, exc
+
+    def judge(
+        self,
+        key: StepKey,
+        *,
+        mode: LaunchMode,
+        row: Mapping[str, Any] | None,
+        now: datetime | None = None,
+        loaded: tuple[Checkpoint | None, PipelineError | None] | None = None,
+    ) -> Judgement:
+        """Gather the inputs of ``decide`` and call it. Reads only; never writes."""
+        ctx = self.context(key)
+        config = self.scoped_config(ctx.project)
+        checkpoint, broken = loaded if loaded is not None else self.load_checkpoint(key)
+        if broken is not None:
+            # A corrupt checkpoint is present but unusable: let the verifier's slot report
+            # it with the error's origin, so the table classifies it (never "absent").
+            summary = CheckpointSummary(
+                present=True,
+                schema_version=self.step.schema_version,
+                status="completed",
+                config_hash=config.hash,
+                config_fingerprints=dict(config.fingerprints),
+            )
+            origin = (
+                Origin(broken.origin) if broken.origin in set(Origin) else Origin.CONTRACT_DRIFT
+            )
+
+            def verify() -> CompletionReport:
+                return CompletionReport.incomplete(origin, (broken.message,))
+        else:
+            summary = checkpoint.summary() if checkpoint is not None else CheckpointSummary.absent()
+
+            def verify() -> CompletionReport:
+                assert checkpoint is not None
+                return self.verify(ctx, checkpoint)
+
+        decision = decide(
+            mode=mode,
+            applicable=self.step.is_applicable(ctx),
+            row=row,
+            checkpoint=summary,
+            verify=verify,
+            step=self.step,
+            config=config,
+            settings=self.settings,
+            now=now or self.clock(),
+        )
+        return Judgement(key, decision, checkpoint, row)
+
+    # ------------------------------------------------------------------ running
+    def gate(self, key: StepKey) -> None:
+        """Upstream checkpoints must be present and settled, and nobody re-running them."""
+        rows = (
+            self.ledger.get_many(episodes=[key.episode], step_ids=self.step.deps)
+            if self.step.deps
+            else {}
+        )
+        for dep in self.step.deps:
+            dep_key = StepKey(key.project_id, key.episode_id, dep)
+            row = rows.get(dep_key)
+            checkpoint, broken = self.load_checkpoint(dep_key)
+            problem = None
+            if broken is not None:
+                raise broken
+            if checkpoint is None:
+                problem = "has no checkpoint"
+            elif checkpoint.status not in SETTLED_UPSTREAM:
+                problem = f"checkpoint status is {checkpoint.status}"
+            elif row is not None and row["status"] in UNSETTLED_ROW:
+                problem = f"ledger status is {row['status']}"
+            if problem:
+                raise PipelineError(
+                    "step.gate_blocked",
+                    f"{key}: upstream {dep} {problem}; materialize it first",
+                    details={"upstream": dep},
+                )
+
+    def audit(
+        self,
+        key: StepKey,
+        run: RunInfo,
+        decision: ResumeDecision,
+        *,
+        action: str,
+        from_status: str | None,
+        to_status: str | None,
+        reason: str | None = None,
+    ) -> None:
+        self.ledger.append_transition(
+            key,
+            action=action,
+            from_status=from_status,
+            to_status=to_status,
+            origin=decision.origin.value if decision.origin else None,
+            reason=reason or decision.reason,
+            run_id=run.run_id,
+            launch_path=run.launch_path,
+        )
+
+    def run(
+        self, partition_key: str, run: RunInfo, inputs: Mapping[str, Checkpoint | None]
+    ) -> StepOutcome:
+        key = self.key(partition_key)
+        self.gate(key)
+        row = self.ledger.get(key)
+        judgement = self.judge(key, mode=run.mode, row=row)
+        decision = judgement.decision
+        prior = row["status"] if row else None
+
+        if decision.action is ResumeAction.NOT_APPLICABLE:
+            return self._not_applicable(key, run, decision, prior)
+        if decision.action is ResumeAction.SKIP:
+            if decision.adopt and self.ledger.adopt(key, run.run_id, summary=decision.reason):
+                self.audit(
+                    key, run, decision, action="adopt", from_status=None, to_status="completed"
+                )
+            else:
+                self.audit(key, run, decision, action="skip", from_status=prior, to_status=prior)
+            return StepOutcome(decision, "skip", judgement.checkpoint)
+        if decision.action is ResumeAction.BLOCK:
+            self.audit(key, run, decision, action="block", from_status=prior, to_status=prior)
+            raise PipelineError(
+                decision.code or "step.resume_blocked",
+                f"{key}: {decision.reason}",
+                origin=decision.origin.value if decision.origin else None,
+                details={"decision": decision.action.value},
+            )
+        return self._claim_and_finalize(key, run, decision, prior, row, inputs)
+
+    def _not_applicable(
+        self, key: StepKey, run: RunInfo, decision: ResumeDecision, prior: str | None
+    ) -> StepOutcome:
+        if not self.ledger.mark_not_applicable(key, run.run_id, decision.reason):
+            raise PipelineError("step.already_running", f"{key}: another run owns this step")
+        checkpoint = self._envelope(
+            key, StepResult(data={}, applicable_count=0), "not_applicable", run, self.project(key)
+        )
+        self.checkpoints.save(
+            checkpoint, fence=lambda commit: self.ledger.publish(key, run.run_id, commit)
+        )
+        self.audit(
+            key,
+            run,
+            decision,
+            action="not_applicable",
+            from_status=prior,
+            to_status="not_applicable",
+        )
+        return StepOutcome(decision, "not_applicable", checkpoint)
+
+    def _claim_and_finalize(
+        self,
+        key: StepKey,
+        run: RunInfo,
+        decision: ResumeDecision,
+        prior: str | None,
+        row: Mapping[str, Any] | None,
+        inputs: Mapping[str, Checkpoint | None],
+    ) -> StepOutcome:
+        stale = decision.action is ResumeAction.STALE_RUNNING_RECOVERY
+        won = self.ledger.claim(
+            key,
+            run.run_id,
+            allow_stale_steal=stale,
+            expected_started_at=decision.expected_started_at,
+            expected_run_id=decision.expected_run_id,
+            auto_recovery=decision.auto_recovery,
+            reason=decision.reason,
+        )
+        if not won:
+            self.audit(
+                key, run, decision, action="claim_rejected", from_status=prior, to_status=prior
+            )
+            raise PipelineError(
+                "step.already_running",
+                f"{key}: another run owns this step (claim for {decision.action.value} refused)",
+            )
+        self.audit(
+            key, run, decision, action=decision.action.value, from_status=prior, to_status="running"
+        )
+        attempts = max(
+            1, int((row or {}).get("recovery_count") or 0) + (1 if decision.auto_recovery else 0)
+        )
+        # "recorded" is True while the ledger already holds this run's final word.
+        state = {"recorded": False}
+        try:
+            if decision.action is ResumeAction.FORCE_EXPLICIT:
+                cleanup = self.step.cleanup_artifacts(self.context(key, run_id=run.run_id))
+                self.log.info("%s: force cleanup: %s", key, cleanup.note)
+                self.invalidate_downstream(key, run, decision)
+            return self._finalize(key, run, decision, inputs, attempts, state)
+        except BaseException as exc:
+            lost = isinstance(exc, PipelineError) and exc.code == "step.ownership_lost"
+            if not state["recorded"] and not lost:
+                self._record_failure(key, run, decision, exc, attempts)
+            raise
+
+    def _record_failure(
+        self,
+        key: StepKey,
+        run: RunInfo,
+        decision: ResumeDecision,
+        exc: BaseException,
+        attempts: int,
+    ) -> None:
+        message = str(exc) or type(exc).__name__
+        if self.ledger.transition(key, run.run_id, "failed", error=message[:2000]):
+            self._schedule_retry(key, run, attempts)
+            self.audit(
+                key,
+                run,
+                decision,
+                action="failed",
+                from_status="running",
+                to_status="failed",
+                reason=message[:500],
+            )
+
+    def _schedule_retry(self, key: StepKey, run: RunInfo, attempts: int) -> None:
+        when = self.clock() + timedelta(seconds=attempts * self.settings.retry_backoff_seconds)
+        self.ledger.set_retry_not_before(key, run.run_id, format_timestamp(when))
+
+    def _finalize(
+        self,
+        key: StepKey,
+        run: RunInfo,
+        decision: ResumeDecision,
+        inputs: Mapping[str, Checkpoint | None],
+        attempts: int,
+        state: dict[str, bool],
+    ) -> StepOutcome:
+        # (1) execute with metered providers
+        meter = ProviderMeter(self.ledger, key, run.run_id, self.text_model, self.image_model)
+        ctx = self.context(key, run_id=run.run_id, meter=meter)
+        started = self.clock()
+        result = self.step.execute(ctx, {dep: cp for dep, cp in inputs.items() if cp is not None})
+        # (2) final status from the counts
+        status = result.status
+        checkpoint = self._envelope(key, result, status, run, ctx.project, started)
+        self.step.validate_data(checkpoint.data, source=str(self.checkpoints.path_for(key)))
+        # (3) exit verify of what we are about to publish
+        report: CompletionReport | None = None
+        if status == "completed":
+            try:
+                report = self.verify(ctx, checkpoint)
+            except Exception as exc:
+                raise PipelineError(
+                    "step.verify_crashed",
+                    f"{key}: exit verification crashed: {type(exc).__name__}: {exc}",
+                    origin=Origin.VERIFY_CRASHED.value,
+                ) from exc
+            if not report.is_complete:
+                status = "partial"
+                checkpoint = checkpoint.with_changes(status=status)
+        # (4)+(5) owner-aware status and fenced publish, one transaction
+        counts = {
+            "applicable_count": result.applicable_count,
+            "completed_count": result.completed,
+            "failed_count": result.failed_count,
+        }
+        published = self._publish(key, run, status, checkpoint, result.summary, counts)
+        if not published:
+            raise PipelineError(
+                "step.ownership_lost", f"{key}: run {run.run_id} lost its claim; nothing published"
+            )
+        state["recorded"] = True
+        self.audit(
+            key,
+            run,
+            decision,
+            action="finish",
+            from_status="running",
+            to_status=status,
+            reason=result.summary or decision.reason,
+        )
+        # (6) recovery bookkeeping
+        if status == "completed":
+            self.ledger.reset_recovery(key, run.run_id)
+        elif status == "failed":
+            self._schedule_retry(key, run, attempts)
+            raise PipelineError(
+                "step.execute_failed", f"{key}: every item failed ({result.summary})"
+            )
+        # (7) mutator hook: a failed edit fails the mutator (recorded by the caller)
+        state["recorded"] = False
+        mutated = tuple(self.apply_mutation(key, run, m) for m in result.mutations)
+        state["recorded"] = True
+        return StepOutcome(
+            decision,
+            status,
+            checkpoint,
+            provider_calls=meter.calls,
+            mutated=tuple(m for m in mutated if m),
+            report=report,
+            metadata=dict(result.metadata),
+        )
+
+    def _publish(
+        self,
+        key: StepKey,
+        run: RunInfo,
+        status: str,
+        checkpoint: Checkpoint,
+        summary: str,
+        counts: Mapping[str, int],
+    ) -> bool:
+        kwargs: dict[str, Any] = {"summary": summary or None, **counts}
+        if status == "failed" or self.checkpoints.is_unchanged(checkpoint):
+            return self.ledger.transition(key, run.run_id, status, **kwargs)
+        staged = self.checkpoints.stage(checkpoint)
+        try:
+            return self.ledger.transition(key, run.run_id, status, publish=staged.commit, **kwargs)
+        finally:
+            staged.discard()
+
+    def _envelope(
+        self,
+        key: StepKey,
+        result: StepResult,
+        status: str,
+        run: RunInfo,
+        project: ProjectConfig,
+        started: datetime | None = None,
+    ) -> Checkpoint:
+        config = project.as_dict()
+        fingerprints = scoped_fingerprints(config, self.step.resume_config_keys)
+        return Checkpoint(
+            step_id=key.step_id,
+            project_id=key.project_id,
+            episode_id=key.episode_id,
+            status=status,
+            schema_version=self.step.schema_version,
+            config_hash=config_hash(fingerprints),
+            resume_config_keys=tuple(self.step.resume_config_keys),
+            config_fingerprints=fingerprints,
+            project_config_snapshot=mask_secrets(config),
+            data=dict(result.data),
+            artifacts=tuple(result.artifacts),
+            produced_by={
+                "run_id": run.run_id,
+                "started_at": format_timestamp(started or self.clock()),
+                "launch_path": run.launch_path,
+            },
+            created_at=format_timestamp(self.clock()),
+        )
+
+    # ------------------------------------------------------------------ force and mutations
+    def invalidate_downstream(
+        self, key: StepKey, run: RunInfo, decision: ResumeDecision
+    ) -> list[StepKey]:
+        """Explicit force only: downstream rows → stale, their checkpoints archived + marked."""
+        targets = [StepKey(key.project_id, key.episode_id, s) for s in self.downstream()]
+        if not targets:
+            return []
+        reason = f"invalidated by explicit force of {key.step_id} (run {run.run_id})"
+        rows = self.ledger.get_many(episodes=[key.episode], step_ids=[t.step_id for t in targets])
+        staled = set(self.ledger.invalidate(targets, reason))
+        cleared: list[StepKey] = []
+        for target in targets:
+            row = rows.get(target)
+            if row is not None and row["status"] == "running" and target not in staled:
+                continue  # its owner will publish; never clear under a live run
+            self.checkpoints.force_clear(target)
+            cleared.append(target)
+            self.ledger.append_transition(
+                target,
+                action="invalidate",
+                from_status=row["status"] if row else None,
+                to_status="stale" if target in staled else (row["status"] if row else None),
+                reason=reason,
+                run_id=run.run_id,
+                launch_path=run.launch_path,
+            )
+        return cleared
+
+    def apply_mutation(self, key: StepKey, run: RunInfo, mutation: Mutation) -> str | None:
+        """Edit a victim checkpoint in place (SPEC §7). Returns the victim id if written."""
+        if mutation.victim not in self.step.modifies_checkpoints:
+            raise PipelineError(
+                "step.mutation_rejected",
+                f"{key}: {mutation.victim} is not declared in modifies_checkpoints",
+            )
+        victim_step = self.steps[mutation.victim]
+        victim_key = StepKey(key.project_id, key.episode_id, mutation.victim)
+        current = self.checkpoints.load(victim_key)
+        if current is None:
+            raise PipelineError(
+                "step.mutation_rejected", f"{key}: victim {victim_key} has no checkpoint"
+            )
+        if dict(current.data) == dict(mutation.data):
+            return None  # zero fixes = zero writes
+        record = {
+            "by_step": key.step_id,
+            "run_id": run.run_id,
+            "at": format_timestamp(self.clock()),
+            "fields": list(mutation.fields),
+            "origin": mutation.note,
+        }
+        edited = current.with_changes(
+            data=dict(mutation.data), mutations=(*current.mutations, record)
+        )
+        source = str(self.checkpoints.path_for(victim_key))
+        try:
+            victim_step.validate_data(edited.data, source=source)
+        except PipelineError as exc:
+            raise PipelineError(
+                "step.mutation_rejected",
+                f"{key}: edit of {victim_key} rejected: {exc.message}",
+                origin=exc.origin,
+            ) from exc
+
+        victim_runtime = StepRuntime(
+            victim_step,
+            steps=self.steps,
+            settings=self.settings,
+            ledger=self.ledger,
+            checkpoints=self.checkpoints,
+        )
+        report = victim_runtime.verify(victim_runtime.context(victim_key), edited)
+        if not report.is_complete:
+            raise PipelineError(
+                "step.mutation_rejected",
+                f"{key}: edited {victim_key} would not verify "
+                f"({report.origin}: {list(report.missing)[:3]}); left unchanged",
+                origin=report.origin.value if report.origin else None,
+            )
+        staged = self.checkpoints.stage(edited)  # archives the victim first
+        try:
+            self.ledger.with_settled_row(victim_key, staged.commit)
+        finally:
+            staged.discard()
+        # Re-verify what is on disk now; roll back to the archived bytes if it does not hold.
+        reloaded = self.checkpoints.load(victim_key)
+        after = (
+            victim_runtime.verify(victim_runtime.context(victim_key), reloaded)
+            if reloaded
+            else None
+        )
+        if after is None or not after.is_complete:
+            restore = self.checkpoints.stage(current)
+            try:
+                self.ledger.with_settled_row(victim_key, restore.commit)
+            finally:
+                restore.discard()
+            raise PipelineError(
+                "step.mutation_rejected",
+                f"{key}: {victim_key} failed re-verification after the edit; rolled back",
+            )
+        self.ledger.append_transition(
+            victim_key,
+            action="mutated",
+            from_status=None,
+            to_status=None,
+            reason=f"{mutation.note or 'edited'} by {key.step_id}: fields {list(mutation.fields)}",
+            run_id=run.run_id,
+            launch_path=run.launch_path,
+        )
+        return mutation.victim

@@ -1,0 +1,105 @@
+"""What a step is: a declaration (ids, deps, contract) plus its body and verifier.
+
+A step subclasses :class:`Step`, sets the class attributes and implements ``execute``.
+Everything about *when* it runs (judge, claim, fencing, audit) lives in the shared run
+protocol; a step never copies it.
+"""
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from pipeline_defs.resume.completion import CompletionReport
+
+if TYPE_CHECKING:
+    from pipeline_defs.steps.context import StepContext
+    from resources.checkpoints.envelope import Artifact, Checkpoint
+
+
+@dataclass(frozen=True)
+class Mutation:
+    """An in-place edit of another step's checkpoint data, applied by the protocol."""
+
+    victim: str
+    data: Mapping[str, Any]
+    fields: tuple[str, ...]
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What a step body produced. Counts decide completed / partial / failed."""
+
+    data: Mapping[str, Any]
+    applicable_count: int = 1
+    failed_count: int = 0
+    completed_count: int | None = None
+    artifacts: tuple["Artifact", ...] = ()
+    summary: str = ""
+    mutations: tuple[Mutation, ...] = ()
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def completed(self) -> int:
+        if self.completed_count is not None:
+            return self.completed_count
+        return max(0, self.applicable_count - self.failed_count)
+
+    @property
+    def status(self) -> str:
+        if self.failed_count == 0:
+            return "completed"
+        return "partial" if self.completed > 0 else "failed"
+
+
+@dataclass(frozen=True)
+class CleanupReport:
+    removed: tuple[str, ...] = ()
+    note: str = "nothing to clean"
+
+
+class Step:
+    """Base declaration. Subclasses override class attributes and ``execute``."""
+
+    step_id: ClassVar[str]
+    deps: ClassVar[tuple[str, ...]] = ()
+    schema_version: ClassVar[int] = 1
+    resume_config_keys: ClassVar[tuple[str, ...]] = ()
+    allow_auto_rerun_on_schema_bump: ClassVar[bool] = False
+    modifies_checkpoints: ClassVar[tuple[str, ...]] = ()
+    description: ClassVar[str] = ""
+
+    def is_applicable(self, ctx: "StepContext") -> bool:
+        return True
+
+    def verify_completion(self, ctx: "StepContext", checkpoint: "Checkpoint") -> CompletionReport:
+        """Default: a present checkpoint is clean. Override to check files, rows, sentinels."""
+        return CompletionReport.clean()
+
+    def validate_data(self, data: Mapping[str, Any], *, source: str) -> None:
+        """Check sentinels in ``data``; raise ``io.integrity_violation`` naming ``source``."""
+
+    def cleanup_artifacts(self, ctx: "StepContext") -> CleanupReport:
+        return CleanupReport()
+
+    def execute(self, ctx: "StepContext", inputs: Mapping[str, "Checkpoint"]) -> StepResult:
+        raise NotImplementedError(f"step {self.step_id} has no execute()")
+
+    def __repr__(self) -> str:
+        return f"<step {self.step_id} v{self.schema_version}>"
+
+
+def step_import_path(step: Step) -> str:
+    """``module:QualName`` of a step class, so any process can find its contract."""
+    cls = type(step)
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def load_step(path: str) -> Step:
+    import importlib
+
+    module_name, _, qualname = path.partition(":")
+    target: Any = importlib.import_module(module_name)
+    for part in qualname.split("."):
+        target = getattr(target, part)
+    return target()  # type: ignore[no-any-return]

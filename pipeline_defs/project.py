@@ -106,11 +106,30 @@ def parse_project_config(raw: Any, *, source: str) -> ProjectConfig:
         ) from None
 
 
+_CACHE: dict[Path, tuple[tuple[int, int, int], ProjectConfig]] = {}
+
+
 def load_project_config(home: Path, project_id: str) -> ProjectConfig:
-    """The project's config; defaults when the file does not exist yet."""
+    """The project's config; defaults when the file does not exist yet.
+
+    Parsed once per file identity (mtime, size, inode): the sensor judges every step of
+    every episode each tick and must not re-parse YAML thousands of times.
+    """
     path = project_config_path(home, project_id)
-    if not path.exists():
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
         return ProjectConfig()
+    identity = (stat.st_mtime_ns, stat.st_size, stat.st_ino)
+    cached = _CACHE.get(path)
+    if cached is not None and cached[0] == identity:
+        return cached[1]
+    config = _read_project_config(path)
+    _CACHE[path] = (identity, config)
+    return config
+
+
+def _read_project_config(path: Path) -> ProjectConfig:
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (yaml.YAMLError, UnicodeDecodeError) as exc:

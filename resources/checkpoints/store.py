@@ -126,15 +126,15 @@ class CheckpointStore:
     def load(self, key: StepKey) -> Checkpoint | None:
         """The checkpoint, None if there is none, or a typed integrity error naming the file."""
         path = self.path_for(key)
-        for parent in (path.parent, *path.parent.parents):
-            if parent == self.home.parent:
-                break
-            if parent.exists() and not parent.is_dir():
-                raise self._broken(path, f"{parent} is a file where a directory is expected")
         try:
             stat = path.stat()
         except FileNotFoundError:
             return None
+        except NotADirectoryError:
+            culprit = next(
+                (p for p in reversed(path.parents) if p.exists() and not p.is_dir()), path.parent
+            )
+            raise self._broken(path, f"{culprit} is a file where a directory is expected") from None
         if not path.is_file():
             raise self._broken(path, "is not a regular file")
         identity = (stat.st_mtime_ns, stat.st_size, stat.st_ino)
@@ -251,10 +251,8 @@ class CheckpointStore:
         step_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(step_dir / FORCE_MARKER, (archived.name if archived else "").encode())
         path = self.path_for(key)
-        if path.exists():
-            os.replace(
-                path, step_dir / ARCHIVE_DIR / f"{archived.name}.cleared" if archived else path
-            )
+        if archived is not None and archived.is_file():
+            path.unlink(missing_ok=True)  # its bytes are in the archive
         with self._cache_lock:
             self._cache.pop(path, None)
         return archived

@@ -122,7 +122,9 @@ class Case:
     deferred_until: str | None = None
 
 
-def running_case(started_at: Any, action: ResumeAction, **kw: Any) -> Case:
+def running_case(
+    started_at: Any, action: ResumeAction, code: str = "step.already_running", **kw: Any
+) -> Case:
     r = row("running", started_at=started_at)
     extra: dict[str, Any] = {}
     if action is ResumeAction.STALE_RUNNING_RECOVERY:
@@ -132,7 +134,7 @@ def running_case(started_at: Any, action: ResumeAction, **kw: Any) -> Case:
             "auto_recovery": True,
         }
     else:
-        extra = {"code": "step.resume_blocked"}
+        extra = {"code": code}
     return Case(row=r, action=action, **extra, **kw)
 
 
@@ -245,6 +247,7 @@ CASES = [
             running_case(
                 raw,
                 ResumeAction.BLOCK,
+                code="step.resume_blocked",
                 reason_has=("manual investigation required", repr(raw)),
             ),
             id=f"r5-started-at-{label}",

@@ -21,7 +21,12 @@ from pipeline_defs.resume.settings import ResumeSettings
 CODE_RESUME_BLOCKED = "step.resume_blocked"
 CODE_VERIFY_CRASHED = "step.verify_crashed"
 CODE_RECOVERY_EXHAUSTED = "step.recovery_exhausted"
-BLOCK_CODES = frozenset({CODE_RESUME_BLOCKED, CODE_VERIFY_CRASHED, CODE_RECOVERY_EXHAUSTED})
+# Row 6: another run holds a healthy lease. A run that meets it fails exactly like a run
+# that lost the claim race, so the user sees one outcome whichever way the race went.
+CODE_ALREADY_RUNNING = "step.already_running"
+BLOCK_CODES = frozenset(
+    {CODE_RESUME_BLOCKED, CODE_VERIFY_CRASHED, CODE_RECOVERY_EXHAUSTED, CODE_ALREADY_RUNNING}
+)
 
 FORCE_HINT = "launch with tag resume/mode=force to rebuild"
 MAX_LISTED_MISSING = 5
@@ -219,6 +224,7 @@ def _judge_running(
             f"running healthy: owned by run {run_id!r}, started {elapsed.total_seconds():.0f}s ago "
             f"(timeout {settings.running_timeout_seconds}s)",
             None,
+            CODE_ALREADY_RUNNING,
         )
     return ResumeDecision(
         ResumeAction.STALE_RUNNING_RECOVERY,

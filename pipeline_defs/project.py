@@ -50,7 +50,7 @@ class EntityKnobs(_Strict):
 class SceneKnobs(_Strict):
     shots_per_scene: int = Field(default=2, ge=1, le=12)
     variations_per_shot: int = Field(default=1, ge=1, le=4)
-    camera_style: str = "cinematic medium shot"
+    camera_style: str = "cinematic 35mm framing"
 
 
 class ReviewKnobs(_Strict):

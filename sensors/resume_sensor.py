@@ -1,15 +1,159 @@
-"""PLACEHOLDER — replaced by the resume sensor (issue 5)."""
+"""``resume_sensor``: judge every (step, partition) of ``episodes`` and act on the verdicts.
 
-from collections.abc import Sequence
+Per tick (see :mod:`sensors.tick` for what counts as a change and what a tick costs):
+
+- ``RunRequest(asset_selection=[step], partition_key=pk)`` for RERUN_SELF and
+  STALE_RUNNING_RECOVERY only (never FORCE_EXPLICIT: the sensor always judges in resume
+  mode), when no backoff applies and no upstream step of that partition is itself about to
+  be re-run, deferred, running or blocked. The run key is derived from the step, the
+  partition and the state that caused the decision, so Dagster launches it once until that
+  state changes. Tags: ``resume/action``, ``resume/origin``, ``resume/reason`` (cut to
+  Dagster's 63-character tag-value limit), ``resume/state``.
+- a run-less ``AssetCheckEvaluation`` of ``resume_integrity`` on the asset partition for
+  every block whose state changed (failed, with origin / reason / code / what to do) and
+  once when a blocked partition leaves the block (passed). Blocks are also logged.
+
+The sensor writes nothing to the ledger or the checkpoint tree.
+"""
+
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 
 import dagster as dg
 
+from pipeline_defs.steps.assets import RESUME_CHECK, episodes
 from pipeline_defs.steps.spec import Step
+from resources.pipeline import PipelineResource
+from sensors.evaluation import StepEvaluation, Stores, order_steps
+from sensors.tick import CheckChange, TickConfig, TickResult, ticker_for
+
+SENSOR_NAME = "resume_sensor"
+DEFAULT_INTERVAL_SECONDS = 30
+TAG_VALUE_LIMIT = 63
+LOGGED_CHANGES = 50
 
 
-def build_resume_sensor(steps: Sequence[Step]) -> dg.SensorDefinition:
-    @dg.sensor(name="resume_sensor")
-    def resume_sensor(context: dg.SensorEvaluationContext) -> dg.SkipReason:
-        return dg.SkipReason("not implemented yet")
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+def tag_value(text: str, limit: int = TAG_VALUE_LIMIT) -> str:
+    """One line, at most ``limit`` characters (Dagster's tag-value limit)."""
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[: limit - 3].rstrip() + "..."
+
+
+def run_request(ev: StepEvaluation) -> dg.RunRequest:
+    """A self-only materialization of one asset partition, deduped by its run key."""
+    decision = ev.decision
+    return dg.RunRequest(
+        run_key=ev.run_key,
+        asset_selection=[dg.AssetKey(ev.step_id)],
+        partition_key=ev.partition_key,
+        tags={
+            "resume/action": decision.action.value,
+            "resume/origin": decision.origin.value if decision.origin else "none",
+            "resume/reason": tag_value(decision.reason),
+            "resume/state": ev.state,
+        },
+    )
+
+
+def check_evaluation(change: CheckChange) -> dg.AssetCheckEvaluation:
+    """``resume_integrity`` on the asset partition: failed for a block, passed when cleared."""
+    ev = change.evaluation
+    decision = ev.decision
+    origin = decision.origin.value if decision.origin else "none"
+    if change.passed:
+        metadata = {
+            "action": decision.action.value,
+            "reason": decision.reason,
+            "verdict": ev.verdict.value,
+        }
+        description = f"no longer blocked: {decision.action.value}"
+    else:
+        metadata = {
+            "origin": origin,
+            "reason": decision.reason,
+            "code": decision.code or "",
+            "what_to_do": ev.what_to_do,
+        }
+        description = f"blocked ({decision.code}, origin {origin}): {decision.reason}"
+    return dg.AssetCheckEvaluation(
+        asset_key=dg.AssetKey(ev.step_id),
+        check_name=RESUME_CHECK,
+        passed=change.passed,
+        partition=ev.partition_key,
+        metadata=metadata,
+        description=description[:1000],
+    )
+
+
+def _log(context: dg.SensorEvaluationContext, result: TickResult) -> None:
+    context.log.info(result.stats.line())
+    for change in result.checks[:LOGGED_CHANGES]:
+        ev = change.evaluation
+        if change.passed:
+            context.log.info(
+                f"unblocked {ev.step_id} [{ev.partition_key}]: {ev.decision.action.value}"
+            )
+        else:
+            context.log.info(
+                f"BLOCK {ev.step_id} [{ev.partition_key}] {ev.decision.code} "
+                f"(origin {ev.decision.origin.value if ev.decision.origin else 'none'}): "
+                f"{ev.decision.reason} — {ev.what_to_do}"
+            )
+    if len(result.checks) > LOGGED_CHANGES:
+        context.log.info(f"... and {len(result.checks) - LOGGED_CHANGES} more block changes")
+    for ev in result.launches[:LOGGED_CHANGES]:
+        context.log.info(
+            f"launch {ev.step_id} [{ev.partition_key}]: {ev.decision.action.value} — "
+            f"{ev.decision.reason}"
+        )
+
+
+def build_resume_sensor(
+    steps: Sequence[Step],
+    *,
+    name: str = SENSOR_NAME,
+    minimum_interval_seconds: int = DEFAULT_INTERVAL_SECONDS,
+    default_status: dg.DefaultSensorStatus = dg.DefaultSensorStatus.RUNNING,
+    full_refresh_seconds: float = 600.0,
+    clock: Callable[[], datetime] = utc_now,
+) -> dg.SensorDefinition:
+    """The resume sensor over ``steps`` (the assets of :func:`build_step_assets`)."""
+    ordered = order_steps(steps)
+    config = TickConfig(full_refresh_seconds=full_refresh_seconds)
+    selection = [dg.AssetKey(s.step_id) for s in ordered]
+
+    @dg.sensor(
+        name=name,
+        minimum_interval_seconds=minimum_interval_seconds,
+        default_status=default_status,
+        asset_selection=selection or None,
+        description=(
+            "Judges every step of every episode (resume mode) and launches self-only "
+            "re-runs and stale-lease recoveries; reports blocks as resume_integrity checks."
+        ),
+    )
+    def resume_sensor(
+        context: dg.SensorEvaluationContext, pipeline: PipelineResource
+    ) -> dg.SensorResult:
+        if not ordered:
+            return dg.SensorResult(skip_reason="no judged steps", cursor=context.cursor)
+        partition_keys = context.instance.get_dynamic_partitions(str(episodes.name))
+        ticker = ticker_for(name, ordered, Stores.of(pipeline), config)
+        result = ticker.tick(partition_keys, clock(), context.cursor)
+        if result.changed:
+            _log(context, result)
+        requests = [run_request(ev) for ev in result.launches]
+        events = [check_evaluation(change) for change in result.checks]
+        if requests:
+            return dg.SensorResult(run_requests=requests, asset_events=events, cursor=result.cursor)
+        return dg.SensorResult(
+            asset_events=events,
+            cursor=result.cursor,
+            skip_reason=result.stats.line(),
+        )
 
     return resume_sensor

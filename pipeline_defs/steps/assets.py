@@ -18,6 +18,7 @@ episodes = dg.DynamicPartitionsDefinition(name="episodes")
 RESUME_CHECK = "resume_integrity"
 MODE_TAG = "resume/mode"
 LAUNCH_PATH_TAG = "resume/launch_path"
+LAUNCH_PATH_MAX = 16  # width of step_transition.launch_path
 IO_MANAGER_KEY = "checkpoint_io_manager"
 GROUP = "storyboard"
 
@@ -30,9 +31,13 @@ def launch_mode(tags: Mapping[str, str]) -> LaunchMode:
 
 
 def launch_path(tags: Mapping[str, str]) -> str:
-    """Where a run came from, for the audit trail only; it never changes the decision."""
-    if tags.get(LAUNCH_PATH_TAG):
-        return tags[LAUNCH_PATH_TAG]
+    """Where a run came from, for the audit trail only; it never changes the decision.
+
+    A free-text ``resume/launch_path`` tag is clamped to the audit column's width
+    (``LAUNCH_PATH_MAX``) so an overlong tag can never fail a run after its claim.
+    """
+    if tags.get(LAUNCH_PATH_TAG, "").strip():
+        return tags[LAUNCH_PATH_TAG].strip()[:LAUNCH_PATH_MAX]
     if "dagster/backfill" in tags:
         return "backfill"
     if "dagster/sensor_name" in tags:
@@ -105,10 +110,14 @@ def build_step_asset(step: Step, catalog: Mapping[str, Step]) -> dg.AssetsDefini
         try:
             outcome = runtime.run(context.partition_key, run, inputs)
         except PipelineError as error:
+            metadata = {**error.as_metadata(), "resume/partition": context.partition_key}
+            try:  # name the file the failure is about (the key is valid once parsed)
+                key = runtime.key(context.partition_key)
+                metadata["checkpoint/path"] = str(runtime.checkpoints.path_for(key))
+            except PipelineError:
+                pass
             raise dg.Failure(
-                description=str(error),
-                metadata={**error.as_metadata(), "resume/partition": context.partition_key},
-                allow_retries=False,
+                description=str(error), metadata=metadata, allow_retries=False
             ) from error
         assert outcome.checkpoint is not None
         path = str(runtime.checkpoints.path_for(runtime.key(context.partition_key)))

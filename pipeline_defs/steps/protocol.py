@@ -144,13 +144,19 @@ class StepRuntime:
     def verify(self, ctx: StepContext, checkpoint: Checkpoint) -> CompletionReport:
         """Envelope artifacts + sentinels + the step's own verifier, merged by priority."""
         reports: list[CompletionReport] = []
-        problems = self.checkpoints.check_artifacts(checkpoint)
-        if problems:
+        missing, changed = self.checkpoints.artifact_problems(checkpoint)
+        if missing:
             severity = (
-                Severity.MISSING if len(problems) >= len(checkpoint.artifacts) else Severity.PARTIAL
+                Severity.MISSING if len(missing) >= len(checkpoint.artifacts) else Severity.PARTIAL
             )
             reports.append(
-                CompletionReport.incomplete(Origin.ARTIFACT_MISSING, tuple(problems), severity)
+                CompletionReport.incomplete(Origin.ARTIFACT_MISSING, tuple(missing), severity)
+            )
+        if changed:  # present but not what was published: drift, never silently regenerated
+            reports.append(
+                CompletionReport.incomplete(
+                    Origin.INVARIANT_DRIFT, tuple(changed), Severity.PARTIAL
+                )
             )
         try:
             self.step.validate_data(checkpoint.data, source=str(self.checkpoints.path_for(ctx.key)))
@@ -343,15 +349,20 @@ class StepRuntime:
                 "step.already_running",
                 f"{key}: another run owns this step (claim for {decision.action.value} refused)",
             )
-        self.audit(
-            key, run, decision, action=decision.action.value, from_status=prior, to_status="running"
-        )
         attempts = max(
             1, int((row or {}).get("recovery_count") or 0) + (1 if decision.auto_recovery else 0)
         )
         # "recorded" is True while the ledger already holds this run's final word.
         state = {"recorded": False}
-        try:
+        try:  # from here on the row is ours: any failure must be recorded, never left running
+            self.audit(
+                key,
+                run,
+                decision,
+                action=decision.action.value,
+                from_status=prior,
+                to_status="running",
+            )
             if decision.action is ResumeAction.FORCE_EXPLICIT:
                 cleanup = self.step.cleanup_artifacts(self.context(key, run_id=run.run_id))
                 self.log.info("%s: force cleanup: %s", key, cleanup.note)

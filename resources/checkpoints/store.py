@@ -9,6 +9,7 @@ import contextlib
 import hashlib
 import json
 import os
+import stat as stat_module
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
@@ -93,10 +94,16 @@ class CheckpointStore:
         self.keep_archives = keep_archives
         self._cache: dict[Path, tuple[tuple[int, int, int], Checkpoint]] = {}
         self._cache_lock = threading.Lock()
+        self._dirs: dict[StepKey, Path] = {}  # step_dir memo: pathlib joins are slow in bulk
 
     # ------------------------------------------------------------------ paths
     def step_dir(self, key: StepKey) -> Path:
-        return self.root / key.project_id / key.episode_id / key.step_id
+        found = self._dirs.get(key)
+        if found is None:
+            if len(self._dirs) >= 200_000:
+                self._dirs.clear()
+            found = self._dirs[key] = self.root / key.project_id / key.episode_id / key.step_id
+        return found
 
     def path_for(self, key: StepKey) -> Path:
         return self.step_dir(key) / CHECKPOINT_FILE
@@ -135,7 +142,7 @@ class CheckpointStore:
                 (p for p in reversed(path.parents) if p.exists() and not p.is_dir()), path.parent
             )
             raise self._broken(path, f"{culprit} is a file where a directory is expected") from None
-        if not path.is_file():
+        if not stat_module.S_ISREG(stat.st_mode):
             raise self._broken(path, "is not a regular file")
         identity = (stat.st_mtime_ns, stat.st_size, stat.st_ino)
         with self._cache_lock:
@@ -163,14 +170,24 @@ class CheckpointStore:
 
     def check_artifacts(self, checkpoint: Checkpoint) -> list[str]:
         """Artifacts listed by the envelope that are absent or whose bytes changed."""
-        problems: list[str] = []
+        missing, changed = self.artifact_problems(checkpoint)
+        return [*missing, *changed]
+
+    def artifact_problems(self, checkpoint: Checkpoint) -> tuple[list[str], list[str]]:
+        """(absent artifacts, artifacts whose bytes no longer match the stored sha256).
+
+        Absent is ``artifact_missing``; present but different is ``invariant_drift`` (a stored
+        hash ≠ the recomputed hash), which must block rather than be silently regenerated.
+        """
+        missing: list[str] = []
+        changed: list[str] = []
         for artifact in checkpoint.artifacts:
             path = self.artifact_path(checkpoint.key, artifact.path)
             if not path.is_file():
-                problems.append(f"{artifact.path} (missing)")
+                missing.append(f"{artifact.path} (missing)")
             elif path.stat().st_size != artifact.bytes or file_sha256(path) != artifact.sha256:
-                problems.append(f"{artifact.path} (sha256 mismatch)")
-        return problems
+                changed.append(f"{artifact.path} (sha256 mismatch)")
+        return missing, changed
 
     # ------------------------------------------------------------------ writing
     def write_artifact(self, key: StepKey, relative: str, payload: bytes) -> Artifact:
@@ -189,7 +206,6 @@ class CheckpointStore:
             handle.write(checkpoint.to_json().encode("utf-8"))
             handle.flush()
             os.fsync(handle.fileno())
-        previous = self._load_quietly(checkpoint.key)
 
         def after_commit() -> None:
             with contextlib.suppress(FileNotFoundError):
@@ -197,7 +213,7 @@ class CheckpointStore:
             with self._cache_lock:
                 self._cache.pop(target, None)
 
-        if previous is not None:
+        if target.is_file():  # even an unreadable one: it is evidence, never destroyed
             self.archive(checkpoint.key, "replaced")
         return StagedCheckpoint(Path(temp), target, after_commit)
 

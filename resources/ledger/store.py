@@ -29,6 +29,8 @@ TERMINAL_STATUSES = frozenset({"completed", "partial", "failed", "not_applicable
 
 _ENGINES: dict[tuple[str, int], Engine] = {}
 _ENGINES_LOCK = threading.Lock()
+# get_many filters up to this many (project, episode) pairs in SQL, more in Python.
+_PAIR_FILTER_LIMIT = 500
 
 
 def _now() -> str:
@@ -160,25 +162,49 @@ class LedgerStore:
         *,
         episodes: Iterable[Episode] | None = None,
         step_ids: Iterable[str] | None = None,
+        changed_since: tuple[int, str] | None = None,
     ) -> dict[StepKey, dict[str, Any]]:
-        """All rows (optionally of some episodes/steps) in ONE query, keyed by StepKey."""
+        """All rows (optionally of some episodes/steps) in ONE query, keyed by StepKey.
+
+        With ``changed_since=(transition_seq, updated_at)`` (a :meth:`cursor` value, its
+        text moved back by the caller to absorb clock skew) it returns instead every row of
+        the partitions touched since then (a row with ``updated_at >=`` that text, or an
+        audit row after that seq) plus every row of ``episodes``; still one query, text
+        comparison only (never cast).
+        """
         query = sa.select(step_run)
         if step_ids is not None:
             query = query.where(step_run.c.step_id.in_(list(step_ids)))
+        pair = sa.tuple_(step_run.c.project_id, step_run.c.episode_id)
+        listed = sorted({(e.project_id, e.episode_id) for e in episodes or ()})
         wanted: set[tuple[str, str]] | None = None
-        if episodes is not None:
-            wanted = {(e.project_id, e.episode_id) for e in episodes}
-            projects = sorted({p for p, _ in wanted})
-            query = query.where(step_run.c.project_id.in_(projects))
+        if changed_since is not None:
+            seq, since = changed_since
+            touched = sa.union(
+                sa.select(step_run.c.project_id, step_run.c.episode_id).where(
+                    step_run.c.updated_at >= since
+                ),
+                sa.select(step_transition.c.project_id, step_transition.c.episode_id).where(
+                    step_transition.c.transition_seq > seq
+                ),
+            ).subquery()
+            clause = pair.in_(sa.select(touched.c.project_id, touched.c.episode_id))
+            query = query.where(sa.or_(clause, pair.in_(listed)) if listed else clause)
+        elif episodes is not None:
+            wanted = set(listed)
+            if len(listed) <= _PAIR_FILTER_LIMIT:
+                query = query.where(pair.in_(listed))
+            else:
+                projects = sorted({p for p, _ in wanted})
+                query = query.where(step_run.c.project_id.in_(projects))
         out: dict[StepKey, dict[str, Any]] = {}
         with self._read() as conn:
-            for mapping in conn.execute(query).mappings():
-                if (
-                    wanted is not None
-                    and (mapping["project_id"], mapping["episode_id"]) not in wanted
-                ):
+            result = conn.execute(query)
+            columns = list(result.keys())
+            for values in result.all():
+                row = dict(zip(columns, values, strict=True))
+                if wanted is not None and (row["project_id"], row["episode_id"]) not in wanted:
                     continue
-                row = dict(mapping)
                 out[StepKey(row["project_id"], row["episode_id"], row["step_id"])] = row
         return out
 

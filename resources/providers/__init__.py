@@ -14,6 +14,7 @@ from .base import (
     TextReply,
 )
 from .offline_images import OFFLINE_IMAGE_MODEL, OfflineImageModel
+from .offline_text import OFFLINE_TEXT_MODEL, OfflineTextModel
 from .openai_http import OpenAIConnection, OpenAIImageModel, OpenAITextModel
 
 __all__ = [
@@ -21,12 +22,14 @@ __all__ = [
     "CONFIG_ERROR",
     "HTTP_ERROR",
     "OFFLINE_IMAGE_MODEL",
+    "OFFLINE_TEXT_MODEL",
     "PNG_SIGNATURE",
     "RETRIES_EXHAUSTED",
     "ImageCall",
     "ImageModel",
     "ImageReply",
     "OfflineImageModel",
+    "OfflineTextModel",
     "OpenAIConnection",
     "OpenAIImageModel",
     "OpenAITextModel",

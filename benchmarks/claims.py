@@ -1,0 +1,278 @@
+"""Ledger claim throughput on PostgreSQL against a pgbench ceiling (SPEC §5).
+
+One *cycle* is what a step does with the ledger around its body: ``LedgerStore.claim`` (one
+INSERT ... ON CONFLICT DO UPDATE ... RETURNING transaction) followed by the owner-aware
+``LedgerStore.transition(..., "completed")`` (one UPDATE transaction). Each worker is a
+separate process with its own engine, exactly like Dagster run workers.
+
+- distinct keys: every worker cycles over its own 1000 keys (first pass inserts, then the
+  claim takes its own completed rows back);
+- hot key: every worker claims the same key each cycle; a cycle counts only when the claim
+  won and the transition went through, refused claims are counted separately.
+
+The ceiling is ``pgbench`` running ``benchmarks/pgbench_upsert.sql`` (one single-row upsert
+transaction with the claim's shape on a ``LIKE step_run`` table, the same number of keys per
+client) with the same client count and duration. Everything runs in a fresh database that
+is created and dropped by this script.
+
+    .venv/bin/python benchmarks/claims.py --seconds 5
+"""
+
+import argparse
+import glob
+import multiprocessing
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # allow `python benchmarks/claims.py` from any directory
+    sys.path.insert(0, str(ROOT))
+
+from pipeline_defs.resume.partition import StepKey  # noqa: E402
+from resources.ledger.store import LedgerStore, engine_for  # noqa: E402
+
+PGBENCH_SCRIPT = Path(__file__).with_name("pgbench_upsert.sql")
+KEYS_PER_WORKER = 1000
+TARGET = 0.50
+
+
+@dataclass
+class Ours:
+    cycles: int
+    rejected: int
+    lost: int
+    seconds: float
+
+    @property
+    def rate(self) -> float:
+        return self.cycles / self.seconds
+
+    @property
+    def rejected_rate(self) -> float:
+        return self.rejected / self.seconds
+
+
+def _worker(
+    url: str, index: int, mode: str, tag: str, seconds: float, barrier: Any, results: Any
+) -> None:
+    try:
+        store = LedgerStore(url)
+        store.migrate()
+        store.get(StepKey("bench", "warmup", "step"))  # open the pooled connection up front
+        barrier.wait(120)
+        cycles = rejected = lost = 0
+        i = 0
+        started = time.perf_counter()
+        deadline = started + seconds
+        while time.perf_counter() < deadline:
+            if mode == "distinct":
+                key = StepKey("bench", f"{tag}w{index}e{i % KEYS_PER_WORKER}", "step")
+            else:
+                key = StepKey("bench", f"{tag}hot", "step")
+            run_id = f"{tag}-w{index}-{i}"
+            i += 1
+            if not store.claim(key, run_id):
+                rejected += 1
+            elif store.transition(key, run_id, "completed"):
+                cycles += 1
+            else:
+                lost += 1
+        results.put(("ok", index, cycles, rejected, lost, time.perf_counter() - started))
+    except BaseException as exc:
+        barrier.abort()
+        results.put(("error", index, f"{type(exc).__name__}: {exc}", 0, 0, 0.0))
+
+
+def _reset(url: str) -> None:
+    with engine_for(url).begin() as conn:
+        conn.exec_driver_sql("TRUNCATE step_run, step_transition, pgbench_step_run")
+    with engine_for(url).connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.exec_driver_sql("CHECKPOINT")
+
+
+def run_ours(url: str, workers: int, mode: str, seconds: float) -> Ours:
+    _reset(url)
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(workers + 1)
+    results = ctx.Queue()
+    tag = f"{mode[0]}{workers}"
+    procs = [
+        ctx.Process(target=_worker, args=(url, i, mode, tag, seconds, barrier, results))
+        for i in range(workers)
+    ]
+    for proc in procs:
+        proc.start()
+    try:
+        barrier.wait(120)
+        outcomes = [results.get(timeout=seconds + 120) for _ in procs]
+    finally:
+        for proc in procs:
+            proc.join(timeout=30)
+            if proc.is_alive():
+                proc.terminate()
+    errors = [o for o in outcomes if o[0] != "ok"]
+    if errors:
+        raise SystemExit(f"worker failed: {errors[0][2]}")
+    return Ours(
+        cycles=sum(o[2] for o in outcomes),
+        rejected=sum(o[3] for o in outcomes),
+        lost=sum(o[4] for o in outcomes),
+        seconds=max(o[5] for o in outcomes),
+    )
+
+
+def find_pgbench() -> str:
+    found = shutil.which("pgbench") or next(
+        iter(sorted(glob.glob("/usr/lib/postgresql/*/bin/pgbench"), reverse=True)), None
+    )
+    if found is None:
+        raise SystemExit(
+            "pgbench not found (apt-get install postgresql-client / postgresql-contrib)"
+        )
+    return found
+
+
+def run_pgbench(pgbench: str, url: str, clients: int, seconds: float) -> float:
+    _reset(url)
+    u = sa.make_url(url)
+    cmd = [
+        pgbench,
+        "-n",
+        "-M",
+        "prepared",
+        "-c",
+        str(clients),
+        "-j",
+        str(clients),
+        "-T",
+        str(max(1, round(seconds))),
+        "-D",
+        f"keys={KEYS_PER_WORKER * clients}",
+        "-f",
+        str(PGBENCH_SCRIPT),
+        "-h",
+        u.host or "127.0.0.1",
+        "-p",
+        str(u.port or 5432),
+        "-U",
+        u.username or "postgres",
+        str(u.database),
+    ]
+    env = dict(os.environ)
+    if u.password:
+        env["PGPASSWORD"] = u.password
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    if proc.returncode != 0 and hasattr(os, "geteuid") and os.geteuid() == 0:
+        proc = subprocess.run(
+            ["runuser", "-u", "postgres", "--", *cmd],
+            capture_output=True,
+            text=True,
+            env=env,
+            check=False,
+        )
+    match = re.search(r"tps = ([0-9.]+) \(without initial connection time\)", proc.stdout)
+    if proc.returncode != 0 or match is None:
+        raise SystemExit(f"pgbench failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return float(match.group(1))
+
+
+def _machine(url: str) -> str:
+    cpu = "unknown cpu"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    with engine_for(url).connect() as conn:
+        version = conn.exec_driver_sql("SHOW server_version").scalar()
+        sync = conn.exec_driver_sql("SHOW synchronous_commit").scalar()
+    return (
+        f"{os.cpu_count()} cores ({cpu}), {platform.system()} {platform.release()}, "
+        f"Python {platform.python_version()}, PostgreSQL {version} "
+        f"(synchronous_commit={sync}) on the same host"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--pg-url",
+        default="postgresql+psycopg://postgres@127.0.0.1:5432/test",
+        help="a database on the server; a fresh bench database is created next to it",
+    )
+    parser.add_argument("--seconds", type=float, default=5.0, help="duration of each measurement")
+    parser.add_argument("--workers", default="1,4,8", help="comma-separated worker/client counts")
+    args = parser.parse_args(argv)
+    counts = [int(w) for w in args.workers.split(",") if w.strip()]
+    pgbench = find_pgbench()
+
+    admin = sa.create_engine(args.pg_url, isolation_level="AUTOCOMMIT")
+    name = f"bench_claims_{uuid.uuid4().hex[:10]}"
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+    url = sa.make_url(args.pg_url).set(database=name).render_as_string(hide_password=False)
+    try:
+        LedgerStore(url).migrate()
+        with engine_for(url).begin() as conn:
+            conn.exec_driver_sql("CREATE TABLE pgbench_step_run (LIKE step_run INCLUDING ALL)")
+        print(f"machine: {_machine(url)}")
+        print(f"pgbench: {pgbench}; {args.seconds:g} s per measurement; database {name}")
+        rows = []
+        for n in counts:
+            distinct = run_ours(url, n, "distinct", args.seconds)
+            hot = run_ours(url, n, "hot", args.seconds)
+            tps = run_pgbench(pgbench, url, n, args.seconds)
+            rows.append((n, distinct, hot, tps))
+            print(
+                f"  {n} workers: distinct {distinct.rate:.0f} cycles/s, "
+                f"hot {hot.rate:.0f} cycles/s ({hot.rejected_rate:.0f} refused claims/s), "
+                f"pgbench {tps:.0f} tps",
+                flush=True,
+            )
+    finally:
+        engine_for(url).dispose()
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.dispose()
+
+    print()
+    print(
+        "| workers | ours cycles/s (distinct) | ours txn/s (2 per cycle) | pgbench tps "
+        "| ratio per cycle | ratio per txn | hot key cycles/s | hot key refused claims/s |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for n, distinct, hot, tps in rows:
+        print(
+            f"| {n} | {distinct.rate:.0f} | {2 * distinct.rate:.0f} | {tps:.0f} "
+            f"| {distinct.rate / tps:.0%} | {2 * distinct.rate / tps:.0%} "
+            f"| {hot.rate:.0f} | {hot.rejected_rate:.0f} |"
+        )
+    lost = sum(d.lost + h.lost for _, d, h, _ in rows)
+    print(f"\nownership lost between claim and transition (must be 0): {lost}")
+    eight = [r for r in rows if r[0] == 8]
+    if eight:
+        _, distinct, _, tps = eight[0]
+        per_cycle, per_txn = distinct.rate / tps, 2 * distinct.rate / tps
+        verdict = "meets" if per_cycle >= TARGET else "is UNDER"
+        print(
+            f"8-worker distinct keys: {per_cycle:.0%} of pgbench per cycle, {per_txn:.0%} per "
+            f"transaction; the per-cycle figure {verdict} the {TARGET:.0%} target"
+        )
+    return 1 if lost else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

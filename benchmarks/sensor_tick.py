@@ -1,0 +1,335 @@
+"""Benchmark: one resume-sensor tick on PostgreSQL at 100 / 1,000 / 10,000 episodes x 10 steps.
+
+Synthetic state: every (episode, step) has a completed ledger row and a valid checkpoint
+envelope (three image steps also carry a small PNG artifact each, one of them in a
+sub-directory), so the judge reaches row 10 and verifies everywhere: artifact sha256,
+``validate_data`` and the step's ``verify_completion``. The steps are ten trivial
+stand-ins with the real step ids and dependency graph of SPEC §8.
+
+Each size runs in a fresh child process (empty envelope cache, no sensor memory) and
+measures, through the real sensor (``evaluate_tick`` with a Dagster test instance holding
+the ``episodes`` partitions):
+
+- cold: first tick (judges everything: one row query, every envelope read, verified);
+- warm: the next tick with nothing changed (cursor: two aggregate reads + stats);
+- 1 %: a tick after 1 % of the partitions changed (half lost a PNG, half got a failed
+  ledger row): only those are re-judged, one re-run launched for each;
+- full: a forced full re-judgement with warm caches (the periodic safety net).
+
+    .venv/bin/python benchmarks/sensor_tick.py --pg-url postgresql+psycopg://postgres@127.0.0.1:5432/test
+
+Each size creates (and drops) its own database ``bench_sensor_<n>`` on that server.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import dagster as dg  # noqa: E402
+import sqlalchemy as sa  # noqa: E402
+
+from pipeline_defs.definitions import build_resources  # noqa: E402
+from pipeline_defs.project import ProjectConfig, scoped_fingerprints  # noqa: E402
+from pipeline_defs.resume.clock import format_timestamp  # noqa: E402
+from pipeline_defs.resume.completion import CompletionReport, Origin  # noqa: E402
+from pipeline_defs.resume.decision import config_hash  # noqa: E402
+from pipeline_defs.resume.errors import PipelineError  # noqa: E402
+from pipeline_defs.resume.partition import StepKey  # noqa: E402
+from pipeline_defs.steps.assets import build_step_assets  # noqa: E402
+from pipeline_defs.steps.context import StepContext  # noqa: E402
+from pipeline_defs.steps.spec import Step  # noqa: E402
+from resources.checkpoints.envelope import Artifact, Checkpoint, mask_secrets  # noqa: E402
+from resources.ledger.store import LedgerStore  # noqa: E402
+from resources.ledger.tables import step_run  # noqa: E402
+from resources.pipeline import PipelineResource  # noqa: E402
+from sensors.resume_sensor import build_resume_sensor  # noqa: E402
+from sensors.tick import TickConfig, ticker_for  # noqa: E402
+
+FULL_REFRESH = 600.0
+PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 8  # 2 KiB stand-in image
+
+
+class BenchStep(Step):
+    """A trivial step: data ``{"items": [...]}``; verify checks the item count."""
+
+    image: str | None = None
+
+    def validate_data(self, data: Mapping[str, Any], *, source: str) -> None:
+        if not isinstance(data.get("items"), list):
+            raise PipelineError("io.integrity_violation", f"{source}: items missing")
+
+    def verify_completion(self, ctx: StepContext, checkpoint: Checkpoint) -> CompletionReport:
+        items = checkpoint.data.get("items") or []
+        if len(items) != checkpoint.data.get("count"):
+            return CompletionReport.incomplete(Origin.INVARIANT_DRIFT, ("item count",))
+        return CompletionReport.clean()
+
+
+def _step(step_id: str, deps: tuple[str, ...], image: str | None = None, **extra: Any) -> Step:
+    cls = type(
+        step_id.title().replace("_", ""),
+        (BenchStep,),
+        {
+            "step_id": step_id,
+            "deps": deps,
+            "image": image,
+            "__module__": __name__,
+            **extra,
+        },
+    )
+    globals()[cls.__name__] = cls
+    return cls()
+
+
+STEPS: tuple[Step, ...] = (
+    _step("story_source", ()),
+    _step("entity_canon", ("story_source",)),
+    _step("world_guide", ("story_source", "entity_canon")),
+    _step(
+        "scene_detail",
+        ("story_source", "entity_canon", "world_guide"),
+        resume_config_keys=("scenes.shots_per_scene",),
+    ),
+    _step("entity_t2i", ("entity_canon",), allow_auto_rerun_on_schema_bump=True),
+    _step("shot_dependency_t2i", ("scene_detail",)),
+    _step("t2i_review", ("scene_detail", "entity_t2i"), modifies_checkpoints=("scene_detail",)),
+    _step("ref_image_gen", ("entity_canon", "entity_t2i", "t2i_review"), image="refs/C01.png"),
+    _step("composite_image_gen", ("ref_image_gen",), image="C01_O01.png"),
+    _step(
+        "scene_image_pipeline",
+        ("scene_detail", "shot_dependency_t2i", "composite_image_gen", "t2i_review"),
+        image="shots/S01.png",
+    ),
+)
+
+
+# ----------------------------------------------------------------------------- generation
+def generate(home: Path, ledger: LedgerStore, episodes: int) -> list[str]:
+    """Completed rows and valid envelopes (+ PNGs) for every (episode, step)."""
+    config = ProjectConfig().as_dict()
+    masked = mask_secrets(config)
+    ts = format_timestamp(datetime.now(UTC) - timedelta(hours=1))
+    rows: list[dict[str, Any]] = []
+    keys = [f"bench/e{n:05d}" for n in range(episodes)]
+    digest = Artifact(path="", sha256=__import__("hashlib").sha256(PNG).hexdigest(), bytes=len(PNG))
+    for pk in keys:
+        project, episode = pk.split("/")
+        for step in STEPS:
+            assert isinstance(step, BenchStep)
+            folder = home / "checkpoints" / project / episode / step.step_id
+            artifacts: tuple[Artifact, ...] = ()
+            if step.image:
+                target = folder / step.image
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(PNG)
+                artifacts = (Artifact(step.image, digest.sha256, digest.bytes),)
+            else:
+                folder.mkdir(parents=True, exist_ok=True)
+            fingerprints = scoped_fingerprints(config, step.resume_config_keys)
+            run_id = f"gen-{episode}-{step.step_id}:0"
+            checkpoint = Checkpoint(
+                step_id=step.step_id,
+                project_id=project,
+                episode_id=episode,
+                status="completed",
+                schema_version=step.schema_version,
+                config_hash=config_hash(fingerprints),
+                resume_config_keys=tuple(step.resume_config_keys),
+                config_fingerprints=fingerprints,
+                project_config_snapshot=masked,
+                data={"items": [f"{episode}-{step.step_id}-{i}" for i in range(3)], "count": 3},
+                artifacts=artifacts,
+                produced_by={"run_id": run_id, "started_at": ts},
+                created_at=ts,
+            )
+            (folder / "checkpoint.json").write_text(checkpoint.to_json(), encoding="utf-8")
+            rows.append(
+                {
+                    "id": str(uuid.uuid4()),
+                    "project_id": project,
+                    "episode_id": episode,
+                    "step_id": step.step_id,
+                    "status": "completed",
+                    "run_id": run_id,
+                    "started_at": ts,
+                    "completed_at": ts,
+                    "created_at": ts,
+                    "updated_at": ts,
+                    "recovery_count": 0,
+                }
+            )
+    with ledger.engine.begin() as conn:  # synthetic bulk load (the benchmark's own SQL)
+        for start in range(0, len(rows), 5000):
+            conn.execute(sa.insert(step_run), rows[start : start + 5000])
+    return keys
+
+
+def change_one_percent(home: Path, ledger: LedgerStore, keys: list[str]) -> int:
+    """Half of 1 % lose a PNG (disk), half get a failed ledger row (ledger ops)."""
+    chosen = keys[::100] or keys[:1]
+    for n, pk in enumerate(chosen):
+        project, episode = pk.split("/")
+        if n % 2 == 0:
+            (
+                home
+                / "checkpoints"
+                / project
+                / episode
+                / "scene_image_pipeline"
+                / "shots"
+                / "S01.png"
+            ).unlink()
+        else:
+            key = StepKey(project, episode, "composite_image_gen")
+            assert ledger.claim(key, "bench-fail:0")
+            assert ledger.transition(key, "bench-fail:0", "failed")
+    return len(chosen)
+
+
+# ----------------------------------------------------------------------------- one size
+def run_size(episodes: int, server_url: str, keep: bool) -> dict[str, Any]:
+    name = f"bench_sensor_{episodes}"
+    admin = sa.create_engine(server_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+    url = sa.make_url(server_url).set(database=name).render_as_string(hide_password=False)
+    home = Path(tempfile.mkdtemp(prefix=f"bench-sensor-{episodes}-"))
+    try:
+        pipeline = PipelineResource(home=str(home), db_url=url)
+        ledger = pipeline.ledger()
+        ledger.migrate()
+        started = time.perf_counter()
+        keys = generate(home, ledger, episodes)
+        generated = time.perf_counter() - started
+        now = [datetime.now(UTC)]
+        sensor = build_resume_sensor(STEPS, clock=lambda: now[0], full_refresh_seconds=FULL_REFRESH)
+        defs = dg.Definitions(
+            assets=build_step_assets(STEPS), sensors=[sensor], resources=build_resources(pipeline)
+        )
+        out: dict[str, Any] = {"episodes": episodes, "generate_s": round(generated, 1)}
+        with dg.instance_for_test() as instance:
+            instance.add_dynamic_partitions("episodes", keys)
+            cursor: list[str | None] = [None]
+
+            def tick(label: str) -> None:
+                context = dg.build_sensor_context(
+                    instance=instance,
+                    cursor=cursor[0],
+                    definitions=defs,
+                    resources={"pipeline": pipeline},
+                )
+                t0 = time.perf_counter()
+                with dg.partition_loading_context(dynamic_partitions_store=instance):
+                    result = sensor.evaluate_tick(context)
+                seconds = time.perf_counter() - t0
+                cursor[0] = result.cursor
+                stats = ticker_for(
+                    "resume_sensor", STEPS, pipeline_stores(pipeline), TickConfig(FULL_REFRESH)
+                ).last_stats
+                assert stats is not None
+                out[label] = {
+                    "seconds": round(seconds, 3),
+                    "judged": stats.judged,
+                    "partitions_judged": stats.evaluated_partitions,
+                    "row_queries": stats.row_queries,
+                    "rows": stats.rows_fetched,
+                    "launches": len(result.run_requests or []),
+                    "blocks": len(result.asset_events or []),
+                    "cursor_bytes": len(result.cursor or ""),
+                }
+
+            tick("cold")
+            tick("warm")
+            out["changed"] = change_one_percent(home, ledger, keys)
+            tick("one_percent")
+            tick("warm_after")
+            now[0] += timedelta(seconds=FULL_REFRESH + 1)
+            tick("full")
+        return out
+    finally:
+        if not keep:
+            shutil.rmtree(home, ignore_errors=True)
+            from resources.ledger.store import engine_for
+
+            engine_for(url).dispose()
+            with admin.connect() as conn:
+                conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.dispose()
+
+
+def pipeline_stores(pipeline: PipelineResource) -> Any:
+    from sensors.evaluation import Stores
+
+    return Stores.of(pipeline)
+
+
+# ----------------------------------------------------------------------------- driver
+def table(results: list[dict[str, Any]]) -> str:
+    head = (
+        "| episodes | steps | cold tick | warm, no change | 1 % changed | re-judged (1 %) "
+        "| launches (1 %) | full re-judge, warm caches | generate |"
+    )
+    lines = [head, "|" + "---|" * 9]
+    for r in results:
+        lines.append(
+            f"| {r['episodes']:,} | 10 | {r['cold']['seconds']:.2f} s "
+            f"({r['cold']['judged']:,} judged) | {r['warm']['seconds'] * 1000:.0f} ms "
+            f"({r['warm']['judged']} judged) | {r['one_percent']['seconds'] * 1000:.0f} ms | "
+            f"{r['one_percent']['partitions_judged']} partitions / {r['one_percent']['judged']} "
+            f"steps, {r['one_percent']['row_queries']} query, {r['one_percent']['rows']} rows | "
+            f"{r['one_percent']['launches']} | {r['full']['seconds']:.2f} s | "
+            f"{r['generate_s']:.0f} s |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", default="100,1000,10000")
+    parser.add_argument(
+        "--pg-url",
+        default=os.environ.get(
+            "PIPELINE_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+        ),
+        help="a PostgreSQL server database we may CREATE DATABASE from",
+    )
+    parser.add_argument("--keep", action="store_true", help="keep databases and homes")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--one", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(run_size(args.one, args.pg_url, args.keep)))
+        return
+    results = []
+    for size in (int(s) for s in args.sizes.split(",")):
+        child = subprocess.run(
+            [sys.executable, __file__, "--one", str(size), "--pg-url", args.pg_url]
+            + (["--keep"] if args.keep else []),
+            capture_output=True,
+            text=True,
+            env={**os.environ, "DAGSTER_HOME": tempfile.mkdtemp(prefix="bench-dagster-")},
+        )
+        if child.returncode != 0:
+            sys.exit(child.stderr[-4000:])
+        result = json.loads(child.stdout.strip().splitlines()[-1])
+        results.append(result)
+        print(json.dumps(result), file=sys.stderr)
+    print(json.dumps(results, indent=1) if args.json else table(results))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,481 @@
+"""``storyboard``: the operator CLI (SPEC §9). Every command takes ``--json``.
+
+Errors exit non-zero with one line naming the culprit and the typed error code:
+``error: [input.invalid_id] invalid project_id '..': ids must match ...``.
+"""
+
+import functools
+import json
+import os
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from pipeline_defs.operations import inspect as views
+from pipeline_defs.operations import launch
+from pipeline_defs.operations.workspace import (
+    DEFS_ENV,
+    Workspace,
+    load_workspace,
+    quiet_dagster_notices,
+    safe_url,
+)
+from pipeline_defs.resume.errors import PipelineError
+
+F = TypeVar("F", bound=Callable[..., Any])
+DEBUG_ENV = "STORYBOARD_DEBUG"
+
+
+# --------------------------------------------------------------------------- output
+def render_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """A plain aligned text table; None shows as '-'."""
+    cells = [[("-" if v is None else str(v)) for v in row] for row in rows]
+    widths = [len(h) for h in headers]
+    for row in cells:
+        widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
+    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))
+    out = [line.rstrip(), "  ".join("-" * w for w in widths)]
+    out += [
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells
+    ]
+    return "\n".join(out)
+
+
+def _clip(text: Any, width: int = 60) -> str | None:
+    if text is None:
+        return None
+    text = " ".join(str(text).split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _seconds(value: float | None) -> str | None:
+    if value is None:
+        return None
+    return f"{value:.2f}s" if value < 10 else f"{value:.1f}s"
+
+
+def emit_json(payload: Mapping[str, Any]) -> None:
+    click.echo(json.dumps(payload, indent=2, default=str, sort_keys=False))
+
+
+class CommandFailed(Exception):
+    """A command ran but its outcome is a failure (e.g. a run failed): exit 1."""
+
+    def __init__(self, error: PipelineError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _error_payload(error: PipelineError) -> dict[str, Any]:
+    return {
+        "code": error.code,
+        "message": error.message,
+        "status": error.status,
+        "origin": error.origin,
+    }
+
+
+def operation(name: str) -> Callable[[F], F]:
+    """Common wiring: ``--json``, typed errors → one line on stderr and exit code 1."""
+
+    def wrap(fn: F) -> F:
+        @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+        @functools.wraps(fn)
+        def run(*args: Any, as_json: bool, **kwargs: Any) -> None:
+            try:
+                payload = fn(*args, as_json=as_json, **kwargs)
+                if as_json and payload is not None:
+                    emit_json({"ok": True, "command": name, **payload})
+            except CommandFailed as failed:
+                click.echo(f"error: {failed.error}", err=True)
+                sys.exit(1)
+            except PipelineError as error:
+                if as_json:
+                    emit_json({"ok": False, "command": name, "error": _error_payload(error)})
+                click.echo(f"error: {error}", err=True)
+                sys.exit(1)
+            except (click.ClickException, click.exceptions.Exit, click.Abort, SystemExit):
+                raise
+            except Exception as exc:
+                if os.environ.get(DEBUG_ENV):
+                    raise
+                message = " ".join(f"{type(exc).__name__}: {exc}".split())[:400]
+                if as_json:
+                    emit_json(
+                        {
+                            "ok": False,
+                            "command": name,
+                            "error": {"code": "internal", "message": message},
+                        }
+                    )
+                click.echo(
+                    f"error: [internal] {message} (set {DEBUG_ENV}=1 for a traceback)", err=True
+                )
+                sys.exit(1)
+
+        return run  # type: ignore[return-value]
+
+    return wrap
+
+
+def _workspace() -> Workspace:
+    return load_workspace()
+
+
+def _run_failure(report: launch.RunReport) -> PipelineError:
+    failed = next((s for s in report.steps if s.outcome == "failed"), None)
+    if failed is None:
+        return PipelineError(
+            "launch.run_failed",
+            f"run {report.run_id} of {report.partition} ended {report.dagster_status}",
+        )
+    return PipelineError(
+        failed.error_code or "launch.run_failed",
+        f"run {report.run_id} of {report.partition}: {failed.step} failed: "
+        f"{_clip(failed.error, 300)}",
+    )
+
+
+def _run_table(report: launch.RunReport) -> str:
+    return render_table(
+        ["step", "decision", "status", "provider calls", "duration", "note"],
+        [
+            (
+                s.step,
+                s.decision,
+                s.status,
+                s.provider_calls,
+                _seconds(s.duration_seconds),
+                _clip(f"[{s.error_code}] {s.error}" if s.error_code else s.error, 70),
+            )
+            for s in report.steps
+        ],
+    )
+
+
+def _progress_line(progress: launch.Progress, prefix: str = "") -> str:
+    mark = "ok  " if progress.ok else "FAIL"
+    calls = "-" if progress.provider_calls is None else str(progress.provider_calls)
+    took = _seconds(progress.duration_seconds) or "-"
+    detail = (
+        f"{progress.decision or '-':<22} calls={calls:<4} {took}"
+        if progress.ok
+        else _clip(progress.error, 90)
+    )
+    return f"  {prefix}{mark} {progress.step:<22} {detail}"
+
+
+# --------------------------------------------------------------------------- commands
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """Operate the resume-safe storyboard pipeline (ledger, checkpoints, Dagster runs).
+
+    Environment: PIPELINE_HOME (data root), PIPELINE_DB_URL (ledger; default SQLite under
+    PIPELINE_HOME), DAGSTER_HOME (Dagster instance), STORYBOARD_DEFS (module:attr of the
+    Definitions; default pipeline_defs.definitions:defs).
+    """
+    quiet_dagster_notices()
+
+
+@main.command()
+@operation("migrate")
+def migrate(*, as_json: bool) -> dict[str, Any]:
+    """Bring the ledger database to the head schema revision."""
+    ws = _workspace()
+    revision = ws.ledger.migrate()
+    payload = {"ledger": safe_url(ws.ledger.url), "revision": revision}
+    if not as_json:
+        click.echo(f"ledger {payload['ledger']} is at revision {revision}")
+    return payload
+
+
+@main.command("add-episode")
+@click.option("--project", "project_id", required=True, help="Project id ([A-Za-z0-9_-]{1,64}).")
+@click.option("--episode", "episode_id", required=True, help="Episode id ([A-Za-z0-9_-]{1,64}).")
+@click.option(
+    "--story", "story", required=True, type=click.Path(path_type=Path), help="Story file."
+)
+@click.option("--replace", is_flag=True, help="Overwrite a different story already in place.")
+@operation("add-episode")
+def add_episode(
+    *, project_id: str, episode_id: str, story: Path, replace: bool, as_json: bool
+) -> dict[str, Any]:
+    """Copy a story in, create project.yaml if missing, register partition PROJECT/EPISODE."""
+    ws = _workspace()
+    result = launch.add_episode(ws, project_id, episode_id, story, replace=replace)
+    if not as_json:
+        click.echo(
+            f"episode {result['partition']}: story {result['story_state']} at {result['story']}"
+        )
+        click.echo(f"project config {result['project_config_state']}: {result['project_config']}")
+        click.echo(f"partition {result['partition']}: {result['partition_registered']}")
+    return result
+
+
+@main.command()
+@click.option("--partition", "partition_key", required=True, help="PROJECT/EPISODE")
+@click.option("--step", "step_ids", multiple=True, help="Step(s) to launch (default: all).")
+@operation("materialize")
+def materialize(*, partition_key: str, step_ids: tuple[str, ...], as_json: bool) -> dict[str, Any]:
+    """Launch a resume run of steps of one partition (judged like any UI launch)."""
+    ws = _workspace()
+    progress = None if as_json else (lambda p: click.echo(_progress_line(p)))
+    report = launch.run_assets(ws, partition_key, list(step_ids) or None, progress=progress)
+    return _finish_run(report, as_json)
+
+
+def _finish_run(report: launch.RunReport, as_json: bool) -> dict[str, Any]:
+    if as_json:
+        payload = {"ok": report.success, "command": "run", **report.as_dict()}
+        if not report.success:
+            payload["error"] = _error_payload(_run_failure(report))
+        emit_json(payload)
+    else:
+        click.echo(f"run {report.run_id} ({report.partition}, launch path {report.launch_path})")
+        click.echo(_run_table(report))
+        click.echo(f"provider calls: {report.provider_calls}")
+    if not report.success:
+        raise CommandFailed(_run_failure(report))
+    return None  # type: ignore[return-value]
+
+
+@main.command()
+@click.option("--partition", "partition_key", required=True, help="PROJECT/EPISODE")
+@click.option("--step", "step_id", required=True, help="The one step to rebuild.")
+@click.option(
+    "--graphql", "graphql_url", help="Submit through a webserver, e.g. http://localhost:3000"
+)
+@click.option("--location", help="Code location name (GraphQL only; inferred if unique).")
+@click.option("--wait/--no-wait", default=True, help="Wait for a GraphQL-submitted run to finish.")
+@operation("force")
+def force(
+    *,
+    partition_key: str,
+    step_id: str,
+    graphql_url: str | None,
+    location: str | None,
+    wait: bool,
+    as_json: bool,
+) -> dict[str, Any]:
+    """Explicit force of one step (tag resume/mode=force): cleans it, invalidates downstream."""
+    ws = _workspace()
+    report = launch.force_step(
+        ws, partition_key, step_id, graphql_url=graphql_url, location=location, wait=wait
+    )
+    if graphql_url and not wait:
+        payload = {"run_id": report.run_id, "partition": partition_key, "step": step_id}
+        if not as_json:
+            click.echo(f"submitted run {report.run_id} (force {partition_key}:{step_id})")
+        return payload
+    invalidated = [
+        t["step_id"]
+        for t in ws.ledger.transitions()
+        if t["action"] == "invalidate" and str(t["run_id"] or "").startswith(f"{report.run_id}:")
+    ]
+    if not as_json and invalidated:
+        click.echo(f"invalidated downstream: {', '.join(invalidated)}")
+    return _finish_run(report, as_json)
+
+
+@main.command()
+@click.option(
+    "--partition", "partitions", multiple=True, help="Limit to PROJECT/EPISODE (repeatable)."
+)
+@operation("status")
+def status(*, partitions: tuple[str, ...], as_json: bool) -> dict[str, Any]:
+    """Per partition and step: state, last decision, blocks, recoveries, costs, durations."""
+    report = views.status_report(_workspace(), partitions)
+    if as_json:
+        return report.as_dict()
+    rows = [
+        (
+            s.partition,
+            s.step,
+            s.status,
+            s.last_decision,
+            _clip(f"{s.block_origin or '-'}: {s.block_reason}", 50) if s.block_reason else None,
+            s.recovery_count,
+            s.retry_not_before,
+            s.provider_calls,
+            _seconds(s.last_duration_seconds),
+        )
+        for s in report.steps
+    ]
+    headers = ["partition", "step", "status", "last decision", "block", "recov", "retry not before"]
+    click.echo(render_table([*headers, "calls", "last dur"], rows) if rows else "no partitions")
+    t = report.totals
+    click.echo(
+        f"\nrunning {t['running']}  blocked {t['blocked']}  failed {t['failed']}  "
+        f"partial {t['partial']}  pending {t['pending']}  never run {t['never_run']}  "
+        f"oldest pending {_seconds(t['oldest_pending_age_seconds']) or '-'}  "
+        f"queued runs {t['queued_runs'] if t['queued_runs'] is not None else '-'}  "
+        f"provider calls {t['provider_calls']}"
+    )
+    p95 = ", ".join(f"{k} {_seconds(v)}" for k, v in report.p95_duration_seconds.items() if v)
+    click.echo(f"p95 duration per step: {p95 or '-'}")
+    return {}
+
+
+@main.command()
+@click.option(
+    "--partition", "partitions", multiple=True, help="Limit to PROJECT/EPISODE (repeatable)."
+)
+@click.option("--all", "show_all", is_flag=True, help="Also list steps the sensor would skip.")
+@operation("decide")
+def decide(*, partitions: tuple[str, ...], show_all: bool, as_json: bool) -> dict[str, Any]:
+    """Shadow mode: what the resume sensor would do now. Writes nothing."""
+    decisions = views.shadow_decisions(_workspace(), partitions)
+    counts: dict[str, int] = {}
+    for d in decisions:
+        counts[d["verdict"]] = counts.get(d["verdict"], 0) + 1
+    if as_json:
+        return {"decisions": decisions, "counts": counts}
+    shown = [d for d in decisions if show_all or d["verdict"] != "skip"]
+    rows = [
+        (
+            d["partition"],
+            d["step"],
+            d["verdict"],
+            d["action"],
+            d["origin"],
+            _clip(d["reason"], 70),
+            _clip(d["detail"] if not d["what_to_do"] else d["what_to_do"], 70),
+        )
+        for d in shown
+    ]
+    if rows:
+        headers = ["partition", "step", "would", "action", "origin", "reason", "next"]
+        click.echo(render_table(headers, rows))
+    summary = "  ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "nothing to evaluate"
+    click.echo(f"{chr(10) if rows else ''}shadow decision (no writes): {summary}")
+    return {}
+
+
+@main.command("audit-running")
+@operation("audit-running")
+def audit_running(*, as_json: bool) -> dict[str, Any]:
+    """Every running ledger row: healthy / stale / unparseable / NULL started_at."""
+    ws = _workspace()
+    rows = views.audit_running(ws)
+    counts = {b: sum(1 for r in rows if r.bucket == b) for b in views.RUNNING_BUCKETS}
+    if as_json:
+        from dataclasses import asdict
+
+        return {
+            "running": [asdict(r) for r in rows],
+            "counts": counts,
+            "running_timeout_seconds": ws.settings.running_timeout_seconds,
+        }
+    if rows:
+        click.echo(
+            render_table(
+                ["partition", "step", "bucket", "started_at", "elapsed", "run", "dagster", "hint"],
+                [
+                    (
+                        r.partition,
+                        r.step,
+                        r.bucket,
+                        r.started_at,
+                        _seconds(r.elapsed_seconds),
+                        _clip(r.run_id, 20),
+                        r.dagster_run_status,
+                        r.hint,
+                    )
+                    for r in rows
+                ],
+            )
+        )
+    click.echo(
+        ("\n" if rows else "")
+        + "  ".join(f"{k} {v}" for k, v in counts.items())
+        + f"  (running timeout {ws.settings.running_timeout_seconds}s)"
+    )
+    return {}
+
+
+@main.command("reset-running")
+@click.option("--partition", "partition_key", required=True, help="PROJECT/EPISODE")
+@click.option("--step", "step_id", required=True)
+@click.option("--expected-started-at", help="The started_at text the row must still have.")
+@click.option("--null-started-at", is_flag=True, help="Expect started_at to be NULL instead.")
+@click.option("--reason", default="reset by an operator (storyboard reset-running)")
+@operation("reset-running")
+def reset_running(
+    *,
+    partition_key: str,
+    step_id: str,
+    expected_started_at: str | None,
+    null_started_at: bool,
+    reason: str,
+    as_json: bool,
+) -> dict[str, Any]:
+    """Reset a stuck running row to failed, only if it still has the expected started_at."""
+    if (expected_started_at is None) == (not null_started_at):
+        raise PipelineError(
+            "input.invalid", "give exactly one of --expected-started-at T or --null-started-at"
+        )
+    result = launch.reset_running(
+        _workspace(),
+        partition_key,
+        step_id,
+        None if null_started_at else expected_started_at,
+        reason,
+    )
+    if not as_json:
+        click.echo(f"{partition_key}:{step_id}: running → failed ({reason})")
+    return result
+
+
+@main.command()
+@click.option("--project", "project_id", default="demo", show_default=True)
+@click.option(
+    "--stories", "stories_dir", type=click.Path(path_type=Path), help="Folder of *.md stories."
+)
+@operation("demo")
+def demo(*, project_id: str, stories_dir: Path | None, as_json: bool) -> dict[str, Any]:
+    """Create a sample project with two episodes and materialize everything for both."""
+    ws = _workspace()
+
+    def progress(partition: str, item: launch.Progress) -> None:
+        click.echo(_progress_line(item, f"{partition}  "), err=as_json)
+
+    if not as_json:
+        click.echo(f"storyboard demo: project {project_id!r}, data in {ws.home}")
+    report = launch.demo(ws, project_id=project_id, stories_dir=stories_dir, progress=progress)
+    if as_json:
+        payload = {"ok": report.success, "command": "demo", **report.as_dict()}
+        if not report.success:
+            failed = next(r for r in report.runs if not r.success)
+            payload["error"] = _error_payload(_run_failure(failed))
+        emit_json(payload)
+    else:
+        for run in report.runs:
+            click.echo(f"\nepisode {run.partition} (run {run.run_id})")
+            click.echo(_run_table(run))
+            images = report.images.get(run.partition, [])
+            folder = ws.checkpoints.root / run.partition
+            per_step: dict[str, int] = {}
+            for image in images:
+                step = Path(image).relative_to(Path("checkpoints") / run.partition).parts[0]
+                per_step[step] = per_step.get(step, 0) + 1
+            detail = ", ".join(f"{k}/ {v}" for k, v in per_step.items())
+            click.echo(f"images: {len(images)} PNG under {folder}/ ({detail or 'none'})")
+        click.echo("")
+        if report.provider_calls == 0 and report.all_skipped:
+            click.echo(
+                "0 provider calls: every step was SKIP "
+                "(verified checkpoints reused, nothing re-run)"
+            )
+        else:
+            click.echo(f"provider calls this run: {report.provider_calls}")
+            click.echo("run `storyboard demo` again: it resumes with zero provider calls")
+    if not report.success:
+        failed = next(r for r in report.runs if not r.success)
+        raise CommandFailed(_run_failure(failed))
+    return None  # type: ignore[return-value]
+
+
+__all__ = ["DEFS_ENV", "main"]

@@ -1,0 +1,1 @@
+"""Dagster-aware operator helpers behind the ``storyboard`` CLI (``pipeline_defs.cli``)."""

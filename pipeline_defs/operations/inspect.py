@@ -1,0 +1,283 @@
+"""Read-only views for operators: status, shadow decisions, running-row audit.
+
+Nothing here writes to the ledger, the checkpoints or the Dagster instance.
+"""
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from pipeline_defs.operations.workspace import Workspace
+from pipeline_defs.resume.clock import parse_timestamp
+from pipeline_defs.resume.partition import Episode, StepKey
+
+# Audit actions that record a judge's verdict (the rest are follow-up transitions).
+DECISION_ACTIONS = frozenset(
+    {
+        "skip",
+        "adopt",
+        "block",
+        "rerun_self",
+        "force_explicit",
+        "stale_running_recovery",
+        "not_applicable",
+        "claim_rejected",
+    }
+)
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _seconds_between(start: Any, end: Any) -> float | None:
+    began, ended = parse_timestamp(start), parse_timestamp(end)
+    if began is None or ended is None or ended < began:
+        return None
+    return round((ended - began).total_seconds(), 3)
+
+
+def percentile(values: Sequence[float], pct: float) -> float | None:
+    """Nearest-rank percentile; None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, math.ceil(pct / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+# --------------------------------------------------------------------------- status
+@dataclass
+class StepState:
+    partition: str
+    step: str
+    status: str
+    last_decision: str | None = None
+    decided_at: str | None = None
+    launch_path: str | None = None
+    block_origin: str | None = None
+    block_reason: str | None = None
+    recovery_count: int = 0
+    last_recovery_reason: str | None = None
+    retry_not_before: str | None = None
+    provider_calls: int = 0
+    last_duration_seconds: float | None = None
+    run_id: str | None = None
+    updated_at: str | None = None
+    error: str | None = None
+
+
+@dataclass
+class StatusReport:
+    steps: list[StepState]
+    totals: dict[str, Any]
+    p95_duration_seconds: dict[str, float | None] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "steps": [asdict(s) for s in self.steps],
+            "totals": self.totals,
+            "p95_duration_seconds": self.p95_duration_seconds,
+        }
+
+
+def _last_decisions(
+    transitions: Iterable[Mapping[str, Any]],
+) -> dict[StepKey, Mapping[str, Any]]:
+    latest: dict[StepKey, Mapping[str, Any]] = {}
+    for row in transitions:  # ordered by transition_seq
+        if row["action"] in DECISION_ACTIONS:
+            latest[StepKey(row["project_id"], row["episode_id"], row["step_id"])] = row
+    return latest
+
+
+def _queue(ws: Workspace, now: datetime) -> dict[str, Any]:
+    """Queued Dagster runs and the age of the oldest (None without an instance)."""
+    instance = ws.instance(required=False)
+    if instance is None:
+        return {"queued_runs": None, "oldest_queued_run_age_seconds": None}
+    import dagster as dg
+
+    records = instance.get_run_records(
+        filters=dg.RunsFilter(statuses=[dg.DagsterRunStatus.QUEUED]), limit=1000
+    )
+    created = [r.create_timestamp for r in records if r.create_timestamp is not None]
+    oldest = min(created, default=None)
+    age = round((now - oldest.astimezone(UTC)).total_seconds(), 1) if oldest else None
+    return {"queued_runs": len(records), "oldest_queued_run_age_seconds": age}
+
+
+def status_report(
+    ws: Workspace, partitions: tuple[str, ...] = (), now: datetime | None = None
+) -> StatusReport:
+    """Per partition and step: ledger state, last decision, blocks, costs, durations."""
+    now = now or utc_now()
+    ws.require_migrated_ledger()
+    episodes = ws.known_episodes(partitions)
+    wanted = {e.partition_key for e in episodes}
+    rows = ws.ledger.get_many(episodes=episodes) if episodes else {}
+    decisions = _last_decisions(
+        t for t in ws.ledger.transitions() if f"{t['project_id']}/{t['episode_id']}" in wanted
+    )
+    calls: dict[StepKey, int] = defaultdict(int)
+    for call in ws.ledger.provider_calls():
+        key = StepKey(call["project_id"], call["episode_id"], call["step_id"])
+        if key.partition_key in wanted:
+            calls[key] += 1
+    step_ids = [s.step_id for s in ws.steps]
+    extra = sorted({k.step_id for k in rows} - set(step_ids))
+    states: list[StepState] = []
+    durations: dict[str, list[float]] = defaultdict(list)
+    pending_ages: list[float] = []
+    for episode in episodes:
+        for step_id in (*step_ids, *extra):
+            key = episode.step(step_id)
+            row = rows.get(key)
+            if row is None and step_id in extra:
+                continue
+            decision = decisions.get(key)
+            state = StepState(
+                partition=episode.partition_key,
+                step=step_id,
+                status=row["status"] if row else "none",
+                provider_calls=calls.get(key, 0),
+            )
+            if decision is not None:
+                state.last_decision = decision["action"]
+                state.decided_at = decision["at"]
+                state.launch_path = decision["launch_path"]
+                if decision["action"] == "block":
+                    state.block_origin = decision["origin"]
+                    state.block_reason = decision["reason"]
+            if row is not None:
+                state.recovery_count = int(row.get("recovery_count") or 0)
+                state.last_recovery_reason = row.get("last_recovery_reason")
+                state.retry_not_before = row.get("retry_not_before")
+                state.run_id = row.get("run_id")
+                state.updated_at = row.get("updated_at")
+                state.error = row.get("error_message")
+                if row["status"] in ("completed", "partial", "failed"):
+                    state.last_duration_seconds = _seconds_between(
+                        row.get("started_at"), row.get("completed_at")
+                    )
+                    if state.last_duration_seconds is not None and row["status"] != "failed":
+                        durations[step_id].append(state.last_duration_seconds)
+                if row["status"] in ("pending", "stale"):
+                    updated = parse_timestamp(row.get("updated_at"))
+                    if updated is not None:
+                        pending_ages.append((now - updated).total_seconds())
+            states.append(state)
+    count = lambda pred: sum(1 for s in states if pred(s))  # noqa: E731
+    totals: dict[str, Any] = {
+        "partitions": len(episodes),
+        "steps": len(states),
+        "completed": count(lambda s: s.status == "completed"),
+        "running": count(lambda s: s.status == "running"),
+        "blocked": count(lambda s: s.last_decision == "block"),
+        "failed": count(lambda s: s.status == "failed"),
+        "partial": count(lambda s: s.status == "partial"),
+        "pending": count(lambda s: s.status in ("pending", "stale")),
+        "never_run": count(lambda s: s.status == "none"),
+        "oldest_pending_age_seconds": round(max(pending_ages), 1) if pending_ages else None,
+        "provider_calls": sum(s.provider_calls for s in states),
+        **_queue(ws, now),
+    }
+    p95 = {step_id: percentile(durations.get(step_id, []), 95) for step_id in step_ids}
+    return StatusReport(states, totals, p95)
+
+
+# --------------------------------------------------------------------------- shadow decide
+def shadow_decisions(
+    ws: Workspace, partitions: tuple[str, ...] = (), now: datetime | None = None
+) -> list[dict[str, Any]]:
+    """What the resume sensor would do now, per partition and step. Writes nothing.
+
+    The sensor's own batch evaluator (``sensors.evaluation``): one ledger query, the judge
+    in resume mode, launches only RERUN_SELF / STALE_RUNNING_RECOVERY whose upstream is
+    settled, honoring backoff and recovery exhaustion. Without ``partitions`` it evaluates
+    what the sensor does: the partitions registered in the Dagster instance.
+    """
+    from sensors.evaluation import Stores, evaluate_partitions
+
+    now = now or utc_now()
+    ws.require_migrated_ledger()
+    episodes = ws.known_episodes(partitions) if partitions else _sensor_episodes(ws)
+    stores = Stores(ws.settings, ws.ledger, ws.checkpoints)
+    keys = [e.partition_key for e in episodes]
+    return [ev.as_dict() for ev in evaluate_partitions(ws.steps, stores, keys, now)]
+
+
+def _sensor_episodes(ws: Workspace) -> list[Episode]:
+    """The sensor evaluates registered partitions; without an instance, every known one."""
+    registered = ws.registered_partitions()
+    if registered is None:
+        return ws.known_episodes()
+    return sorted(Episode.parse(p) for p in registered)
+
+
+# --------------------------------------------------------------------------- running audit
+RUNNING_BUCKETS = ("healthy", "stale", "unparseable", "null_started_at")
+
+
+@dataclass
+class RunningRow:
+    partition: str
+    step: str
+    bucket: str  # healthy / stale / unparseable / null_started_at
+    started_at: str | None
+    elapsed_seconds: float | None
+    run_id: str | None
+    lock_owner: str | None
+    heartbeat_at: str | None
+    dagster_run_status: str | None = None
+    hint: str = ""
+
+
+def audit_running(ws: Workspace, now: datetime | None = None) -> list[RunningRow]:
+    """Every running ledger row, bucketed against ``running_timeout_seconds``."""
+    now = now or utc_now()
+    ws.require_migrated_ledger()
+    timeout = ws.settings.running_timeout_seconds
+    instance = ws.instance(required=False)
+    out: list[RunningRow] = []
+    for row in ws.ledger.running_rows():
+        key = StepKey(row["project_id"], row["episode_id"], row["step_id"])
+        raw = row.get("started_at")
+        started = parse_timestamp(raw)
+        elapsed = round((now - started).total_seconds(), 1) if started else None
+        reset = f"storyboard reset-running --partition {key.partition_key} --step {key.step_id}"
+        if raw is None:
+            bucket, hint = "null_started_at", f"investigate, then: {reset} --null-started-at"
+        elif started is None:
+            bucket = "unparseable"
+            hint = f"investigate, then: {reset} --expected-started-at {raw!r}"
+        elif elapsed is not None and elapsed < timeout:
+            bucket, hint = "healthy", f"owner has {timeout - elapsed:.0f}s left before the timeout"
+        else:
+            bucket, hint = "stale", "the resume sensor recovers it (STALE_RUNNING_RECOVERY)"
+        out.append(
+            RunningRow(
+                partition=key.partition_key,
+                step=key.step_id,
+                bucket=bucket,
+                started_at=raw,
+                elapsed_seconds=elapsed,
+                run_id=row.get("run_id"),
+                lock_owner=row.get("lock_owner"),
+                heartbeat_at=row.get("heartbeat_at"),
+                dagster_run_status=_dagster_status(instance, row.get("run_id")),
+                hint=hint,
+            )
+        )
+    return sorted(out, key=lambda r: (r.partition, r.step))
+
+
+def _dagster_status(instance: Any, owner: str | None) -> str | None:
+    """Status of the Dagster run behind an owner token ``<run_id>:<attempt>``, if known."""
+    if instance is None or not owner:
+        return None
+    run = instance.get_run_by_id(owner.split(":", 1)[0])
+    return run.status.value if run is not None else None

@@ -1,0 +1,629 @@
+"""Operator actions that write: add an episode, run assets, force, reset, the demo.
+
+Runs go through the Dagster instance of ``DAGSTER_HOME`` (in-process execution of the
+implicit asset job, or a webserver's GraphQL API), so every launch is judged by the same
+run protocol as UI, sensor and backfill launches; the CLI only adds the tag
+``resume/launch_path=cli`` (and ``resume/mode=force`` for ``force``).
+"""
+
+import contextlib
+import threading
+import time
+import urllib.parse
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import yaml
+
+from pipeline_defs.operations.inspect import DECISION_ACTIONS
+from pipeline_defs.operations.workspace import PARTITIONS_NAME, Workspace
+from pipeline_defs.project import (
+    ProjectConfig,
+    load_project_config,
+    project_config_path,
+    project_dir,
+)
+from pipeline_defs.resume.errors import PipelineError
+from pipeline_defs.resume.partition import Episode, StepKey, validate_id
+from pipeline_defs.steps.assets import LAUNCH_PATH_TAG, MODE_TAG
+from resources.checkpoints.store import ARCHIVE_DIR, atomic_write_bytes
+
+ASSET_JOB = "__ASSET_JOB"
+CLI_TAGS: Mapping[str, str] = {LAUNCH_PATH_TAG: "cli"}
+FORCE_TAGS: Mapping[str, str] = {**CLI_TAGS, MODE_TAG: "force"}
+QUIET_RUN_CONFIG: Mapping[str, Any] = {
+    "loggers": {"console": {"config": {"log_level": "CRITICAL"}}}
+}
+TERMINAL_RUN_STATUSES = frozenset({"SUCCESS", "FAILURE", "CANCELED"})
+SAMPLES_DIR = Path(__file__).resolve().parent.parent / "storyboard" / "samples"
+
+
+# --------------------------------------------------------------------------- episodes
+def _read_story(path: Path) -> bytes:
+    if not path.is_file():
+        raise PipelineError("input.invalid", f"story file {str(path)!r} does not exist")
+    payload = path.read_bytes()
+    if not payload.strip():
+        raise PipelineError("input.invalid", f"story file {str(path)!r} is empty")
+    try:
+        payload.decode("utf-8")
+    except UnicodeDecodeError:
+        raise PipelineError("input.invalid", f"story file {str(path)!r} is not UTF-8") from None
+    return payload
+
+
+def default_project_yaml() -> bytes:
+    """``ProjectConfig()`` defaults as YAML (the demo may ship its own project.yaml)."""
+    bundled = SAMPLES_DIR / "project.yaml"
+    if bundled.is_file():
+        return bundled.read_bytes()
+    return yaml.safe_dump(ProjectConfig().as_dict(), sort_keys=False).encode("utf-8")
+
+
+def register_partition(instance: dg.DagsterInstance, partition_key: str) -> bool:
+    """Add the dynamic partition if missing; True if it was added."""
+    Episode.parse(partition_key)
+    if instance.has_dynamic_partition(PARTITIONS_NAME, partition_key):
+        return False
+    instance.add_dynamic_partitions(PARTITIONS_NAME, [partition_key])
+    return True
+
+
+def add_episode(
+    ws: Workspace,
+    project_id: str,
+    episode_id: str,
+    story: Path,
+    *,
+    replace: bool = False,
+    keep_existing: bool = False,
+) -> dict[str, Any]:
+    """Copy the story in (atomically), create project.yaml if missing, register the partition.
+
+    Ids are validated before any path is built. A different story already in place is
+    refused unless ``replace`` (editing a story blocks ``story_source`` until a force).
+    """
+    validate_id(project_id, "project_id")
+    validate_id(episode_id, "episode_id")
+    episode = Episode(project_id, episode_id)
+    payload = _read_story(Path(story))
+    instance = ws.instance()  # fail before writing anything if DAGSTER_HOME is unusable
+    assert instance is not None
+    target = project_dir(ws.home, project_id) / "episodes" / episode_id / "story.md"
+    if target.is_file() and target.read_bytes() == payload:
+        story_state = "unchanged"
+    elif target.exists() and keep_existing:
+        story_state = "kept existing"
+    elif target.exists() and not replace:
+        raise PipelineError(
+            "input.story_exists",
+            f"{target} already holds a different story; pass --replace to overwrite it "
+            "(story_source will then block until an explicit force)",
+            status=409,
+        )
+    else:
+        story_state = "replaced" if target.exists() else "created"
+        atomic_write_bytes(target, payload)
+    config_path = project_config_path(ws.home, project_id)
+    if config_path.exists():
+        load_project_config(ws.home, project_id)  # refuse an invalid file, naming the key
+        config_state = "exists"
+    else:
+        atomic_write_bytes(config_path, default_project_yaml())
+        config_state = "created"
+    added = register_partition(instance, episode.partition_key)
+    return {
+        "partition": episode.partition_key,
+        "story": str(target),
+        "story_state": story_state,
+        "project_config": str(config_path),
+        "project_config_state": config_state,
+        "partition_registered": "added" if added else "already registered",
+    }
+
+
+# --------------------------------------------------------------------------- run reports
+@dataclass
+class StepReport:
+    """One step of one run, as the ledger and the run's events tell it."""
+
+    step: str
+    outcome: str  # materialized / failed / not_run
+    decision: str | None = None
+    status: str = "none"
+    provider_calls: int = 0
+    duration_seconds: float | None = None
+    error_code: str | None = None
+    error: str | None = None
+
+
+@dataclass
+class RunReport:
+    run_id: str
+    partition: str
+    success: bool
+    launch_path: str
+    steps: list[StepReport] = field(default_factory=list)
+    dagster_status: str | None = None
+
+    @property
+    def provider_calls(self) -> int:
+        return sum(s.provider_calls for s in self.steps)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "provider_calls": self.provider_calls}
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A step finished inside a running run (for live display)."""
+
+    step: str
+    ok: bool
+    decision: str | None
+    provider_calls: int | None
+    duration_seconds: float | None
+    error: str | None = None
+    error_code: str | None = None
+
+
+def _metadata_value(entry: Any) -> Any:
+    return getattr(entry, "value", entry)
+
+
+def _failure_info(event: dg.DagsterEvent) -> tuple[str | None, str]:
+    data = event.step_failure_data
+    metadata = (data.user_failure_data.metadata if data and data.user_failure_data else {}) or {}
+    code = _metadata_value(metadata.get("error/code")) if metadata else None
+    message = _metadata_value(metadata.get("error/message")) if metadata else None
+    if not message and data is not None and data.error is not None:
+        message = data.error.message.strip().splitlines()[-1]
+    return (str(code) if code else None), str(message or "failed")
+
+
+class _Timeline:
+    """Folds a run's events into per-step progress records."""
+
+    def __init__(self) -> None:
+        self.started: dict[str, float] = {}
+        self.materialized: dict[str, Mapping[str, Any]] = {}
+        self.finished: dict[str, Progress] = {}
+
+    def feed(self, event: dg.DagsterEvent, timestamp: float) -> Progress | None:
+        step = event.step_key
+        if step is None:
+            return None
+        kind = event.event_type
+        if kind == dg.DagsterEventType.STEP_START:
+            self.started[step] = timestamp
+        elif kind == dg.DagsterEventType.ASSET_MATERIALIZATION:
+            materialization = event.step_materialization_data.materialization
+            self.materialized[step] = {
+                k: _metadata_value(v) for k, v in (materialization.metadata or {}).items()
+            }
+        elif kind in (dg.DagsterEventType.STEP_SUCCESS, dg.DagsterEventType.STEP_FAILURE):
+            began = self.started.get(step)
+            duration = round(timestamp - began, 3) if began is not None else None
+            ok = kind == dg.DagsterEventType.STEP_SUCCESS
+            meta = self.materialized.get(step, {})
+            code, error = (None, None) if ok else _failure_info(event)
+            calls = meta.get("resume/provider_calls")
+            progress = Progress(
+                step=step,
+                ok=ok,
+                decision=meta.get("resume/decision"),
+                provider_calls=int(calls) if calls is not None else None,
+                duration_seconds=duration,
+                error=error,
+                error_code=code,
+            )
+            self.finished[step] = progress
+            return progress
+        return None
+
+
+WATCHED = {
+    dg.DagsterEventType.STEP_START,
+    dg.DagsterEventType.ASSET_MATERIALIZATION,
+    dg.DagsterEventType.STEP_SUCCESS,
+    dg.DagsterEventType.STEP_FAILURE,
+}
+
+
+class _Watcher:
+    """Tails a run's event log in a thread and reports each step as it finishes."""
+
+    def __init__(
+        self, instance: dg.DagsterInstance, run_id: str, report: Callable[[Progress], None]
+    ) -> None:
+        self.instance = instance
+        self.run_id = run_id
+        self.report = report
+        self.timeline = _Timeline()
+        self.cursor: str | None = None
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name="storyboard-progress", daemon=True)
+
+    def _drain(self) -> None:
+        while True:
+            connection = self.instance.get_records_for_run(
+                self.run_id, cursor=self.cursor, of_type=WATCHED
+            )
+            for record in connection.records:
+                entry = record.event_log_entry
+                if entry.dagster_event is None:
+                    continue
+                progress = self.timeline.feed(entry.dagster_event, entry.timestamp)
+                if progress is not None:
+                    self.report(progress)
+            self.cursor = connection.cursor
+            if not connection.has_more:
+                return
+
+    def _loop(self) -> None:
+        while not self.stop.wait(0.25):
+            try:
+                self._drain()
+            except Exception:  # the run may not exist yet; progress is best effort
+                continue
+
+    def __enter__(self) -> "_Watcher":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
+        with contextlib.suppress(Exception):
+            self._drain()
+
+
+def _owned_by(run_id: str) -> Callable[[Mapping[str, Any]], bool]:
+    prefix = f"{run_id}:"
+    return lambda row: str(row.get("run_id") or "").startswith(prefix)
+
+
+def summarize_run(
+    ws: Workspace,
+    run_id: str,
+    partition_key: str,
+    step_ids: Sequence[str],
+    timeline: _Timeline,
+    *,
+    success: bool,
+    launch_path: str,
+    dagster_status: str | None = None,
+) -> RunReport:
+    """Per step: decision and claim from the audit rows of this run, status from the ledger,
+    provider calls from the cost ledger, duration from the run's events."""
+    episode = Episode.parse(partition_key)
+    mine = _owned_by(run_id)
+    rows = ws.ledger.get_many(episodes=[episode], step_ids=list(step_ids))
+    report = RunReport(run_id, partition_key, success, launch_path, dagster_status=dagster_status)
+    for step_id in step_ids:
+        key = episode.step(step_id)
+        audit = [t for t in ws.ledger.transitions(key) if mine(t)]
+        decision = next((t["action"] for t in audit if t["action"] in DECISION_ACTIONS), None)
+        progress = timeline.finished.get(step_id)
+        row = rows.get(key)
+        step = StepReport(
+            step=step_id,
+            outcome="not_run" if progress is None else "materialized" if progress.ok else "failed",
+            decision=decision or (progress.decision if progress else None),
+            status=row["status"] if row else "none",
+            provider_calls=sum(1 for c in ws.ledger.provider_calls(key) if mine(c)),
+            duration_seconds=progress.duration_seconds if progress else None,
+        )
+        if progress is not None and not progress.ok:
+            step.error, step.error_code = progress.error, progress.error_code
+        elif progress is None:
+            step.error = "not run: an upstream step in this run did not materialize"
+        report.steps.append(step)
+    return report
+
+
+# --------------------------------------------------------------------------- running assets
+def _check_partition(ws: Workspace, partition_key: str) -> dg.DagsterInstance:
+    Episode.parse(partition_key)
+    instance = ws.instance()
+    assert instance is not None
+    if not instance.has_dynamic_partition(PARTITIONS_NAME, partition_key):
+        raise PipelineError(
+            "input.invalid",
+            f"partition {partition_key!r} is not registered in the Dagster instance "
+            f"({instance.root_directory}); add it with `storyboard add-episode`",
+        )
+    return instance
+
+
+def run_assets(
+    ws: Workspace,
+    partition_key: str,
+    step_ids: Sequence[str] | None = None,
+    *,
+    tags: Mapping[str, str] = CLI_TAGS,
+    progress: Callable[[Progress], None] | None = None,
+) -> RunReport:
+    """Materialize ``step_ids`` (default: all) of one partition in-process, judged as any run."""
+    if not ws.steps:
+        raise PipelineError(
+            "input.invalid", "the code location defines no steps (STORYBOARD_STEPS is empty)"
+        )
+    selected = [ws.step(s).step_id for s in (step_ids or [s.step_id for s in ws.steps])]
+    instance = _check_partition(ws, partition_key)
+    run_id = str(uuid.uuid4())
+    watcher = _Watcher(instance, run_id, progress or (lambda _p: None))
+    with watcher:
+        result = ws.job().execute_in_process(
+            partition_key=partition_key,
+            instance=instance,
+            raise_on_error=False,
+            run_id=run_id,
+            tags=dict(tags),
+            asset_selection=[dg.AssetKey(s) for s in selected],
+            run_config=dict(QUIET_RUN_CONFIG),
+        )
+    return summarize_run(
+        ws,
+        run_id,
+        partition_key,
+        selected,
+        watcher.timeline,  # drained to the end when the watcher stopped
+        success=result.success,
+        launch_path=tags.get(LAUNCH_PATH_TAG, "api"),
+        dagster_status="SUCCESS" if result.success else "FAILURE",
+    )
+
+
+# --------------------------------------------------------------------------- force
+def force_step(
+    ws: Workspace,
+    partition_key: str,
+    step_id: str,
+    *,
+    graphql_url: str | None = None,
+    location: str | None = None,
+    wait: bool = True,
+    timeout_seconds: float = 3600,
+) -> RunReport:
+    """Launch one asset partition with ``resume/mode=force`` (in-process or via GraphQL)."""
+    step = ws.step(step_id)
+    Episode.parse(partition_key)
+    if graphql_url is None:
+        return run_assets(ws, partition_key, [step.step_id], tags=FORCE_TAGS)
+    return submit_via_graphql(
+        ws,
+        graphql_url,
+        partition_key,
+        [step.step_id],
+        tags=FORCE_TAGS,
+        location=location,
+        wait=wait,
+        timeout_seconds=timeout_seconds,
+    )
+
+
+def graphql_client(url: str) -> Any:
+    """A ``DagsterGraphQLClient`` for ``http(s)://host[:port][/prefix]``."""
+    from dagster_graphql import DagsterGraphQLClient
+
+    parsed = urllib.parse.urlparse(url if "://" in url else f"http://{url}")
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise PipelineError("input.invalid", f"--graphql {url!r}: expected http(s)://host:port")
+    prefix = parsed.path.rstrip("/")
+    if prefix.endswith("/graphql"):
+        prefix = prefix[: -len("/graphql")]
+    return DagsterGraphQLClient(
+        parsed.hostname,
+        port_number=parsed.port,
+        use_https=parsed.scheme == "https",
+        path_prefix=prefix,
+    )
+
+
+def submit_via_graphql(
+    ws: Workspace,
+    url: str,
+    partition_key: str,
+    step_ids: Sequence[str],
+    *,
+    tags: Mapping[str, str],
+    location: str | None = None,
+    wait: bool = True,
+    timeout_seconds: float = 3600,
+    poll_seconds: float = 0.5,
+) -> RunReport:
+    """Submit ``__ASSET_JOB`` for an asset selection and partition, as the UI does."""
+    from dagster_graphql import DagsterGraphQLClientError
+
+    client = graphql_client(url)
+    try:
+        run_id = client.submit_job_execution(
+            ASSET_JOB,
+            repository_location_name=location,
+            tags={"dagster/partition": partition_key, **tags},
+            asset_selection=list(step_ids),
+        )
+    except DagsterGraphQLClientError as exc:
+        raise PipelineError(
+            "launch.graphql_failed", f"{url}: submission refused: {exc}".splitlines()[0]
+        ) from None
+    except Exception as exc:  # connection errors
+        raise PipelineError(
+            "launch.graphql_failed", f"{url}: cannot reach the webserver ({type(exc).__name__})"
+        ) from None
+    status: str | None = "QUEUED"
+    if wait:
+        deadline = time.monotonic() + timeout_seconds
+        while True:
+            status = client.get_run_status(run_id).value
+            if status in TERMINAL_RUN_STATUSES or time.monotonic() > deadline:
+                break
+            time.sleep(poll_seconds)
+    timeline = _Timeline()
+    success = status == "SUCCESS"
+    instance = ws.instance(required=False)
+    if instance is not None and instance.get_run_by_id(run_id) is not None:
+        for record in instance.get_records_for_run(run_id, of_type=WATCHED, limit=10_000).records:
+            entry = record.event_log_entry
+            if entry.dagster_event is not None:
+                timeline.feed(entry.dagster_event, entry.timestamp)
+    report = summarize_run(
+        ws,
+        run_id,
+        partition_key,
+        list(step_ids),
+        timeline,
+        success=success,
+        launch_path=tags.get(LAUNCH_PATH_TAG, "api"),
+        dagster_status=status,
+    )
+    if not timeline.finished:  # the webserver's instance is not ours: report what we know
+        for step in report.steps:
+            step.outcome = "unknown" if not wait else ("materialized" if success else "failed")
+            step.error = None
+    return report
+
+
+# --------------------------------------------------------------------------- reset
+def reset_running(
+    ws: Workspace,
+    partition_key: str,
+    step_id: str,
+    expected_started_at: str | None,
+    reason: str,
+) -> dict[str, Any]:
+    """Expected-match reset of a running row to failed; refuses if the row changed."""
+    key: StepKey = Episode.parse(partition_key).step(validate_id(step_id, "step_id"))
+    ws.require_migrated_ledger()
+    before = ws.ledger.get(key)
+    if not ws.ledger.reset_running(key, expected_started_at, reason):
+        now = (
+            "has no ledger row"
+            if before is None
+            else f"is {before['status']} with started_at {before.get('started_at')!r}"
+        )
+        raise PipelineError(
+            "step.reset_refused",
+            f"{key}: refused: the row {now}, expected running with started_at "
+            f"{expected_started_at!r}; nothing changed",
+            status=409,
+        )
+    ws.ledger.append_transition(
+        key,
+        action="reset_running",
+        from_status="running",
+        to_status="failed",
+        reason=reason,
+        run_id=before.get("run_id") if before else None,
+        launch_path="cli",
+    )
+    return {
+        "partition": partition_key,
+        "step": step_id,
+        "from": "running",
+        "to": "failed",
+        "previous_run_id": before.get("run_id") if before else None,
+        "started_at": expected_started_at,
+        "reason": reason,
+    }
+
+
+# --------------------------------------------------------------------------- demo
+@dataclass
+class DemoReport:
+    project: str
+    episodes: list[dict[str, Any]]
+    runs: list[RunReport]
+    images: dict[str, list[str]]
+
+    @property
+    def provider_calls(self) -> int:
+        return sum(r.provider_calls for r in self.runs)
+
+    @property
+    def success(self) -> bool:
+        return all(r.success for r in self.runs)
+
+    @property
+    def all_skipped(self) -> bool:
+        return all(s.decision == "skip" for r in self.runs for s in r.steps)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "project": self.project,
+            "episodes": self.episodes,
+            "runs": [r.as_dict() for r in self.runs],
+            "images": self.images,
+            "provider_calls": self.provider_calls,
+            "all_skipped": self.all_skipped,
+            "success": self.success,
+        }
+
+
+def sample_stories(folder: Path | None = None, count: int = 2) -> dict[str, Path]:
+    """Episode id -> story file: the bundled samples, or the first ``count`` *.md of a folder."""
+    if folder is None:
+        try:
+            from pipeline_defs.storyboard import sample_stories as bundled
+        except ImportError:
+            bundled = None
+        if bundled is not None:
+            stories = dict(bundled())
+            if len(stories) >= count:
+                return dict(list(stories.items())[:count])
+        folder = SAMPLES_DIR
+    found = sorted(Path(folder).glob("*.md")) if Path(folder).is_dir() else []
+    if len(found) < count:
+        raise PipelineError(
+            "input.invalid", f"need {count} sample stories (*.md) in {folder}, found {len(found)}"
+        )
+    return {episode_id_for(p): p for p in found[:count]}
+
+
+def episode_id_for(story: Path) -> str:
+    """``01-the-lighthouse.md`` -> ``01-the-lighthouse`` (ids stay within the safe alphabet)."""
+    cleaned = "".join(c if c.isalnum() or c in "-_" else "-" for c in story.stem)[:64]
+    return validate_id(cleaned or "episode", "episode_id")
+
+
+def list_images(ws: Workspace, episode: Episode) -> list[str]:
+    root = ws.checkpoints.root / episode.project_id / episode.episode_id
+    return sorted(
+        str(p) for p in root.rglob("*.png") if ARCHIVE_DIR not in p.relative_to(root).parts
+    )
+
+
+def demo(
+    ws: Workspace,
+    *,
+    project_id: str = "demo",
+    stories_dir: Path | None = None,
+    progress: Callable[[str, Progress], None] | None = None,
+) -> DemoReport:
+    """Sample project with two episodes, registered and materialized end to end."""
+    validate_id(project_id, "project_id")
+    if not ws.steps:
+        raise PipelineError(
+            "input.invalid", "the code location defines no steps (STORYBOARD_STEPS is empty)"
+        )
+    added = [
+        add_episode(ws, project_id, episode_id, story, keep_existing=True)
+        for episode_id, story in sample_stories(stories_dir).items()
+    ]
+    runs: list[RunReport] = []
+    for entry in added:
+        partition = entry["partition"]
+        report = (lambda p: lambda item: progress(p, item))(partition) if progress else None
+        runs.append(run_assets(ws, partition, progress=report))
+    images = {
+        r.partition: [
+            str(Path(i).relative_to(ws.home)) for i in list_images(ws, Episode.parse(r.partition))
+        ]
+        for r in runs
+    }
+    return DemoReport(project_id, added, runs, images)

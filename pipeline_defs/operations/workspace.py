@@ -1,0 +1,272 @@
+"""What the CLI operates on: the code location's Definitions, its steps, stores and instance.
+
+The Definitions come from ``STORYBOARD_DEFS=module:attr`` (read at command time; default
+``pipeline_defs.definitions:defs``), so tests and alternative code locations can point the
+CLI at other steps without touching the real pipeline.
+"""
+
+import contextlib
+import importlib
+import logging
+import os
+import sys
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import sqlalchemy as sa
+
+from pipeline_defs.resume.errors import PipelineError
+from pipeline_defs.resume.partition import Episode, validate_id
+from pipeline_defs.resume.settings import ResumeSettings
+from pipeline_defs.steps.assets import episodes
+from pipeline_defs.steps.protocol import StepRuntime
+from pipeline_defs.steps.spec import Step, load_step
+from resources.checkpoints.io_manager import STEP_METADATA_KEY
+from resources.checkpoints.store import CheckpointStore
+from resources.ledger.store import MIGRATIONS_DIR, LedgerStore
+from resources.pipeline import PipelineResource, checkpoints_for, ledger_for
+
+DEFS_ENV = "STORYBOARD_DEFS"
+DEFAULT_DEFS = "pipeline_defs.definitions:defs"
+PARTITIONS_NAME = str(episodes.name)
+
+
+def load_definitions(spec: str | None = None) -> dg.Definitions:
+    """Import ``module:attr``; the attribute is a Definitions or a factory returning one."""
+    spec = spec or os.environ.get(DEFS_ENV) or DEFAULT_DEFS
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise PipelineError("input.invalid", f"{DEFS_ENV}={spec!r}: expected module:attribute")
+    try:
+        target: Any = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise PipelineError(
+            "input.invalid", f"{DEFS_ENV}={spec!r}: cannot load it ({type(exc).__name__}: {exc})"
+        ) from None
+    if not isinstance(target, dg.Definitions) and callable(target):
+        target = target()
+    if not isinstance(target, dg.Definitions):
+        raise PipelineError(
+            "input.invalid", f"{DEFS_ENV}={spec!r} is a {type(target).__name__}, not Definitions"
+        )
+    return target
+
+
+def _ordered(steps: Mapping[str, Step]) -> tuple[Step, ...]:
+    """Dependencies first, otherwise declaration order."""
+    done: dict[str, Step] = {}
+
+    def visit(step: Step, trail: tuple[str, ...]) -> None:
+        if step.step_id in done:
+            return
+        if step.step_id in trail:
+            raise PipelineError("input.invalid", f"step dependency cycle: {[*trail, step.step_id]}")
+        for dep in step.deps:
+            if dep in steps:
+                visit(steps[dep], (*trail, step.step_id))
+        done[step.step_id] = step
+
+    for step in steps.values():
+        visit(step, ())
+    return tuple(done.values())
+
+
+def _asset_specs(defs: dg.Definitions) -> list[dg.AssetSpec]:
+    """Asset specs in declaration order (stable across processes)."""
+    specs: list[dg.AssetSpec] = []
+    for item in defs.assets or ():
+        if isinstance(item, dg.AssetsDefinition):
+            specs.extend(item.specs)
+        elif isinstance(item, dg.AssetSpec):
+            specs.append(item)
+    return specs or list(defs.resolve_all_asset_specs())
+
+
+def steps_of(defs: dg.Definitions) -> tuple[Step, ...]:
+    """The judged steps of a code location, read back from its asset metadata."""
+    found: dict[str, Step] = {}
+    for spec in _asset_specs(defs):
+        path = spec.metadata.get(STEP_METADATA_KEY)
+        if path is None:
+            continue
+        found[spec.key.to_user_string()] = load_step(str(getattr(path, "value", path)))
+    return _ordered(found)
+
+
+class _NoDefaultConfigNotice(logging.Filter):
+    """Drop Dagster's "no dagster.yaml, using defaults" notice: the default is intended."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("No dagster instance configuration file")
+
+
+def quiet_dagster_notices() -> None:
+    logger = logging.getLogger("dagster")
+    if not any(isinstance(f, _NoDefaultConfigNotice) for f in logger.filters):
+        logger.addFilter(_NoDefaultConfigNotice())
+
+
+@contextlib.contextmanager
+def stdout_to_stderr() -> Iterator[None]:
+    """Dagster's first-use notices go to stderr, never into ``--json`` output."""
+    with contextlib.redirect_stdout(sys.stderr):
+        yield
+
+
+def dagster_instance(*, required: bool = True) -> dg.DagsterInstance | None:
+    """The instance of ``DAGSTER_HOME`` (created if the directory is missing), or None."""
+    home = os.environ.get("DAGSTER_HOME", "").strip()
+    if not home:
+        if not required:
+            return None
+        raise PipelineError(
+            "config.dagster_home",
+            "DAGSTER_HOME is not set: runs and partitions need a persistent Dagster instance; "
+            "export DAGSTER_HOME=$PWD/.dagster_home (an absolute path) and retry",
+        )
+    path = Path(home)
+    if not path.is_absolute():
+        raise PipelineError(
+            "config.dagster_home", f"DAGSTER_HOME={home!r} must be an absolute path"
+        )
+    path.mkdir(parents=True, exist_ok=True)
+    with stdout_to_stderr():
+        return dg.DagsterInstance.get()
+
+
+@dataclass
+class Workspace:
+    """The code location as the CLI sees it: steps in dependency order, stores, settings."""
+
+    defs: dg.Definitions
+    steps: tuple[Step, ...]
+    pipeline: PipelineResource
+    _instance: dg.DagsterInstance | None = field(default=None, repr=False)
+
+    @cached_property
+    def settings(self) -> ResumeSettings:
+        return self.pipeline.settings()
+
+    @cached_property
+    def ledger(self) -> LedgerStore:
+        return ledger_for(self.settings.ledger_url)
+
+    @cached_property
+    def checkpoints(self) -> CheckpointStore:
+        return checkpoints_for(self.settings.home)
+
+    @property
+    def home(self) -> Path:
+        return Path(self.settings.home)
+
+    @property
+    def catalog(self) -> dict[str, Step]:
+        return {s.step_id: s for s in self.steps}
+
+    def step(self, step_id: str) -> Step:
+        validate_id(step_id, "step_id")
+        try:
+            return self.catalog[step_id]
+        except KeyError:
+            known = ", ".join(self.catalog) or "none"
+            raise PipelineError(
+                "input.invalid", f"unknown step {step_id!r}; the code location has: {known}"
+            ) from None
+
+    def runtime(self, step: Step) -> StepRuntime:
+        """A read-only runtime (no providers): enough to judge."""
+        return StepRuntime(
+            step,
+            steps=self.catalog,
+            settings=self.settings,
+            ledger=self.ledger,
+            checkpoints=self.checkpoints,
+        )
+
+    def require_migrated_ledger(self) -> None:
+        """Refuse (instead of creating or migrating) a ledger that is not at the head revision.
+
+        Read-only commands call this first, so they never write schema into a database.
+        """
+        from alembic.runtime.migration import MigrationContext
+
+        url = self.settings.ledger_url
+        parsed = sa.engine.make_url(url)
+        hint = "run `storyboard migrate` first"
+        if parsed.get_backend_name() == "sqlite":
+            database = parsed.database or ""
+            if database in ("", ":memory:") or not Path(database).is_file():
+                raise PipelineError(
+                    "ledger.not_migrated", f"ledger database {database!r} does not exist; {hint}"
+                )
+        with self.ledger.engine.connect() as conn:
+            current = MigrationContext.configure(conn).get_current_revision()
+        head = ledger_head()
+        if current != head:
+            raise PipelineError(
+                "ledger.not_migrated",
+                f"ledger {safe_url(url)} is at revision {current!r}, not {head!r}; {hint}",
+            )
+
+    def instance(self, *, required: bool = True) -> dg.DagsterInstance | None:
+        if self._instance is None:
+            self._instance = dagster_instance(required=required)
+        return self._instance
+
+    def job(self) -> dg.JobDefinition:
+        """The implicit asset job (``__ASSET_JOB``) with the code location's resources."""
+        return self.defs.resolve_implicit_global_asset_job_def()
+
+    def registered_partitions(self) -> list[str] | None:
+        """Partitions registered in the Dagster instance; None without an instance."""
+        instance = self.instance(required=False)
+        if instance is None:
+            return None
+        return list(instance.get_dynamic_partitions(PARTITIONS_NAME))
+
+    def known_episodes(self, only: tuple[str, ...] = ()) -> list[Episode]:
+        """``only`` if given, else registered partitions, ledger rows and episode folders."""
+        if only:
+            return [Episode.parse(p) for p in dict.fromkeys(only)]
+        keys: set[str] = set(self.registered_partitions() or ())
+        keys.update(k.partition_key for k in self.ledger.get_many())
+        projects = self.home / "projects"
+        for story in projects.glob("*/episodes/*/story.md"):
+            with contextlib.suppress(PipelineError):
+                keys.add(Episode(story.parent.parent.parent.name, story.parent.name).partition_key)
+        episodes_: list[Episode] = []
+        for key in keys:
+            with contextlib.suppress(PipelineError):
+                episodes_.append(Episode.parse(key))
+        return sorted(episodes_)
+
+
+def ledger_head() -> str:
+    """The Alembic head revision of the ledger schema."""
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    return str(ScriptDirectory.from_config(cfg).get_current_head())
+
+
+def safe_url(url: str) -> str:
+    """A database URL with its password hidden."""
+    try:
+        return sa.engine.make_url(url).render_as_string(hide_password=True)
+    except sa.exc.ArgumentError:
+        return "<unparseable url>"
+
+
+def load_workspace(spec: str | None = None) -> Workspace:
+    defs = load_definitions(spec)
+    resources = defs.resources or {}
+    pipeline = resources.get("pipeline")
+    if not isinstance(pipeline, PipelineResource):
+        pipeline = PipelineResource()
+    return Workspace(defs=defs, steps=steps_of(defs), pipeline=pipeline)

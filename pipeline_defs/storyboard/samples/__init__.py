@@ -1,0 +1,1 @@
+"""Bundled sample stories (markdown) for the demo: recurring characters, costume changes."""

@@ -1,0 +1,67 @@
+"""world_guide: the style bible every prompt of the episode follows (tone, palette, places)."""
+
+from collections.abc import Mapping
+
+from pipeline_defs.steps.context import StepContext
+from pipeline_defs.steps.spec import Step, StepResult
+from pipeline_defs.storyboard.replies import reply_list, reply_text
+from resources.checkpoints.envelope import Checkpoint
+from resources.providers import TextCall
+
+TASK = "world_guide"
+PROMPT = (
+    "Write the visual style guide of this story for a storyboard artist. Answer JSON: "
+    '{"style": str, "tone": str, "lighting": str, "palette": [hex colour str], '
+    '"locations": [{"name": str, "first_scene": int}], "cast": [{"character_id": str, '
+    '"name": str, "look": str}], "rules": [str]}. Use the project style given in INPUT.'
+)
+
+
+class WorldGuide(Step):
+    step_id = "world_guide"
+    deps = ("story_source", "entity_canon")
+    schema_version = 1
+    resume_config_keys = ("style",)
+    description = "Style/world guide: tone, lighting, palette, locations, cast looks."
+
+    def execute(self, ctx: StepContext, inputs: Mapping[str, Checkpoint]) -> StepResult:
+        story = inputs["story_source"].data
+        canon = inputs["entity_canon"].data
+        payload = {
+            "title": story.get("title") or ctx.project.title,
+            "style": ctx.project.style,
+            "scenes": [
+                {"scene_index": s["scene_index"], "heading": s["heading"], "text": s["text"]}
+                for s in story["scenes"]
+            ],
+            "characters": [
+                {
+                    "character_id": c["character_id"],
+                    "name": c["name"],
+                    "description": c["description"],
+                }
+                for c in canon["characters"]
+            ],
+        }
+        reply = ctx.providers.text(TextCall(task=TASK, prompt=PROMPT, payload=payload))
+        locations = [
+            {"name": str(loc.get("name")), "first_scene": loc.get("first_scene")}
+            for loc in reply_list(reply, "locations", task=TASK)
+            if isinstance(loc, Mapping) and loc.get("name")
+        ]
+        data = {
+            "style": ctx.project.style,
+            "tone": reply_text(reply.data, "tone", task=TASK, where="reply"),
+            "lighting": reply_text(reply.data, "lighting", task=TASK, where="reply"),
+            "palette": [str(p) for p in reply_list(reply, "palette", task=TASK)],
+            "locations": locations,
+            "cast": [
+                dict(c) for c in reply_list(reply, "cast", task=TASK) if isinstance(c, Mapping)
+            ],
+            "rules": [str(r) for r in reply_list(reply, "rules", task=TASK)],
+        }
+        return StepResult(
+            data=data,
+            summary=f"tone {data['tone']}, {len(locations)} locations",
+            metadata={"locations": len(locations)},
+        )

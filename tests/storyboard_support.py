@@ -1,0 +1,342 @@
+"""Harness of the storyboard tests: homes with a sample story, Dagster and direct runs.
+
+Not a test module: the ``test_storyboard_*`` files import it. Scratch data goes to
+``/dev/shm`` when available because fsync dominates these runs on disk.
+"""
+
+import contextlib
+import os
+import shutil
+import tempfile
+import uuid
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import sqlalchemy as sa
+import yaml
+
+from pipeline_defs.definitions import build_resources
+from pipeline_defs.resume.decision import LaunchMode, ResumeDecision
+from pipeline_defs.resume.partition import Episode, StepKey
+from pipeline_defs.steps.assets import build_step_assets
+from pipeline_defs.steps.protocol import RunInfo, StepOutcome, StepRuntime
+from pipeline_defs.storyboard import STORYBOARD_STEPS, sample_stories
+from resources.checkpoints.envelope import Checkpoint
+from resources.checkpoints.store import CheckpointStore
+from resources.ledger.store import LedgerStore, engine_for
+from resources.ledger.tables import step_run
+from resources.pipeline import PipelineResource, checkpoints_for, ledger_for
+from resources.providers import ImageModel, TextModel
+
+PROJECT = "demo"
+EPISODE_ID = "ep01"
+EPISODE = Episode(PROJECT, EPISODE_ID)
+PARTITION = EPISODE.partition_key
+# Small images keep the suite fast; ref_min_mentions 3 makes the sample's cat a skipped extra.
+TEST_CONFIG: dict[str, Any] = {
+    "image": {"width": 128, "height": 96},
+    "images": {"ref_min_mentions": 3},
+}
+STEPS = {s.step_id: s for s in STORYBOARD_STEPS}
+STEP_IDS = tuple(STEPS)
+PRE_REVIEW = STEP_IDS[: STEP_IDS.index("t2i_review")]
+ASSETS = build_step_assets(STORYBOARD_STEPS)
+DECISION_ACTIONS = frozenset(
+    {
+        "skip",
+        "adopt",
+        "block",
+        "rerun_self",
+        "force_explicit",
+        "stale_running_recovery",
+        "not_applicable",
+        "claim_rejected",
+    }
+)
+_SHM = Path("/dev/shm")
+# The run's event log in memory: Dagster's per-event SQLite commits dominate test time.
+FAST_EVENT_LOG = {
+    "event_log_storage": {
+        "module": "dagster._core.storage.event_log",
+        "class": "InMemoryEventLogStorage",
+    }
+}
+
+
+def scratch_dir(prefix: str) -> Path:
+    """A fresh directory on tmpfs when possible (no fsync cost), else in the temp dir."""
+    base = _SHM if _SHM.is_dir() and os.access(_SHM, os.W_OK) else None
+    return Path(tempfile.mkdtemp(prefix=f"sb-{prefix}-", dir=base))
+
+
+def write_config(home: Path, config: Mapping[str, Any], project: str = PROJECT) -> Path:
+    path = home / "projects" / project / "project.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(dict(config), sort_keys=True), encoding="utf-8")
+    return path
+
+
+def edit_config(home: Path, dotted: str, value: Any, project: str = PROJECT) -> None:
+    path = home / "projects" / project / "project.yaml"
+    config = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    node = config
+    *parents, last = dotted.split(".")
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[last] = value
+    write_config(home, config, project)
+
+
+def write_episode(
+    home: Path,
+    *,
+    story: str | bytes | None = None,
+    config: Mapping[str, Any] | None = TEST_CONFIG,
+    episode: str = EPISODE_ID,
+) -> Path:
+    """``projects/demo/episodes/<e>/story.md`` (the sample by default) and project.yaml."""
+    path = home / "projects" / PROJECT / "episodes" / episode / "story.md"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if story is None:
+        story = sample_stories()[episode].read_text(encoding="utf-8")
+    path.write_bytes(story.encode("utf-8") if isinstance(story, str) else story)
+    if config is not None:
+        write_config(home, config)
+    return path
+
+
+def create_pg_database(server_url: str, template: str | None = None) -> str:
+    """A new database on the test server (optionally a copy of ``template``'s database)."""
+    name = f"sb_{uuid.uuid4().hex[:16]}"
+    admin = sa.create_engine(server_url, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            if template is None:
+                conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+            else:
+                engine_for(template).dispose()  # TEMPLATE needs no open sessions on it
+                source = sa.make_url(template).database
+                conn.exec_driver_sql(f'CREATE DATABASE "{name}" TEMPLATE "{source}"')
+    finally:
+        admin.dispose()
+    return sa.make_url(server_url).set(database=name).render_as_string(hide_password=False)
+
+
+def drop_pg_database(server_url: str, url: str) -> None:
+    engine_for(url).dispose()
+    admin = sa.create_engine(server_url, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            name = sa.make_url(url).database
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        admin.dispose()
+
+
+@dataclass
+class RunOutcome:
+    """What one launch did, read back from the ledger (decisions) and the cost table."""
+
+    result: Any
+    decisions: dict[str, str]
+    calls: dict[str, Counter[str]]
+
+    @property
+    def total_calls(self) -> int:
+        return sum(sum(c.values()) for c in self.calls.values())
+
+    def calls_of(self, step_id: str, kind: str | None = None) -> int:
+        counter = self.calls.get(step_id, Counter())
+        return sum(counter.values()) if kind is None else counter[kind]
+
+
+@dataclass
+class Env:
+    """One pipeline home plus its ledger database."""
+
+    root: Path
+    db_url: str
+    pg_server: str | None = None
+    first: RunOutcome | None = field(default=None, repr=False)
+
+    @classmethod
+    def sqlite(cls, root: Path) -> "Env":
+        return cls(root, f"sqlite:///{root / 'ledger.sqlite3'}")
+
+    @property
+    def home(self) -> Path:
+        return self.root / "home"
+
+    @property
+    def pipeline(self) -> PipelineResource:
+        return PipelineResource(home=str(self.home), db_url=self.db_url)
+
+    @property
+    def ledger(self) -> LedgerStore:
+        return ledger_for(self.db_url)
+
+    @property
+    def checkpoints(self) -> CheckpointStore:
+        return checkpoints_for(self.home)
+
+    def key(self, step_id: str, episode: str = EPISODE_ID) -> StepKey:
+        return StepKey(PROJECT, episode, step_id)
+
+    def checkpoint(self, step_id: str, episode: str = EPISODE_ID) -> Checkpoint | None:
+        return self.checkpoints.load(self.key(step_id, episode))
+
+    def checkpoint_path(self, step_id: str) -> Path:
+        return self.checkpoints.path_for(self.key(step_id))
+
+    def step_dir(self, step_id: str) -> Path:
+        return self.checkpoints.step_dir(self.key(step_id))
+
+    def row(self, step_id: str) -> dict[str, Any] | None:
+        return self.ledger.get(self.key(step_id))
+
+    def rows(self) -> dict[str, dict[str, Any]]:
+        return {k.step_id: r for k, r in self.ledger.get_many(episodes=[EPISODE]).items()}
+
+    def delete_rows(self) -> None:
+        with self.ledger.engine.begin() as conn:
+            conn.execute(sa.delete(step_run).where(step_run.c.project_id == PROJECT))
+
+    def snapshot(self) -> dict[str, bytes]:
+        """Every checkpoint and artifact file of the episode (archives excluded)."""
+        base = self.checkpoints.root / PROJECT / EPISODE_ID
+        return {
+            str(p.relative_to(base)): p.read_bytes()
+            for p in sorted(base.rglob("*"))
+            if p.is_file() and "archive" not in p.parts
+        }
+
+    def runtime(
+        self,
+        step_id: str,
+        *,
+        text_model: TextModel | None = None,
+        image_model: ImageModel | None = None,
+    ) -> StepRuntime:
+        resources = build_resources(self.pipeline)
+        return StepRuntime(
+            STEPS[step_id],
+            steps=STEPS,
+            settings=self.pipeline.settings(),
+            ledger=self.ledger,
+            checkpoints=self.checkpoints,
+            text_model=text_model or resources["text_model"],  # type: ignore[arg-type]
+            image_model=image_model or resources["image_model"],  # type: ignore[arg-type]
+        )
+
+    def judge(self, step_id: str, mode: LaunchMode = LaunchMode.RESUME) -> ResumeDecision:
+        key = self.key(step_id)
+        return self.runtime(step_id).judge(key, mode=mode, row=self.ledger.get(key)).decision
+
+    def run_direct(
+        self,
+        step_ids: Iterable[str] = STEP_IDS,
+        *,
+        mode: LaunchMode = LaunchMode.RESUME,
+        text_model: TextModel | None = None,
+        image_model: ImageModel | None = None,
+        episode: str = EPISODE_ID,
+    ) -> dict[str, StepOutcome]:
+        """The run protocol without Dagster (same judge, claim and publish)."""
+        outcomes = {}
+        run = RunInfo(f"direct-{uuid.uuid4().hex[:8]}:0", mode, "api")
+        for step_id in step_ids:
+            runtime = self.runtime(step_id, text_model=text_model, image_model=image_model)
+            inputs = {dep: self.checkpoint(dep, episode) for dep in STEPS[step_id].deps}
+            partition = Episode(PROJECT, episode).partition_key
+            outcomes[step_id] = runtime.run(partition, run, inputs)
+        return outcomes
+
+    def materialize(
+        self,
+        selection: Iterable[str] | None = None,
+        *,
+        tags: Mapping[str, str] | None = None,
+        text_model: TextModel | None = None,
+        image_model: ImageModel | None = None,
+        raise_on_error: bool = True,
+    ) -> RunOutcome:
+        """A real Dagster launch of the (selected) assets for the test partition."""
+        resources = build_resources(self.pipeline)
+        if text_model is not None:
+            resources["text_model"] = text_model
+        if image_model is not None:
+            resources["image_model"] = image_model
+        ledger = self.ledger
+        seq = ledger.cursor()[0]
+        last_call = max((c["id"] for c in ledger.provider_calls(episode=EPISODE)), default=0)
+        dagster_dir = scratch_dir("dagster")
+        try:
+            with dg.instance_for_test(
+                temp_dir=str(dagster_dir), overrides=FAST_EVENT_LOG
+            ) as instance:
+                instance.add_dynamic_partitions("episodes", [PARTITION])
+                result = dg.materialize(
+                    ASSETS,
+                    selection=list(selection) if selection is not None else None,
+                    partition_key=PARTITION,
+                    instance=instance,
+                    resources=resources,
+                    tags=dict(tags or {}),
+                    raise_on_error=raise_on_error,
+                )
+        finally:
+            shutil.rmtree(dagster_dir, ignore_errors=True)
+        decisions: dict[str, str] = {}
+        for row in ledger.transitions(since_seq=seq):
+            if row["episode_id"] == EPISODE_ID and row["action"] in DECISION_ACTIONS:
+                decisions.setdefault(row["step_id"], row["action"])
+        calls: dict[str, Counter[str]] = {}
+        for call in ledger.provider_calls(episode=EPISODE):
+            if call["id"] > last_call:
+                calls.setdefault(call["step_id"], Counter())[call["kind"]] += 1
+        return RunOutcome(result, decisions, calls)
+
+    def clone(self) -> "Env":
+        """An independent copy: files copied, database copied (file or PG template)."""
+        root = scratch_dir("clone")
+        shutil.copytree(self.home, root / "home")
+        if self.pg_server is None:
+            engine_for(self.db_url).dispose()
+            for suffix in ("", "-wal", "-shm"):
+                source = self.root / f"ledger.sqlite3{suffix}"
+                if source.exists():
+                    shutil.copy2(source, root / source.name)
+            return Env.sqlite(root)
+        return Env(root, create_pg_database(self.pg_server, self.db_url), self.pg_server)
+
+    def destroy(self) -> None:
+        if self.pg_server is not None:
+            drop_pg_database(self.pg_server, self.db_url)
+        else:
+            engine_for(self.db_url).dispose()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def cloned(template: Env) -> Iterator[Env]:
+    env = template.clone()
+    try:
+        yield env
+    finally:
+        env.destroy()
+
+
+def step_failure_messages(result: Any) -> dict[str, str]:
+    """step key → the failure text Dagster recorded for it."""
+    out = {}
+    for event in result.all_events:
+        if event.is_step_failure:
+            data = event.event_specific_data
+            failure = getattr(data, "user_failure_data", None)
+            text = failure.description if failure is not None else None
+            out[event.step_key] = text or data.error.to_string()
+    return out

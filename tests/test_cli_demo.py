@@ -1,0 +1,69 @@
+"""``storyboard demo``: two episodes end to end; the second run costs zero provider calls."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from cli_helpers import CliEnv, make_env
+
+from pipeline_defs.storyboard import STORYBOARD_STEPS
+
+
+@pytest.fixture
+def cli(tmp_path: Path) -> CliEnv:
+    return make_env(tmp_path)
+
+
+def test_demo_on_test_steps_resumes_for_free(cli: CliEnv) -> None:
+    stories = cli.root / "stories"
+    cli.story("fox"), cli.story("ship")
+    first = cli.invoke("demo", "--stories", str(stories))
+    assert first.exit_code == 0, first.output
+    text = first.stdout
+    assert text.count("  ok   ") == 8, "one progress line per asset and episode"
+    assert "episode demo/fox" in text and "episode demo/ship" in text
+    assert "provider calls this run: 12" in text
+    assert "images: 3 PNG under" in text
+
+    second = cli.json("demo", "--stories", str(stories))
+    assert second["ok"] and second["all_skipped"] and second["provider_calls"] == 0
+    assert [e["story_state"] for e in second["episodes"]] == ["unchanged", "unchanged"]
+    assert {s["decision"] for r in second["runs"] for s in r["steps"]} == {"skip"}
+    third = cli.invoke("demo", "--stories", str(stories)).stdout
+    assert "0 provider calls: every step was SKIP" in third
+
+
+def test_demo_refuses_without_two_stories(cli: CliEnv) -> None:
+    result = cli.invoke("demo", "--stories", str(cli.root))
+    assert result.exit_code == 1
+    assert "need 2 sample stories" in result.stderr
+
+
+@pytest.mark.skipif(not STORYBOARD_STEPS, reason="the storyboard steps are not defined yet")
+def test_demo_on_the_real_pipeline_second_run_has_zero_provider_calls(cli: CliEnv) -> None:
+    """The README's first command, as a user runs it: the console script, default defs."""
+    env = cli.subprocess_env()
+    env.pop("STORYBOARD_DEFS")
+    script = str(Path(sys.executable).with_name("storyboard"))
+    first = subprocess.run([script, "demo"], env=env, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert first.stdout.count("  ok   ") == 2 * len(STORYBOARD_STEPS)
+    assert "provider calls this run: 0" not in first.stdout
+    for step in STORYBOARD_STEPS:
+        assert step.step_id in first.stdout
+    assert "scene_image_pipeline/" in first.stdout, "says where the images are"
+
+    second = subprocess.run(
+        [script, "demo", "--json"], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert second.returncode == 0, second.stderr[-3000:]
+    payload = json.loads(second.stdout)
+    assert payload["provider_calls"] == 0 and payload["all_skipped"]
+    assert all(len(r["steps"]) == len(STORYBOARD_STEPS) for r in payload["runs"])
+    assert all(payload["images"][r["partition"]] for r in payload["runs"])
+    calls = cli.ledger.provider_calls()
+    assert len(calls) > 0 and {c["project_id"] for c in calls} == {"demo"}
+    first_runs = {c["run_id"].split(":")[0] for c in calls}
+    assert not first_runs & {r["run_id"] for r in payload["runs"]}

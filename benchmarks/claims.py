@@ -10,6 +10,10 @@ separate process with its own engine, exactly like Dagster run workers.
 - hot key: every worker claims the same key each cycle; a cycle counts only when the claim
   won and the transition went through, refused claims are counted separately.
 
+A second pgbench script, ``benchmarks/pgbench_cycle.sql``, replays our cycle statement for
+statement (ping, BEGIN, upsert, COMMIT, ping, BEGIN, owner-aware UPDATE, COMMIT) from C, to
+separate the cost of the SQL and commits from the cost of the Python client.
+
 The ceiling is ``pgbench`` running ``benchmarks/pgbench_upsert.sql`` (one single-row upsert
 transaction with the claim's shape on a ``LIKE step_run`` table, the same number of keys per
 client) with the same client count and duration. Everything runs in a fresh database that
@@ -43,6 +47,7 @@ from pipeline_defs.resume.partition import StepKey  # noqa: E402
 from resources.ledger.store import LedgerStore, engine_for  # noqa: E402
 
 PGBENCH_SCRIPT = Path(__file__).with_name("pgbench_upsert.sql")
+PGBENCH_CYCLE_SCRIPT = Path(__file__).with_name("pgbench_cycle.sql")
 KEYS_PER_WORKER = 1000
 TARGET = 0.50
 
@@ -53,6 +58,12 @@ class Ours:
     rejected: int
     lost: int
     seconds: float
+    client_cpu: float  # seconds of CPU used by our worker processes while measuring
+    server_cpu: float  # seconds of CPU used by their PostgreSQL backends (-1: unknown)
+
+    @property
+    def attempts(self) -> int:
+        return self.cycles + self.rejected + self.lost
 
     @property
     def rate(self) -> float:
@@ -63,6 +74,15 @@ class Ours:
         return self.rejected / self.seconds
 
 
+def _backend_cpu(pid: int) -> float:
+    """utime + stime of a local PostgreSQL backend in seconds; -1 when /proc is unreadable."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return -1.0
+
+
 def _worker(
     url: str, index: int, mode: str, tag: str, seconds: float, barrier: Any, results: Any
 ) -> None:
@@ -70,9 +90,12 @@ def _worker(
         store = LedgerStore(url)
         store.migrate()
         store.get(StepKey("bench", "warmup", "step"))  # open the pooled connection up front
+        with store.engine.connect() as conn:  # the one pooled connection every op reuses
+            backend = int(conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one())
         barrier.wait(120)
         cycles = rejected = lost = 0
         i = 0
+        server0, client0 = _backend_cpu(backend), time.process_time()
         started = time.perf_counter()
         deadline = started + seconds
         while time.perf_counter() < deadline:
@@ -88,10 +111,14 @@ def _worker(
                 cycles += 1
             else:
                 lost += 1
-        results.put(("ok", index, cycles, rejected, lost, time.perf_counter() - started))
+        elapsed = time.perf_counter() - started
+        client = time.process_time() - client0
+        server1 = _backend_cpu(backend)
+        server = server1 - server0 if min(server0, server1) >= 0 else -1.0
+        results.put(("ok", index, cycles, rejected, lost, elapsed, client, server))
     except BaseException as exc:
         barrier.abort()
-        results.put(("error", index, f"{type(exc).__name__}: {exc}", 0, 0, 0.0))
+        results.put(("error", index, f"{type(exc).__name__}: {exc}", 0, 0, 0.0, 0.0, 0.0))
 
 
 def _reset(url: str) -> None:
@@ -129,6 +156,8 @@ def run_ours(url: str, workers: int, mode: str, seconds: float) -> Ours:
         rejected=sum(o[3] for o in outcomes),
         lost=sum(o[4] for o in outcomes),
         seconds=max(o[5] for o in outcomes),
+        client_cpu=sum(o[6] for o in outcomes),
+        server_cpu=-1.0 if any(o[7] < 0 for o in outcomes) else sum(o[7] for o in outcomes),
     )
 
 
@@ -143,7 +172,9 @@ def find_pgbench() -> str:
     return found
 
 
-def run_pgbench(pgbench: str, url: str, clients: int, seconds: float) -> float:
+def run_pgbench(
+    pgbench: str, url: str, clients: int, seconds: float, script: Path = PGBENCH_SCRIPT
+) -> float:
     _reset(url)
     u = sa.make_url(url)
     cmd = [
@@ -160,7 +191,7 @@ def run_pgbench(pgbench: str, url: str, clients: int, seconds: float) -> float:
         "-D",
         f"keys={KEYS_PER_WORKER * clients}",
         "-f",
-        str(PGBENCH_SCRIPT),
+        str(script),
         "-h",
         u.host or "127.0.0.1",
         "-p",
@@ -206,6 +237,13 @@ def _machine(url: str) -> str:
     )
 
 
+def _load() -> str:
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "n/a"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -229,17 +267,19 @@ def main(argv: list[str] | None = None) -> int:
         with engine_for(url).begin() as conn:
             conn.exec_driver_sql("CREATE TABLE pgbench_step_run (LIKE step_run INCLUDING ALL)")
         print(f"machine: {_machine(url)}")
+        print(f"load average before: {_load()}")
         print(f"pgbench: {pgbench}; {args.seconds:g} s per measurement; database {name}")
         rows = []
         for n in counts:
             distinct = run_ours(url, n, "distinct", args.seconds)
             hot = run_ours(url, n, "hot", args.seconds)
             tps = run_pgbench(pgbench, url, n, args.seconds)
-            rows.append((n, distinct, hot, tps))
+            replay = run_pgbench(pgbench, url, n, args.seconds, PGBENCH_CYCLE_SCRIPT)
+            rows.append((n, distinct, hot, tps, replay))
             print(
                 f"  {n} workers: distinct {distinct.rate:.0f} cycles/s, "
                 f"hot {hot.rate:.0f} cycles/s ({hot.rejected_rate:.0f} refused claims/s), "
-                f"pgbench {tps:.0f} tps",
+                f"pgbench upsert {tps:.0f} tps, pgbench replay of our cycle {replay:.0f} cycles/s",
                 flush=True,
             )
     finally:
@@ -248,23 +288,42 @@ def main(argv: list[str] | None = None) -> int:
             conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         admin.dispose()
 
+    print(f"load average after: {_load()}")
     print()
     print(
-        "| workers | ours cycles/s (distinct) | ours txn/s (2 per cycle) | pgbench tps "
-        "| ratio per cycle | ratio per txn | hot key cycles/s | hot key refused claims/s |"
+        "| workers | ours cycles/s (distinct) | ours txn/s (2 per cycle) | pgbench upsert tps "
+        "| ratio per cycle | ratio per txn | pgbench replay of our cycle, cycles/s "
+        "| ours / replay | hot key cycles/s | hot key refused claims/s |"
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for n, distinct, hot, tps in rows:
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for n, distinct, hot, tps, replay in rows:
         print(
             f"| {n} | {distinct.rate:.0f} | {2 * distinct.rate:.0f} | {tps:.0f} "
             f"| {distinct.rate / tps:.0%} | {2 * distinct.rate / tps:.0%} "
+            f"| {replay:.0f} | {distinct.rate / replay:.0%} "
             f"| {hot.rate:.0f} | {hot.rejected_rate:.0f} |"
         )
-    lost = sum(d.lost + h.lost for _, d, h, _ in rows)
+    cores = os.cpu_count() or 1
+    print()
+    print(
+        "| workers (distinct keys) | client CPU ms/cycle | PostgreSQL backend CPU ms/cycle "
+        f"| CPU-only ceiling on {cores} cores, cycles/s |"
+    )
+    print("|---:|---:|---:|---:|")
+    for n, distinct, _, _, _ in rows:
+        client = 1000 * distinct.client_cpu / max(1, distinct.cycles)
+        if distinct.server_cpu >= 0:
+            server = 1000 * distinct.server_cpu / max(1, distinct.cycles)
+            ceiling = f"{cores * 1000 / (client + server):.0f}"
+            server_text = f"{server:.2f}"
+        else:
+            server_text, ceiling = "n/a", f"{cores * 1000 / client:.0f} (client only)"
+        print(f"| {n} | {client:.2f} | {server_text} | {ceiling} |")
+    lost = sum(r[1].lost + r[2].lost for r in rows)
     print(f"\nownership lost between claim and transition (must be 0): {lost}")
     eight = [r for r in rows if r[0] == 8]
     if eight:
-        _, distinct, _, tps = eight[0]
+        _, distinct, _, tps, _ = eight[0]
         per_cycle, per_txn = distinct.rate / tps, 2 * distinct.rate / tps
         verdict = "meets" if per_cycle >= TARGET else "is UNDER"
         print(

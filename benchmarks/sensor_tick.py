@@ -121,12 +121,14 @@ def generate(home: Path, ledger: LedgerStore, episodes: int) -> list[str]:
     """Completed rows and valid envelopes (+ PNGs) for every (episode, step)."""
     config = ProjectConfig().as_dict()
     masked = mask_secrets(config)
-    ts = format_timestamp(datetime.now(UTC) - timedelta(hours=1))
+    base = datetime.now(UTC) - timedelta(hours=1)
     rows: list[dict[str, Any]] = []
     keys = [f"bench/e{n:05d}" for n in range(episodes)]
     digest = Artifact(path="", sha256=__import__("hashlib").sha256(PNG).hexdigest(), bytes=len(PNG))
-    for pk in keys:
+    for n, pk in enumerate(keys):
         project, episode = pk.split("/")
+        # Rows finished over the past days (newest first), like a real ledger.
+        ts = format_timestamp(base - timedelta(seconds=60 * n))
         for step in STEPS:
             assert isinstance(step, BenchStep)
             folder = home / "checkpoints" / project / episode / step.step_id
@@ -220,7 +222,12 @@ def run_size(episodes: int, server_url: str, keep: bool) -> dict[str, Any]:
         defs = dg.Definitions(
             assets=build_step_assets(STEPS), sensors=[sensor], resources=build_resources(pipeline)
         )
-        out: dict[str, Any] = {"episodes": episodes, "generate_s": round(generated, 1)}
+        out: dict[str, Any] = {
+            "episodes": episodes,
+            "generate_s": round(generated, 1),
+            "cpus": os.cpu_count(),
+            "load_before": round(os.getloadavg()[0], 1),
+        }
         with dg.instance_for_test() as instance:
             instance.add_dynamic_partitions("episodes", keys)
             cursor: list[str | None] = [None]
@@ -236,6 +243,7 @@ def run_size(episodes: int, server_url: str, keep: bool) -> dict[str, Any]:
                 with dg.partition_loading_context(dynamic_partitions_store=instance):
                     result = sensor.evaluate_tick(context)
                 seconds = time.perf_counter() - t0
+                out.setdefault("load_during", []).append(round(os.getloadavg()[0], 1))
                 cursor[0] = result.cursor
                 stats = ticker_for(
                     "resume_sensor", STEPS, pipeline_stores(pipeline), TickConfig(FULL_REFRESH)

@@ -21,6 +21,7 @@ retry_not_before, checkpoint content hash and step-directory identity), so the s
 decision launches once until that state changes.
 """
 
+import functools
 import hashlib
 import json
 import os
@@ -30,6 +31,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
+from pathlib import Path
 from typing import Any, Protocol
 
 from pipeline_defs.project import ProjectConfig, load_project_config, project_config_path
@@ -43,6 +45,7 @@ from pipeline_defs.resume.decision import (
     ResumeAction,
     ResumeDecision,
     ScopedConfig,
+    config_hash,
 )
 from pipeline_defs.resume.errors import PipelineError
 from pipeline_defs.resume.partition import Episode, StepKey
@@ -321,7 +324,7 @@ class _ProjectCache:
     """Project configs by project id, re-read only when ``project.yaml`` changes identity."""
 
     def __init__(self, home: os.PathLike[str] | str) -> None:
-        self.home = home
+        self.home = Path(home)
         self._entries: dict[str, tuple[Identity, ProjectConfig | PipelineError]] = {}
         self._checked: set[str] = set()
 
@@ -336,7 +339,7 @@ class _ProjectCache:
             if entry is None or entry[0] != identity:
                 value: ProjectConfig | PipelineError
                 try:
-                    value = load_project_config(self.home, project_id)  # type: ignore[arg-type]
+                    value = load_project_config(self.home, project_id)
                 except PipelineError as exc:
                     value = exc
                 entry = (identity, value)
@@ -374,9 +377,17 @@ class _BatchRuntime(StepRuntime):
         cached = self._scoped.get(id(project))
         if cached is not None and cached[0] is project:
             return cached[1]
-        scoped = super().scoped_config(project)
+        scoped = _HashedScopedConfig(super().scoped_config(project).fingerprints)
         self._scoped[id(project)] = (project, scoped)
         return scoped
+
+
+class _HashedScopedConfig(ScopedConfig):
+    """The same scoped config, its hash computed once (it is read for every judgement)."""
+
+    @functools.cached_property
+    def hash(self) -> str:  # type: ignore[override]
+        return config_hash(self.fingerprints)
 
 
 def _unjudgeable(exc: BaseException) -> ResumeDecision:

@@ -63,6 +63,7 @@ from sensors.evaluation import (
     next_wake,
     order_steps,
 )
+from sensors.parallel import JudgePool, JudgeSpec, default_workers
 
 CURSOR_VERSION = 1
 _COMPRESS_ABOVE = 2048
@@ -87,6 +88,8 @@ class TickConfig:
     full_refresh_seconds: float = 600.0
     skew_seconds: float = 300.0
     max_targeted: int = 2000  # more changed partitions than this → one full row read
+    workers: int | None = None  # judge worker processes; None = one per CPU (max 8)
+    parallel_from: int = 2000  # judge in workers from this many partitions on
 
 
 @dataclass(frozen=True)
@@ -221,6 +224,8 @@ class ResumeTicker:
         self._lock = threading.Lock()
         self._projects: dict[str, Identity] = {}
         self.last_stats: TickStats | None = None
+        self._judge_pool: JudgePool | None = None
+        self._pool_failed = False
 
     # ------------------------------------------------------------------ scanning
     def _scan(
@@ -295,6 +300,12 @@ class ResumeTicker:
         memory_ok = (
             state is not None and self._token is not None and state.get("token") == self._token
         )
+        if (
+            state is None
+            or not memory_ok
+            or epoch - float(state.get("full_at", 0)) >= self.config.full_refresh_seconds
+        ) and self._pool_size(len(keys)) > 1:
+            self._warm_pool()  # workers start while we scan and read the ledger
         scanned = self._scan(keys, subdirs, use_memo=memory_ok)
         tree = self._tree_digest(keys, scanned)
         previous = _marker(state)
@@ -327,9 +338,9 @@ class ResumeTicker:
         else:
             stats.mode = "incremental"
             targets = self._targets(keys, scanned, epoch)
-            rows = self._incremental_rows(targets, marker, stats)
-            if rows is None:  # too many changes to name: one full read instead
-                rows = self._read_rows(keys, None, stats)
+            named = self._incremental_rows(targets, marker, stats)
+            # Too many changes to name them: one full read instead.
+            rows = named if named is not None else self._read_rows(keys, None, stats)
             by_partition = _group(rows)
             for pk in keys:
                 if pk not in targets and pk in by_partition:
@@ -341,11 +352,7 @@ class ResumeTicker:
 
         # Judge the targeted partitions (all their steps, dependency order).
         chosen = [pk for pk in keys if pk in targets]
-        before = self.judge.judged
-        evaluations = self.judge.evaluate(
-            chosen, now, rows, directories=self._directory_lookup(scanned, subdirs)
-        )
-        stats.judged = self.judge.judged - before
+        evaluations, stats.judged = self._judge(chosen, now, rows, scanned, subdirs, blocked)
         stats.evaluated_partitions = len(chosen)
 
         # Launches (each run key once per process; Dagster dedupes run keys anyway).
@@ -356,11 +363,12 @@ class ResumeTicker:
         launches: list[StepEvaluation] = []
         memos = self._memos if memory_ok else {}
         new_memos: dict[str, _Memo] = {}
+        chosen_set = set(chosen)
         for pk in keys:
-            if pk not in by_pk:
+            if pk not in chosen_set:
                 new_memos[pk] = memos[pk]
                 continue
-            evs = by_pk[pk]
+            evs = by_pk.get(pk, [])  # workers leave out SKIPs
             previous_memo = memos.get(pk)
             already = previous_memo.launched if previous_memo else frozenset()
             fresh = [ev for ev in evs if ev.launch and ev.run_key not in already]
@@ -401,9 +409,13 @@ class ResumeTicker:
             del blocked[slot]
 
         # Artifact sub-directories found in envelopes become part of the tree identity.
-        found = {k: sorted(v) for k, v in self.judge.artifact_dirs.items() if v}
-        if found != {k: sorted(v) for k, v in subdirs.items() if v}:
-            subdirs = {k: sorted(set(subdirs.get(k, ())) | set(found.get(k, ()))) for k in found}
+        merged = {
+            k: sorted(set(subdirs.get(k, ())) | self.judge.artifact_dirs.get(k, set()))
+            for k in set(subdirs) | set(self.judge.artifact_dirs)
+        }
+        merged = {k: v for k, v in merged.items() if v}
+        if merged != {k: list(v) for k, v in subdirs.items() if v}:
+            subdirs = merged
             rescanned = self._scan(keys, subdirs, use_memo=False)
             for pk, scan in rescanned.items():
                 if pk in new_memos:
@@ -434,6 +446,63 @@ class ResumeTicker:
         stats.deferred = sum(m.counts[2] for m in new_memos.values())
         stats.seconds = time.perf_counter() - started
         return TickResult(encode_cursor(next_state), launches, checks, evaluations, stats)
+
+    # ------------------------------------------------------------------ judging
+    def _pool_size(self, partitions: int) -> int:
+        workers = self.config.workers or default_workers()
+        if workers < 2 or partitions < self.config.parallel_from or self._pool_failed:
+            return 1
+        return workers
+
+    def _pool(self) -> JudgePool:
+        if self._judge_pool is None:
+            spec = JudgeSpec(
+                steps=self.judge.steps,
+                home=str(self.stores.checkpoints.home),
+                ledger_url=self.stores.ledger.url,
+                settings=self.stores.settings,
+            )
+            self._judge_pool = JudgePool(spec, self.config.workers or default_workers())
+        return self._judge_pool
+
+    def _warm_pool(self) -> None:
+        try:
+            self._pool().warm()
+        except Exception:  # e.g. a step that cannot be pickled: judge in process
+            self._pool_failed = True
+            self.close()
+
+    def _judge(
+        self,
+        chosen: Sequence[str],
+        now: datetime,
+        rows: Mapping[StepKey, Mapping[str, Any]],
+        scanned: Mapping[str, _Scan],
+        subdirs: Mapping[str, Sequence[str]],
+        blocked: Mapping[str, str],
+    ) -> tuple[list[StepEvaluation], int]:
+        """Evaluations of ``chosen`` (in workers for big batches: SKIPs left out)."""
+        lookup = self._directory_lookup(scanned, subdirs)
+        if self._pool_size(len(chosen)) > 1:
+            try:
+                directories = {pk: {s: lookup(pk, s) for s in self.judge.step_ids} for pk in chosen}
+                result = self._pool().evaluate(chosen, now, rows, directories, blocked)
+            except Exception:  # a broken pool must not stop the sensor: judge here
+                self._pool_failed = True
+                self.close()
+            else:
+                for step_id, subs in result.artifact_dirs.items():
+                    self.judge.artifact_dirs.setdefault(step_id, set()).update(subs)
+                return result.evaluations, result.judged
+        before = self.judge.judged
+        evaluations = self.judge.evaluate(chosen, now, rows, directories=lookup)
+        return evaluations, self.judge.judged - before
+
+    def close(self) -> None:
+        """Stop the worker processes (if any)."""
+        if self._judge_pool is not None:
+            self._judge_pool.close()
+            self._judge_pool = None
 
     # ------------------------------------------------------------------ helpers
     def _subdirs(self, state: Mapping[str, Any] | None) -> dict[str, list[str]]:
@@ -587,8 +656,10 @@ def ticker_for(
     with _TICKERS_LOCK:
         ticker = _TICKERS.get(key)
         if ticker is None or ticker.config != config or ticker.stores != stores:
+            if ticker is not None:
+                ticker.close()
             if len(_TICKERS) >= _MAX_TICKERS:
-                _TICKERS.pop(next(iter(_TICKERS)))
+                _TICKERS.pop(next(iter(_TICKERS))).close()
             ticker = _TICKERS[key] = ResumeTicker(steps, stores, config)
         return ticker
 
@@ -596,4 +667,6 @@ def ticker_for(
 def forget_tickers() -> None:
     """Drop every ticker's memory (the next tick of each sensor judges everything)."""
     with _TICKERS_LOCK:
+        for ticker in _TICKERS.values():
+            ticker.close()
         _TICKERS.clear()

@@ -15,6 +15,7 @@ Knobs (all optional):
 - ``applicable``: False → the step is not applicable
 - ``verify_crash``: ``"entry"`` / ``"exit"`` → the verifier raises KeyError in that phase
 - ``verify_incomplete``: ``"entry"`` / ``"exit"`` → the verifier reports artifact_missing
+- ``verify_typed_error``: ``"entry"`` / ``"exit"`` → the verifier raises a typed error
 - ``sleep``: seconds the body sleeps
 - ``barrier``: N → ``is_applicable`` waits until N processes reached it (concurrency tests)
 - ``steal``: ``"claim"`` / ``"publish"`` → mid-execute another owner steals the row
@@ -154,6 +155,8 @@ class JudgeTestStep(Step):
         k = self._knobs(ctx)
         if k.get("verify_crash") == phase:
             raise KeyError(f"{self.step_id} verifier bug in {phase}")
+        if k.get("verify_typed_error") == phase:
+            raise PipelineError("io.integrity_violation", f"{self.step_id}: card field absent")
         if k.get("verify_incomplete") == phase:
             return CompletionReport.incomplete(Origin.ARTIFACT_MISSING, ("a row the step needs",))
         return CompletionReport.clean()

@@ -110,7 +110,7 @@ def _barrier(ctx: StepContext) -> None:
     root = Path(folder)
     marker = root / f"arrived-{os.getpid()}-{time.monotonic_ns()}"
     marker.write_text(json.dumps({"pid": os.getpid()}))
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + float(os.environ.get("STORYBOARD_FAKES_BARRIER_SECONDS", "300"))
     while time.monotonic() < deadline:
         if len(list(root.glob("arrived-*"))) >= BARRIER_PARTIES:
             return

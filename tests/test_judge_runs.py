@@ -336,6 +336,22 @@ def test_exit_verify_incomplete_publishes_partial(h: Harness) -> None:
     assert mat_metadata(result, "alpha")["resume/status"] == "partial"
 
 
+def test_a_typed_verifier_error_is_contract_drift_not_a_crash(h: Harness) -> None:
+    h.knobs("alpha", verify_typed_error="exit")
+    result = h.run("alpha")
+    assert result.success  # exit: an incomplete verdict → partial, published
+    assert h.row("alpha")["status"] == "partial"  # type: ignore[index]
+    assert h.envelope("alpha")["status"] == "partial"
+    h.knobs("alpha", verify_typed_error=None)
+    assert h.run("alpha").success  # partial → automatic rerun → completed
+    h.knobs("alpha", verify_typed_error="entry")
+    blocked = h.run("alpha")
+    assert not blocked.success
+    description, meta = failure(blocked, "alpha")
+    assert (meta["error/code"], meta["error/origin"]) == ("step.resume_blocked", "contract_drift")
+    assert "card field absent" in description
+
+
 @pytest.mark.parametrize("how", ["fail", "raise"])
 def test_failed_step_reruns_self_then_resets_recovery(h: Harness, how: str) -> None:
     knob = {"fail": "all"} if how == "fail" else {"raise": "body exploded"}

@@ -30,14 +30,19 @@ from resources.ledger.store import LedgerStore
 from resources.ledger.tables import step_run
 
 CONTENDERS = 8
-ROUNDS = 200
-PHASES = ("fresh", "failed", "stale")
+# Rounds per round set: 200 first-run races, plus 100 each on pre-existing rows.
+ROUNDS = {"fresh": 200, "failed": 100, "stale": 100}
+PHASES = tuple(ROUNDS)
+TOTAL_ROUNDS = sum(ROUNDS.values())
 DEAD_STARTED = "2026-11-30T00:00:00.000000Z"
 BARRIER_TIMEOUT = 60.0
 
 
 def _keys(tag: str) -> dict[str, list[StepKey]]:
-    return {phase: [StepKey(tag, f"{phase}{r}", "race") for r in range(ROUNDS)] for phase in PHASES}
+    return {
+        phase: [StepKey(tag, f"{phase}{r}", "race") for r in range(ROUNDS[phase])]
+        for phase in PHASES
+    }
 
 
 def _seed(store: LedgerStore, keys: dict[str, list[StepKey]]) -> None:
@@ -149,7 +154,7 @@ def _check(
     seen: list[tuple[str, int, int, bool, bool, bool]],
     peak: int,
 ) -> None:
-    assert len(seen) == CONTENDERS * ROUNDS * len(PHASES)
+    assert len(seen) == CONTENDERS * TOTAL_ROUNDS
     winners: dict[tuple[str, int], list[int]] = defaultdict(list)
     for phase, r, index, won, holds, finished in seen:
         assert holds == won, (phase, r, index, won, holds)  # losers own nothing, winners do
@@ -158,7 +163,7 @@ def _check(
             winners[(phase, r)].append(index)
     bad = {k: v for k, v in winners.items() if len(v) != 1}
     assert not bad, f"rounds without exactly one winner: {sorted(bad.items())[:10]}"
-    assert len(winners) == ROUNDS * len(PHASES)
+    assert len(winners) == TOTAL_ROUNDS
     assert peak == 1, f"max concurrent owners was {peak}"
 
     rows = store.get_many()
@@ -215,7 +220,7 @@ def _run_processes(url: str, tag: str) -> float:
     assert not errors, errors[0][2]
     seen = [s for o in outcomes for s in o[2]]
     _check(store, keys, seen, peak.value)
-    print(f"{CONTENDERS} contenders x {ROUNDS * len(PHASES)} rounds in {elapsed:.1f}s")
+    print(f"{CONTENDERS} contenders x {TOTAL_ROUNDS} rounds in {elapsed:.1f}s")
     return elapsed
 
 
@@ -259,7 +264,7 @@ def _run_threads(url: str, tag: str) -> float:
     assert not errors, errors[0][1]
     seen = [s for o in outcomes.values() for s in o[1]]
     _check(store, keys, seen, peak.value)
-    print(f"{CONTENDERS} contenders x {ROUNDS * len(PHASES)} rounds in {elapsed:.1f}s")
+    print(f"{CONTENDERS} contenders x {TOTAL_ROUNDS} rounds in {elapsed:.1f}s")
     return elapsed
 
 

@@ -6,6 +6,7 @@ Ticks are evaluated with ``build_sensor_context`` against a test instance whose
 ``episodes`` partitions are registered.
 """
 
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -40,6 +41,17 @@ TIMEOUT = 600
 FULL_REFRESH = 3600.0
 
 
+class _Lines(logging.Handler):
+    """Collects the sensor's tick log."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
 @dataclass
 class Rig:
     """A Dagster instance, the sensor with a settable clock, and the stores behind it."""
@@ -50,6 +62,7 @@ class Rig:
     now: datetime
     cursor: str | None = None
     last: Any = None
+    log: "_Lines" = field(default_factory=lambda: _Lines())
     sensor: dg.SensorDefinition = field(init=False)
     defs: dg.Definitions = field(init=False)
 
@@ -89,6 +102,7 @@ class Rig:
             definitions=self.defs,
             resources={"pipeline": self.pipeline},
         )
+        context.log.addHandler(self.log)
         with dg.partition_loading_context(dynamic_partitions_store=self.instance):
             result = self.sensor.evaluate_tick(context)  # also validates the run requests
         self.cursor = result.cursor
@@ -442,6 +456,8 @@ def test_exhaustion_is_reported_once_and_a_recovery_passes(sqlite_rig: Rig) -> N
     rig.tick()
     check = rig.checks()[("src", "p/e1")]
     assert not check.passed and _values(check)["code"] == "step.recovery_exhausted"
+    logged = [line for line in rig.log.lines if line.startswith("BLOCK src [p/e1]")]
+    assert len(logged) == 1 and "step.recovery_exhausted" in logged[0]  # the tick log
     assert not rig.last.run_requests
     write_input(rig.home, "p/e1", "unrelated.txt", "x")  # re-judged, same block
     rig.tick()

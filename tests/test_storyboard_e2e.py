@@ -138,6 +138,12 @@ def test_whole_pipeline_builds_every_step(built: Env) -> None:
     for victim in ("scene_detail", "entity_t2i"):
         mutations = built.checkpoint(victim).mutations  # type: ignore[union-attr]
         assert [m["by_step"] for m in mutations] == ["t2i_review"]
+    # The victims' assets carry an observation naming who mutated them.
+    observed = {
+        o.asset_key.path[-1]: o.metadata["resume/mutated_by"].value
+        for o in built.first.result.asset_observations_for_node("t2i_review")
+    }
+    assert observed == {"scene_detail": "t2i_review", "entity_t2i": "t2i_review"}
 
 
 def test_second_run_skips_every_step_with_zero_provider_calls(env: Env) -> None:

@@ -57,11 +57,14 @@ def _read_story(path: Path) -> bytes:
 
 
 def default_project_yaml() -> bytes:
-    """``ProjectConfig()`` defaults as YAML (the demo may ship its own project.yaml)."""
-    bundled = SAMPLES_DIR / "project.yaml"
-    if bundled.is_file():
-        return bundled.read_bytes()
+    """``ProjectConfig()`` defaults as YAML."""
     return yaml.safe_dump(ProjectConfig().as_dict(), sort_keys=False).encode("utf-8")
+
+
+def demo_project_yaml() -> bytes:
+    """The demo's project file: the samples' ``project.yaml`` if bundled, else defaults."""
+    bundled = SAMPLES_DIR / "project.yaml"
+    return bundled.read_bytes() if bundled.is_file() else default_project_yaml()
 
 
 def register_partition(instance: dg.DagsterInstance, partition_key: str) -> bool:
@@ -81,6 +84,7 @@ def add_episode(
     *,
     replace: bool = False,
     keep_existing: bool = False,
+    config_template: bytes | None = None,
 ) -> dict[str, Any]:
     """Copy the story in (atomically), create project.yaml if missing, register the partition.
 
@@ -113,7 +117,7 @@ def add_episode(
         load_project_config(ws.home, project_id)  # refuse an invalid file, naming the key
         config_state = "exists"
     else:
-        atomic_write_bytes(config_path, default_project_yaml())
+        atomic_write_bytes(config_path, config_template or default_project_yaml())
         config_state = "created"
     added = register_partition(instance, episode.partition_key)
     return {
@@ -568,14 +572,11 @@ class DemoReport:
 def sample_stories(folder: Path | None = None, count: int = 2) -> dict[str, Path]:
     """Episode id -> story file: the bundled samples, or the first ``count`` *.md of a folder."""
     if folder is None:
-        try:
-            from pipeline_defs.storyboard import sample_stories as bundled
-        except ImportError:
-            bundled = None
-        if bundled is not None:
-            stories = dict(bundled())
-            if len(stories) >= count:
-                return dict(list(stories.items())[:count])
+        from pipeline_defs.storyboard import sample_stories as bundled
+
+        stories = dict(bundled())
+        if len(stories) >= count:
+            return dict(list(stories.items())[:count])
         folder = SAMPLES_DIR
     found = sorted(Path(folder).glob("*.md")) if Path(folder).is_dir() else []
     if len(found) < count:
@@ -612,7 +613,14 @@ def demo(
             "input.invalid", "the code location defines no steps (STORYBOARD_STEPS is empty)"
         )
     added = [
-        add_episode(ws, project_id, episode_id, story, keep_existing=True)
+        add_episode(
+            ws,
+            project_id,
+            episode_id,
+            story,
+            keep_existing=True,
+            config_template=demo_project_yaml(),
+        )
         for episode_id, story in sample_stories(stories_dir).items()
     ]
     runs: list[RunReport] = []

@@ -19,6 +19,7 @@ from pipeline_defs.resume.completion import (
     Origin,
     Severity,
     merge_reports,
+    report_from_exception,
 )
 from pipeline_defs.resume.decision import (
     CheckpointSummary,
@@ -422,6 +423,8 @@ class StepRuntime:
         if status == "completed":
             try:
                 report = self.verify(ctx, checkpoint)
+            except PipelineError as exc:  # a typed verdict (contract drift), not a crash
+                report = report_from_exception(exc)
             except Exception as exc:
                 raise PipelineError(
                     "step.verify_crashed",

@@ -93,7 +93,7 @@ class EntityCanon(Step):
         for index, raw in enumerate(reply_list(reply, "characters", task=TASK)):
             parsed = _parse(raw, index)
             found.setdefault(parsed["name"], parsed)
-        # The model's filtering is advisory; the knobs are enforced here.
+        # The model may ignore the knobs; they are enforced here.
         ranked = sorted(
             found.values(), key=lambda c: (-c["mentions"], c["first_position"], c["name"])
         )

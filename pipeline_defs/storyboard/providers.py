@@ -62,12 +62,17 @@ def provider_models(config: ProviderConfig) -> tuple[TextModel, ImageModel]:
     api_key: str | dg.EnvVar | None = (
         dg.EnvVar(API_KEY_ENV) if os.environ.get(API_KEY_ENV) else config.api_key
     )
-    common = {
-        "base_url": config.base_url,
-        "api_key": api_key,
-        "timeout_seconds": config.timeout_seconds,
-    }
     return (
-        OpenAITextModel(model=config.text_model, **common),
-        OpenAIImageModel(model=config.image_model, **common),
+        OpenAITextModel(
+            base_url=config.base_url,
+            model=config.text_model,
+            api_key=api_key,  # type: ignore[arg-type]  # an EnvVar resolves at run time
+            timeout_seconds=config.timeout_seconds,
+        ),
+        OpenAIImageModel(
+            base_url=config.base_url,
+            model=config.image_model,
+            api_key=api_key,  # type: ignore[arg-type]
+            timeout_seconds=config.timeout_seconds,
+        ),
     )

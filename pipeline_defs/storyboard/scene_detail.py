@@ -131,7 +131,7 @@ def _variation_findings(
     item: str, entry: Mapping[str, Any], variation: Mapping[str, Any]
 ) -> list[Finding]:
     found: list[Finding] = []
-    sentinel = variation.get("owned_validation")
+    sentinel: Any = variation.get("owned_validation")
     try:
         assert_sentinel_shape(sentinel, where=item)
     except PipelineError as exc:

@@ -50,9 +50,10 @@ class ShotDependencyT2I(Step):
             answered.setdefault(reply_text(item, "shot_id", task=TASK, where="shots"), item)
         shots = []
         for shot in shots_in:
-            item = answered.get(shot["shot_id"])
-            if item is None:
+            found = answered.get(shot["shot_id"])
+            if found is None:
                 raise provider_error(BAD_RESPONSE, f"{TASK}: reply has no shot {shot['shot_id']}")
+            item = found
             own = {(c["character_id"], c["outlook_id"]) for c in shot["characters"]}
             needs = []
             for raw in reply_list(item, "needs", task=TASK):

@@ -94,19 +94,24 @@ class CheckpointStore:
         self.keep_archives = keep_archives
         self._cache: dict[Path, tuple[tuple[int, int, int], Checkpoint]] = {}
         self._cache_lock = threading.Lock()
-        self._dirs: dict[StepKey, Path] = {}  # step_dir memo: pathlib joins are slow in bulk
+        # (step dir, checkpoint path) per key: pathlib joins are slow when judging in bulk.
+        self._paths: dict[StepKey, tuple[Path, Path]] = {}
 
     # ------------------------------------------------------------------ paths
-    def step_dir(self, key: StepKey) -> Path:
-        found = self._dirs.get(key)
+    def _paths_of(self, key: StepKey) -> tuple[Path, Path]:
+        found = self._paths.get(key)
         if found is None:
-            if len(self._dirs) >= 200_000:
-                self._dirs.clear()
-            found = self._dirs[key] = self.root / key.project_id / key.episode_id / key.step_id
+            if len(self._paths) >= 200_000:
+                self._paths.clear()
+            step_dir = self.root / key.project_id / key.episode_id / key.step_id
+            found = self._paths[key] = (step_dir, step_dir / CHECKPOINT_FILE)
         return found
 
+    def step_dir(self, key: StepKey) -> Path:
+        return self._paths_of(key)[0]
+
     def path_for(self, key: StepKey) -> Path:
-        return self.step_dir(key) / CHECKPOINT_FILE
+        return self._paths_of(key)[1]
 
     def artifact_path(self, key: StepKey, relative: str) -> Path:
         path = (self.step_dir(key) / relative).resolve()

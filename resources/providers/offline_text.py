@@ -255,7 +255,8 @@ def entity_canon(payload: Mapping[str, Any]) -> dict[str, Any]:
 
     full_text = "\n".join(text for _, text in segments)
     ranked = sorted(info.values(), key=lambda c: (-c["mentions"], c["first_position"], c["name"]))
-    characters, dropped = [], []
+    characters: list[dict[str, Any]] = []
+    dropped: list[dict[str, Any]] = []
     for entry in ranked:
         entry.setdefault("outlooks", [])
         entry["description"] = _apposition(entry["name"], full_text) or "a character of the story"
@@ -353,7 +354,7 @@ def scene_detail(payload: Mapping[str, Any]) -> dict[str, Any]:
         )
         cast = named(beat) or scene_cast[:1]
         camera = CAMERAS[k % len(CAMERAS)]
-        unquoted = re.sub(f"[\"{LDQUO}{RDQUO}]", "", beat).strip()
+        unquoted = re.sub(f'["{LDQUO}{RDQUO}]', "", beat).strip()
         description = _words(unquoted, MAX_DESCRIPTION_WORDS)
         subject = _subject(cast)
         variations = []

@@ -1,0 +1,152 @@
+"""Judging big batches (a cold tick, a full refresh) in worker processes. Dagster-free.
+
+The judge is CPU-bound Python (envelope parsing, content hashes, artifact hashes,
+verifiers), so a batch of thousands of partitions is split into chunks judged by a
+persistent pool of *spawned* processes (no fork: the sensor runs inside a threaded gRPC
+code server). Each worker rebuilds the same :class:`~sensors.evaluation.BatchJudge` from
+a picklable spec and keeps its own checkpoint-envelope identity cache between ticks.
+Workers return only what the sensor acts on (everything but SKIP, plus the slots it asks
+for), so the result transfer stays small. Any pool failure falls back to judging in the
+calling process.
+"""
+
+import multiprocessing
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from pipeline_defs.resume.partition import StepKey
+from pipeline_defs.resume.settings import ResumeSettings
+from pipeline_defs.steps.spec import Step
+from resources.checkpoints.store import CheckpointStore
+from resources.ledger.store import LedgerStore
+from sensors.evaluation import ABSENT, BatchJudge, Identity, StepEvaluation, Stores, Verdict
+
+
+@dataclass(frozen=True)
+class JudgeSpec:
+    """What a worker needs to rebuild the judge (picklable: steps pickle by class)."""
+
+    steps: tuple[Step, ...]
+    home: str
+    ledger_url: str
+    settings: ResumeSettings
+
+
+@dataclass
+class ChunkResult:
+    """A chunk's evaluations the caller acts on, and bookkeeping."""
+
+    evaluations: list[StepEvaluation]
+    judged: int
+    artifact_dirs: dict[str, list[str]] = field(default_factory=dict)
+
+
+_WORKER: BatchJudge | None = None
+
+
+def _init_worker(spec: JudgeSpec) -> None:
+    global _WORKER
+    stores = Stores(
+        settings=spec.settings,
+        ledger=LedgerStore(spec.ledger_url),
+        checkpoints=CheckpointStore(Path(spec.home)),
+    )
+    _WORKER = BatchJudge(spec.steps, stores)
+
+
+def _ready() -> int:
+    return os.getpid()
+
+
+def judge_chunk(
+    keys: Sequence[str],
+    rows: Mapping[StepKey, Mapping[str, Any]],
+    now: datetime,
+    directories: Mapping[str, Mapping[str, Identity]],
+    keep: frozenset[str],
+) -> ChunkResult:
+    """Judge ``keys`` in this worker; return non-SKIP evaluations and the ``keep`` slots."""
+    judge = _WORKER
+    assert judge is not None, "worker not initialised"
+    before = judge.judged
+    evaluations = judge.evaluate(
+        keys, now, rows, directories=lambda pk, step: directories.get(pk, {}).get(step, ABSENT)
+    )
+    wanted = [
+        ev
+        for ev in evaluations
+        if ev.verdict is not Verdict.SKIP or f"{ev.step_id}|{ev.partition_key}" in keep
+    ]
+    dirs = {k: sorted(v) for k, v in judge.artifact_dirs.items() if v}
+    return ChunkResult(wanted, judge.judged - before, dirs)
+
+
+def default_workers() -> int:
+    """One worker per CPU, at most 8."""
+    return max(1, min(8, os.cpu_count() or 1))
+
+
+class JudgePool:
+    """A lazily started, persistent pool of judge workers."""
+
+    def __init__(self, spec: JudgeSpec, workers: int) -> None:
+        self.spec = spec
+        self.workers = workers
+        self._executor: ProcessPoolExecutor | None = None
+        self.broken: BaseException | None = None
+
+    def warm(self) -> None:
+        """Start the workers now (they import and build the judge while we scan)."""
+        if self._executor is None and self.broken is None:
+            self._executor = ProcessPoolExecutor(
+                max_workers=self.workers,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_init_worker,
+                initargs=(self.spec,),
+            )
+            for _ in range(self.workers):
+                self._executor.submit(_ready)
+
+    def evaluate(
+        self,
+        keys: Sequence[str],
+        now: datetime,
+        rows: Mapping[StepKey, Mapping[str, Any]],
+        directories: Mapping[str, Mapping[str, Identity]],
+        keep: Iterable[str],
+    ) -> ChunkResult:
+        """Judge ``keys`` across the workers (order of the results: by chunk)."""
+        self.warm()
+        assert self._executor is not None
+        kept = frozenset(keep)
+        by_pk: dict[str, dict[StepKey, Mapping[str, Any]]] = {}
+        for key, row in rows.items():
+            by_pk.setdefault(key.partition_key, {})[key] = row
+        size = max(50, -(-len(keys) // (self.workers * 4)))
+        futures: list[Future[ChunkResult]] = []
+        for start in range(0, len(keys), size):
+            chunk = list(keys[start : start + size])
+            chunk_rows = {k: r for pk in chunk for k, r in by_pk.get(pk, {}).items()}
+            chunk_dirs = {pk: directories.get(pk, {}) for pk in chunk}
+            futures.append(
+                self._executor.submit(judge_chunk, chunk, chunk_rows, now, chunk_dirs, kept)
+            )
+        total = ChunkResult([], 0, {})
+        for future in futures:
+            part = future.result()
+            total.evaluations.extend(part.evaluations)
+            total.judged += part.judged
+            for step_id, subs in part.artifact_dirs.items():
+                merged = set(total.artifact_dirs.get(step_id, ())) | set(subs)
+                total.artifact_dirs[step_id] = sorted(merged)
+        return total
+
+    def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None

@@ -8,7 +8,7 @@ providers through the metered context, so provider-call counts are real ledger r
 import json
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import dagster as dg
@@ -25,8 +25,8 @@ from resources.providers import ImageCall, TextCall, TextModel, TextReply
 from sensors.resume_sensor import build_resume_sensor
 
 BARRIER_DIR_ENV = "STORYBOARD_FAKES_BARRIER_DIR"
+BARRIER_SECONDS_ENV = "STORYBOARD_FAKES_BARRIER_SECONDS"
 BARRIER_PARTIES = 2
-PROBE_SECONDS_ENV = "STORYBOARD_FAKES_PROBE_SECONDS"
 
 
 class EchoTextModel(TextModel):
@@ -98,40 +98,55 @@ class Sketch(Step):
         )
 
 
-def _barrier(ctx: StepContext) -> None:
-    """Hold every judge of ``probe`` until ``BARRIER_PARTIES`` processes arrived (if armed).
-
-    Armed by creating ``armed`` in the directory named by the environment variable: the
-    launches then judge together and race for the same claim.
-    """
+def _armed() -> Path | None:
     folder = os.environ.get(BARRIER_DIR_ENV)
     if not folder or not (Path(folder) / "armed").exists():
-        return
-    root = Path(folder)
-    marker = root / f"arrived-{os.getpid()}-{time.monotonic_ns()}"
-    marker.write_text(json.dumps({"pid": os.getpid()}))
-    deadline = time.monotonic() + float(os.environ.get("STORYBOARD_FAKES_BARRIER_SECONDS", "300"))
-    while time.monotonic() < deadline:
-        if len(list(root.glob("arrived-*"))) >= BARRIER_PARTIES:
-            return
+        return None
+    return Path(folder)
+
+
+def _wait_for(condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + float(os.environ.get(BARRIER_SECONDS_ENV, "300"))
+    while time.monotonic() < deadline and not condition():
         time.sleep(0.05)
 
 
+def _barrier() -> None:
+    """Hold every judge of ``probe`` until ``BARRIER_PARTIES`` launches arrived (if armed).
+
+    Armed by creating ``armed`` in the directory named by ``STORYBOARD_FAKES_BARRIER_DIR``:
+    the launches then judge together and race for the same claim.
+    """
+    root = _armed()
+    if root is None:
+        return
+    marker = root / f"arrived-{os.getpid()}-{time.monotonic_ns()}"
+    marker.write_text(json.dumps({"pid": os.getpid()}))
+    _wait_for(lambda: len(list(root.glob("arrived-*"))) >= BARRIER_PARTIES)
+
+
+def _hold() -> None:
+    """While armed, the claim winner keeps running until the test writes ``release``."""
+    root = _armed()
+    if root is not None:
+        _wait_for((root / "release").exists)
+
+
 class Probe(Step):
-    """One image call; its applicability check doubles as a cross-process barrier."""
+    """One image call; judged behind a cross-process barrier when a test arms it."""
 
     step_id = "probe"
     deps = ("source",)
     description = "test probe: judged together by racing launches"
 
     def is_applicable(self, ctx: StepContext) -> bool:
-        _barrier(ctx)
+        _barrier()
         return True
 
     def execute(self, ctx: StepContext, inputs: Mapping[str, Checkpoint]) -> StepResult:
         call = ImageCall(prompt="probe", caption="probe", width=64, height=64, seed="probe")
         reply = ctx.providers.image(call)
-        time.sleep(float(os.environ.get(PROBE_SECONDS_ENV, "0.5")))
+        _hold()
         return StepResult(data={"png_bytes": len(reply.png)})
 
 

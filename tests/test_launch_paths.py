@@ -33,7 +33,7 @@ import sqlalchemy as sa
 import yaml
 from cli_helpers import TESTS_DIR
 from dagster_graphql import DagsterGraphQLClient
-from storyboard_fakes import BARRIER_DIR_ENV, PROBE_SECONDS_ENV
+from storyboard_fakes import BARRIER_DIR_ENV
 
 from pipeline_defs.definitions import build_resources
 from pipeline_defs.operations.inspect import DECISION_ACTIONS
@@ -335,7 +335,6 @@ def deployment(
         "DAGSTER_PG_URL": dagster_url,
         "PYTHONPATH": python_path,
         BARRIER_DIR_ENV: str(barrier),
-        PROBE_SECONDS_ENV: "0.5",
     }
     env = {**os.environ, **overrides}
     env.pop("STORYBOARD_DEFS", None)
@@ -363,9 +362,7 @@ def deployment(
         )
         deployment.sensor_defs = ws.defs
         try:
-            t0 = time.monotonic()
             _wait_until_loaded(deployment)
-            print(f"webserver ready {time.monotonic() - t0:.1f}s")
             yield deployment
         finally:
             _stop(process)
@@ -505,7 +502,6 @@ class Batch:
 def batch(deployment: Deployment) -> Batch:
     """Launch every state on every path plus the scale backfills, collect the outcomes."""
     d = deployment
-    T0 = time.monotonic()
     for case in CASES:
         for path in PATHS:
             prepare(d, case, pk(case, path))
@@ -561,12 +557,9 @@ def batch(deployment: Deployment) -> Batch:
             sensor_decisions[case] = "block" if check is not None and not check.passed else "skip"
             sensor_runs[case] = []
 
-    print(f"T launched+cli+sensor {time.monotonic() - T0:.1f}s", flush=True)
     d.wait_runs(list(ui_runs.values()))
-    print(f"T ui {time.monotonic() - T0:.1f}s", flush=True)
     backfill_runs = d.wait_runs(tags={"dagster/backfill": backfills}, count=2 * len(backfills))
 
-    print(f"T backfill {time.monotonic() - T0:.1f}s", flush=True)
     out: dict[str, dict[str, Outcome]] = {c: {} for c in CASES}
     for case in CASES:
 
@@ -632,31 +625,43 @@ def test_every_launch_path_reaches_the_same_decision_claim_and_cost(
 
 
 def test_ui_launch_and_sensor_launch_race_for_one_claim(deployment: Deployment) -> None:
-    """Both judge at the same moment (a barrier in the probe's applicability check): one
-    claims and executes, the other fails with step.already_running; one provider call."""
+    """A UI launch and the sensor's launch of one step judge at the same moment (a barrier
+    in the probe's applicability check): one claims and executes, the other fails with
+    step.already_running; the provider is called once."""
     d = deployment
     partition = "race/e1"
     d.add_partition(partition)
     d.run_direct(partition, "story_source")
-    result = d.evaluate_sensor()
     request = next(
         r
-        for r in result.run_requests or []
+        for r in d.evaluate_sensor().run_requests or []
         if r.partition_key == partition and list(r.asset_selection or []) == [dg.AssetKey("probe")]
     )
+    assert request.tags["resume/action"] == "rerun_self"
+    key = Episode.parse(partition).step("probe")
+    ledger = d.ws.ledger
     for old in d.barrier.glob("*"):
         old.unlink()
     (d.barrier / "armed").write_text("2")
+    sensor_run: list[str] = []
     try:
         ui_run = d.submit(partition, ["probe"], {"dagster/from_ui": "true"})
-        sensor_run: list[str] = []
         thread = threading.Thread(target=lambda: sensor_run.append(d.execute_request(request)))
         thread.start()
+        # The winner holds inside the step until the loser's claim was refused, so the
+        # two claims overlap however slow the machine is.
+        deadline = time.monotonic() + 600
+        while not any(t["action"] == "claim_rejected" for t in ledger.transitions(key)):
+            assert time.monotonic() < deadline, f"no refused claim:\n{d.log_tail()}"
+            assert thread.is_alive() or sensor_run, "the sensor-path run ended early"
+            time.sleep(0.2)
+        (d.barrier / "release").write_text("go")
         d.wait_runs([ui_run], timeout=600)
         thread.join(timeout=600)
-        assert sensor_run, "the sensor-path run did not finish"
     finally:
-        (d.barrier / "armed").unlink()
+        for marker in ("armed", "release"):
+            (d.barrier / marker).unlink(missing_ok=True)
+    assert sensor_run, "the sensor-path run did not finish"
     assert len(list(d.barrier.glob("arrived-*"))) == 2, "both launches judged together"
 
     runs = {r.dagster_run.run_id: r.dagster_run for r in d.wait_runs([ui_run, sensor_run[0]])}
@@ -665,13 +670,12 @@ def test_ui_launch_and_sensor_launch_race_for_one_claim(deployment: Deployment) 
     loser = next(run_id for run_id, r in runs.items() if r.status.value == "FAILURE")
     winner = next(run_id for run_id in runs if run_id != loser)
     assert d.failure_code(loser) == "step.already_running"
-    key = Episode.parse(partition).step("probe")
-    ledger = d.ws.ledger
     assert len(ledger.provider_calls(key)) == 1
-    actions = sorted(
-        t["action"] for t in ledger.transitions(key) if t["action"] in DECISION_ACTIONS
+    audit = [t for t in ledger.transitions(key) if t["action"] in DECISION_ACTIONS]
+    assert sorted((t["action"], t["run_id"]) for t in audit) == sorted(
+        [("rerun_self", f"{winner}:0"), ("claim_rejected", f"{loser}:0")]
     )
-    assert actions == ["claim_rejected", "rerun_self"]
+    assert {t["launch_path"] for t in audit} == {"ui", "sensor"}
     row = ledger.get(key) or {}
     assert row["status"] == "completed" and row["run_id"] == f"{winner}:0"
 
@@ -708,6 +712,7 @@ def test_backfill_of_many_episodes_under_the_queued_coordinator(
     assert all(r.dagster_run.status.value == "SUCCESS" for r in records), [
         (r.dagster_run.tags.get("dagster/partition"), r.dagster_run.status.value) for r in records
     ]
+    assert len(records) == SCALE_EPISODES + SCALE_DUPLICATES, "one run per episode and backfill"
     assert {r.dagster_run.tags["dagster/partition"] for r in records} == set(partitions)
 
     # Every run that went through the queue (UI submissions and backfills, not in-process).
@@ -722,7 +727,6 @@ def test_backfill_of_many_episodes_under_the_queued_coordinator(
         if r.start_time is not None and r.end_time is not None
     ]
     peak = max(sum(1 for s2, e2, _ in spans if s2 <= s < e2) for s, _, _ in spans)
-    print("PEAK", peak, [(r.dagster_run.run_id[:6], round(r.start_time - r.create_timestamp.timestamp(), 1), round(r.end_time - r.start_time, 1)) for r in queued if r.start_time and r.end_time])
     assert 2 <= peak <= MAX_CONCURRENT_RUNS, peak
     for s, e, partition in spans:  # one run per episode at a time (tag concurrency limit)
         same = [p for s2, e2, p in spans if p == partition and s2 < e and s < e2]

@@ -478,36 +478,34 @@ def _write_checkpoint(directory: Path, content: str) -> None:
 def test_after_a_steal_old_owner_cannot_publish_over_new_owner(
     store: LedgerStore, tmp_path: Path
 ) -> None:
-    tmp_path = tmp_path / "checkpoints"
-    tmp_path.mkdir()
-    final = tmp_path / "checkpoint.json"
+    out = tmp_path / "checkpoints"
+    out.mkdir()
+    final = out / "checkpoint.json"
     assert store.claim(KEY, "run-a", now=T0)
-    assert store.publish(KEY, "run-a", lambda: _write_checkpoint(tmp_path, "A1")) is None
+    assert store.publish(KEY, "run-a", lambda: _write_checkpoint(out, "A1")) is None
     assert final.read_text() == "A1"
 
     assert _steal(store, "run-b", T0, "run-a", auto_recovery=True, reason="stale", now=T1)
-    store.publish(KEY, "run-b", lambda: _write_checkpoint(tmp_path, "B"))
+    store.publish(KEY, "run-b", lambda: _write_checkpoint(out, "B"))
     assert final.read_text() == "B"
 
     old = Calls()
     with pytest.raises(PipelineError) as info:
-        store.publish(KEY, "run-a", lambda: (old(), _write_checkpoint(tmp_path, "A2")))
+        store.publish(KEY, "run-a", lambda: (old(), _write_checkpoint(out, "A2")))
     assert info.value.code == "step.ownership_lost"
     assert (
         store.transition(
-            KEY, "run-a", "completed", publish=lambda: (old(), _write_checkpoint(tmp_path, "A3"))
+            KEY, "run-a", "completed", publish=lambda: (old(), _write_checkpoint(out, "A3"))
         )
         is False
     )
     assert old.count == 0
     assert final.read_text() == "B"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint.json"]
     row = store.get(KEY)
     assert row is not None and (row["status"], row["run_id"]) == ("running", "run-b")
 
-    assert store.transition(
-        KEY, "run-b", "completed", publish=lambda: _write_checkpoint(tmp_path, "B2")
-    )
+    assert store.transition(KEY, "run-b", "completed", publish=lambda: _write_checkpoint(out, "B2"))
     assert final.read_text() == "B2"
     assert store.get(KEY)["status"] == "completed"  # type: ignore[index]
 

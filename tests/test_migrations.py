@@ -176,15 +176,6 @@ def test_concurrent_migrate_on_fresh_postgres(pg_url: str, attempt: int) -> None
     _concurrent_migrate(pg_url, processes=2)
 
 
-@pytest.mark.xfail(
-    raises=SqliteWalRace,
-    strict=False,
-    reason=(
-        "store bug: _sqlite_events._connect runs PRAGMA journal_mode=WAL, which SQLite answers "
-        "with an immediate 'database is locked' (no busy wait) when another process is "
-        "switching a fresh file to WAL at the same moment (fix: retry that PRAGMA while busy)"
-    ),
-)
 @pytest.mark.parametrize("attempt", range(5))
 def test_concurrent_migrate_on_fresh_sqlite(tmp_path: Path, attempt: int) -> None:
     _concurrent_migrate(f"sqlite:///{tmp_path / 'ledger.sqlite3'}", processes=2)

@@ -6,7 +6,9 @@ while a step body runs. The same statements run on PostgreSQL and SQLite.
 
 import os
 import socket
+import sqlite3
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
@@ -53,8 +55,18 @@ def _sqlite_events(engine: Engine) -> None:
     def _connect(dbapi_connection: Any, _record: Any) -> None:
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
-        cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute("PRAGMA busy_timeout=60000")
+        # Switching a new file to WAL answers "locked" at once (the busy timeout does not
+        # apply) while another connection does the same; retry instead of failing start-up.
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                cursor.execute("PRAGMA journal_mode=WAL")
+                break
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
         cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.close()
 
@@ -76,7 +88,9 @@ def engine_for(url: str) -> Engine:
                 )
                 _sqlite_events(engine)
             else:
-                engine = sa.create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10)
+                # No pre-ping: it would add a round trip to every operation of the claim
+                # path; connections are recycled instead.
+                engine = sa.create_engine(url, pool_recycle=1800, pool_size=5, max_overflow=10)
             _ENGINES[key] = engine
         return engine
 
@@ -109,9 +123,19 @@ class LedgerStore:
         self.ensure_schema()
         return self.engine.begin()
 
+    def _single(self) -> Any:
+        """One self-contained statement: autocommit on PostgreSQL (one round trip instead
+        of BEGIN/statement/COMMIT), an immediate transaction on SQLite."""
+        self.ensure_schema()
+        if self.is_sqlite:
+            return self.engine.begin()
+        return self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+
     def _read(self) -> Any:
         self.ensure_schema()
-        return self.engine.connect().execution_options(read_only=True)
+        if self.is_sqlite:
+            return self.engine.connect().execution_options(read_only=True)
+        return self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
 
     @staticmethod
     def _key_clause(key: StepKey) -> sa.ColumnElement[bool]:
@@ -293,7 +317,8 @@ class LedgerStore:
             last_recovery_reason=reason if auto_recovery else None,
         )
         may_take = step_run.c.status != "running"
-        if allow_stale_steal:
+        # A steal needs both texts the judge read; a NULL started_at is never stealable.
+        if allow_stale_steal and expected_started_at is not None and expected_run_id is not None:
             may_take = sa.or_(
                 may_take,
                 sa.and_(
@@ -320,7 +345,7 @@ class LedgerStore:
             set_=update,
             where=may_take,
         ).returning(step_run.c.run_id)
-        with self._write() as conn:
+        with self._single() as conn:
             won = conn.execute(statement).first()
         return won is not None and won[0] == run_id
 
@@ -347,7 +372,7 @@ class LedgerStore:
             )
             .returning(step_run.c.id)
         )
-        with self._write() as conn:
+        with self._single() as conn:
             return conn.execute(statement).first() is not None
 
     def mark_not_applicable(
@@ -384,7 +409,7 @@ class LedgerStore:
             )
             .returning(step_run.c.id)
         )
-        with self._write() as conn:
+        with self._single() as conn:
             return conn.execute(statement).first() is not None
 
     # ----------------------------------------------------------------- owner-aware writes
@@ -480,23 +505,30 @@ class LedgerStore:
             return fn()
 
     def reset_recovery(self, key: StepKey, run_id: str) -> bool:
-        with self._write() as conn:
+        with self._single() as conn:
             result = conn.execute(
                 sa.update(step_run)
                 .where(self._owned(key, run_id))
-                .values(recovery_count=0, last_recovery_reason=None, retry_not_before=None)
+                .values(
+                    recovery_count=0,
+                    last_recovery_reason=None,
+                    retry_not_before=None,
+                    updated_at=_now(),
+                )
             )
             return result.rowcount == 1
 
     def set_retry_not_before(self, key: StepKey, run_id: str, when: str) -> bool:
-        with self._write() as conn:
+        with self._single() as conn:
             result = conn.execute(
-                sa.update(step_run).where(self._owned(key, run_id)).values(retry_not_before=when)
+                sa.update(step_run)
+                .where(self._owned(key, run_id))
+                .values(retry_not_before=when, updated_at=_now())
             )
             return result.rowcount == 1
 
     def heartbeat(self, key: StepKey, run_id: str, now: str | None = None) -> bool:
-        with self._write() as conn:
+        with self._single() as conn:
             result = conn.execute(
                 sa.update(step_run)
                 .where(self._owned(key, run_id))
@@ -529,7 +561,7 @@ class LedgerStore:
             else step_run.c.started_at == expected_started_at
         )
         ts = _now()
-        with self._write() as conn:
+        with self._single() as conn:
             result = conn.execute(
                 sa.update(step_run)
                 .where(self._key_clause(key), step_run.c.status == "running", started)
@@ -551,7 +583,7 @@ class LedgerStore:
         launch_path: str | None = None,
         now: str | None = None,
     ) -> int:
-        with self._write() as conn:
+        with self._single() as conn:
             result = conn.execute(
                 sa.insert(step_transition)
                 .values(
@@ -578,7 +610,7 @@ class LedgerStore:
             raise PipelineError(
                 "input.invalid", f"provider call kind must be text or image, not {kind!r}"
             )
-        with self._write() as conn:
+        with self._single() as conn:
             conn.execute(
                 sa.insert(provider_call).values(
                     project_id=key.project_id,

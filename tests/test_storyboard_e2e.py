@@ -371,3 +371,38 @@ def test_offline_pipeline_is_deterministic_across_homes(sqlite_built: Env) -> No
         assert built_files == other_files and len(built_files) == 14
     finally:
         other.destroy()
+
+
+def test_images_of_a_run_killed_before_publishing_are_reused(env: Env) -> None:
+    """A first run that died after drawing some shots leaves PNGs + receipts but no
+    checkpoint and no ledger row; the recovery draws only what is not on disk yet."""
+    step = "scene_image_pipeline"
+    images = env.checkpoint(step).data["images"]  # type: ignore[union-attr]
+    kept, lost = list(images)[:3], list(images)[3:]
+    env.checkpoint_path(step).unlink()
+    for item in lost:
+        (env.step_dir(step) / images[item]["path"]).unlink()
+    env.ledger.invalidate([env.key(step)], "simulated crash")  # stale: an auto recovery
+
+    outcome = env.materialize()
+
+    assert outcome.result.success
+    assert outcome.decisions[step] == "rerun_self"
+    assert outcome.calls == {step: {"image": len(lost)}}
+    assert len(kept) > 0
+    assert env.row(step)["status"] == "completed"  # type: ignore[index]
+
+
+def test_a_receipt_never_vouches_for_changed_bytes(env: Env) -> None:
+    step = "scene_image_pipeline"
+    images = env.checkpoint(step).data["images"]  # type: ignore[union-attr]
+    first = next(iter(images))
+    env.checkpoint_path(step).unlink()
+    png = env.step_dir(step) / images[first]["path"]
+    png.write_bytes(png.read_bytes() + b"tampered")
+    env.ledger.invalidate([env.key(step)], "simulated crash")
+
+    outcome = env.materialize()
+
+    assert outcome.calls == {step: {"image": 1}}
+    assert file_sha256(png) == images[first]["sha256"]

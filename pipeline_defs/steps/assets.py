@@ -49,7 +49,7 @@ def launch_path(tags: Mapping[str, str]) -> str:
 
 def owner_token(context: dg.AssetExecutionContext) -> str:
     """Ledger owner: the Dagster run id plus the retry attempt (a retry is a new owner)."""
-    return f"{context.run_id}:{context.retry_number}"
+    return f"{context.run.run_id}:{context.retry_number}"
 
 
 def _outcome_metadata(step: Step, outcome: StepOutcome, path: str) -> dict[str, Any]:

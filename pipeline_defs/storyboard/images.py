@@ -8,8 +8,10 @@ or wrong reference): it is counted failed and the step ends partial. ``cleanup_a
 stays the base no-op: regenerating one entity must never delete another's image.
 """
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from pipeline_defs.resume.completion import CompletionReport, Origin, Severity
@@ -18,10 +20,11 @@ from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.steps.context import StepContext
 from pipeline_defs.steps.spec import Step, StepResult
 from resources.checkpoints.envelope import Artifact, Checkpoint, canonical_json, sha256_text
-from resources.checkpoints.store import file_sha256
+from resources.checkpoints.store import atomic_write_bytes, file_sha256
 from resources.providers import PNG_SIGNATURE, ImageCall
 
 MAX_LISTED = 20
+RECEIPT_SUFFIX = ".receipt.json"
 
 
 @dataclass(frozen=True)
@@ -76,7 +79,38 @@ class ImageStep(Step):
         except PipelineError:
             return None  # a corrupt previous checkpoint offers nothing to reuse
 
+    @staticmethod
+    def _receipt_path(ctx: StepContext, job: ImageJob) -> Path:
+        return ctx.artifact_path(job.path + RECEIPT_SUFFIX)
+
+    def _write_receipt(self, ctx: StepContext, job: ImageJob, artifact: Artifact) -> None:
+        """Record what a drawn PNG is, right after it lands, so a run killed before it
+        publishes its checkpoint still leaves reusable work behind."""
+        receipt = {"seed": job.seed, "sha256": artifact.sha256, "bytes": artifact.bytes}
+        atomic_write_bytes(self._receipt_path(ctx, job), canonical_json(receipt).encode())
+
+    def _reuse_receipt(self, ctx: StepContext, job: ImageJob) -> Artifact | None:
+        try:
+            receipt = json.loads(self._receipt_path(ctx, job).read_bytes())
+        except (OSError, ValueError):
+            return None
+        if not isinstance(receipt, dict) or receipt.get("seed") != job.seed:
+            return None
+        path = ctx.artifact_path(job.path)
+        if not path.is_file() or path.stat().st_size != receipt.get("bytes"):
+            return None
+        if file_sha256(path) != receipt.get("sha256"):
+            return None
+        return Artifact(path=job.path, sha256=str(receipt["sha256"]), bytes=int(receipt["bytes"]))
+
     def _reuse(
+        self, ctx: StepContext, previous: Checkpoint | None, job: ImageJob
+    ) -> Artifact | None:
+        """A valid existing PNG for this exact job: from the last checkpoint, else from the
+        receipt a (possibly killed) earlier run wrote beside it."""
+        return self._reuse_published(ctx, previous, job) or self._reuse_receipt(ctx, job)
+
+    def _reuse_published(
         self, ctx: StepContext, previous: Checkpoint | None, job: ImageJob
     ) -> Artifact | None:
         if previous is None:
@@ -116,6 +150,7 @@ class ImageStep(Step):
                     failed.append({"item_id": job.item_id, "reason": "provider returned no PNG"})
                     continue
                 artifact = ctx.write_artifact(job.path, reply.png)
+                self._write_receipt(ctx, job, artifact)
                 drawn += 1
             else:
                 reused += 1

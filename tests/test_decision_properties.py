@@ -223,6 +223,7 @@ def test_blocks_have_a_known_code_and_exhaustion_respects_limit(state: dict[str,
             "step.resume_blocked",
             "step.verify_crashed",
             "step.recovery_exhausted",
+            "step.already_running",
         }
     if decision.auto_recovery:
         row = state["row"]

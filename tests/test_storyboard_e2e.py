@@ -231,11 +231,9 @@ def test_lost_checkpoints_rerun_exactly_those_steps(env: Env) -> None:
 
     assert outcome.result.success
     assert outcome.decisions == dict.fromkeys(STEP_IDS, "skip") | dict.fromkeys(lost, "rerun_self")
-    composites = len(data_before["composite_image_gen"]["images"])
-    assert outcome.calls == {
-        "world_guide": {"text": 1},
-        "composite_image_gen": {"image": composites},
-    }
+    # The composites are still on disk with their receipts: re-publishing them costs no
+    # image call; only the lost text checkpoint is regenerated.
+    assert outcome.calls == {"world_guide": {"text": 1}}
     for step_id in lost:
         assert env.checkpoint(step_id).data == data_before[step_id]  # type: ignore[union-attr]
 
@@ -406,3 +404,20 @@ def test_a_receipt_never_vouches_for_changed_bytes(env: Env) -> None:
 
     assert outcome.calls == {step: {"image": 1}}
     assert file_sha256(png) == images[first]["sha256"]
+
+
+def test_a_changed_png_is_archived_and_redrawn_alone(env: Env) -> None:
+    changed = env.step_dir("composite_image_gen") / "composites" / "C01_O02.png"
+    sha = file_sha256(changed)
+    edited = changed.read_bytes() + b"edited by hand"
+    changed.write_bytes(edited)
+    decision = env.judge("composite_image_gen")
+    assert decision.action is ResumeAction.RERUN_SELF
+    assert decision.origin is Origin.ARTIFACT_MISSING
+
+    outcome = env.materialize()
+
+    assert outcome.calls == {"composite_image_gen": {"image": 1}}
+    assert file_sha256(changed) == sha
+    archived = list((env.step_dir("composite_image_gen") / "archive").glob("*-C01_O02.png"))
+    assert [p.read_bytes() for p in archived] == [edited]

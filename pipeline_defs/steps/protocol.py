@@ -153,10 +153,10 @@ class StepRuntime:
             reports.append(
                 CompletionReport.incomplete(Origin.ARTIFACT_MISSING, tuple(missing), severity)
             )
-        if changed:  # present but not what was published: drift, never silently regenerated
+        if changed:  # present but not what was published: the step declares what that means
             reports.append(
                 CompletionReport.incomplete(
-                    Origin.INVARIANT_DRIFT, tuple(changed), Severity.PARTIAL
+                    self.step.changed_artifact_origin, tuple(changed), Severity.PARTIAL
                 )
             )
         try:

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from pipeline_defs.resume.completion import CompletionReport
+from pipeline_defs.resume.completion import CompletionReport, Origin
 
 if TYPE_CHECKING:
     from pipeline_defs.steps.context import StepContext
@@ -68,6 +68,10 @@ class Step:
     allow_auto_rerun_on_schema_bump: ClassVar[bool] = False
     modifies_checkpoints: ClassVar[tuple[str, ...]] = ()
     description: ClassVar[str] = ""
+    # An artifact whose bytes no longer match its recorded sha256: by default a drift that
+    # blocks (never silently regenerated over the evidence); a step that archives the old
+    # file and redraws just that item declares ARTIFACT_MISSING instead.
+    changed_artifact_origin: ClassVar[Origin] = Origin.INVARIANT_DRIFT
 
     def is_applicable(self, ctx: "StepContext") -> bool:
         return True

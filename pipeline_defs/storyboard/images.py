@@ -9,6 +9,7 @@ stays the base no-op: regenerating one entity must never delete another's image.
 """
 
 import json
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,6 +70,8 @@ class ImageStep(Step):
     """Base of the image steps: subclasses only say which jobs exist (``plan``)."""
 
     kind: str = "image"
+    # A PNG whose bytes changed is redrawn (issue 4 §6), after archiving the changed file.
+    changed_artifact_origin = Origin.ARTIFACT_MISSING
 
     def plan(self, ctx: StepContext, inputs: Mapping[str, Checkpoint]) -> ImagePlan:
         raise NotImplementedError
@@ -78,6 +81,15 @@ class ImageStep(Step):
             return ctx.upstream(self.step_id)
         except PipelineError:
             return None  # a corrupt previous checkpoint offers nothing to reuse
+
+    @staticmethod
+    def _archive_invalid(ctx: StepContext, job: ImageJob) -> None:
+        """Move a present-but-invalid PNG aside before redrawing: nothing is lost."""
+        path = ctx.artifact_path(job.path)
+        if path.is_file():
+            target = ctx.step_dir / "archive" / f"{file_sha256(path)[:16]}-{path.name}"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(path, target)
 
     @staticmethod
     def _receipt_path(ctx: StepContext, job: ImageJob) -> Path:
@@ -149,6 +161,7 @@ class ImageStep(Step):
                 if not reply.png.startswith(PNG_SIGNATURE):
                     failed.append({"item_id": job.item_id, "reason": "provider returned no PNG"})
                     continue
+                self._archive_invalid(ctx, job)
                 artifact = ctx.write_artifact(job.path, reply.png)
                 self._write_receipt(ctx, job, artifact)
                 drawn += 1

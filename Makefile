@@ -16,22 +16,27 @@ $(STAMP): pyproject.toml requirements/lock.txt
 	touch $(STAMP)
 
 ## Run the full storyboard demo on the embedded default (SQLite ledger, local Dagster home).
-demo: $(STAMP)
-	mkdir -p $(DAGSTER_HOME)
+demo: $(STAMP) $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/storyboard demo
 
 ## Run the whole test suite, PostgreSQL included (PIPELINE_TEST_PG_URL or an embedded server).
+## --dist loadfile keeps a module on one worker, so module fixtures (the dagster dev webserver of
+## tests/test_launch_paths.py) start once; xdist 3.8's loadgroup does not group under pytest 9.
 test: $(STAMP)
-	$(BIN)/python -m pytest -n 2 --dist loadgroup -q
+	$(BIN)/python -m pytest -n 2 --dist loadfile -q
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
 ## Start the Dagster UI on the code location.
-dev: $(STAMP)
-	mkdir -p $(DAGSTER_HOME)
+dev: $(STAMP) $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/dagster dev -w workspace.yaml
+
+## A local Dagster home: SQLite storage, no telemetry (kept if it already exists).
+$(DAGSTER_HOME)/dagster.yaml:
+	mkdir -p $(DAGSTER_HOME)
+	printf 'telemetry:\n  enabled: false\n' > $@
 
 clean-demo:
 	rm -rf .pipeline .dagster_home

@@ -22,6 +22,7 @@ Each size creates (and drops) its own database ``bench_sensor_<n>`` on that serv
 """
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -55,10 +56,12 @@ from resources.checkpoints.envelope import Artifact, Checkpoint, mask_secrets  #
 from resources.ledger.store import LedgerStore  # noqa: E402
 from resources.ledger.tables import step_run  # noqa: E402
 from resources.pipeline import PipelineResource  # noqa: E402
+from sensors.parallel import default_workers  # noqa: E402
 from sensors.resume_sensor import build_resume_sensor  # noqa: E402
 from sensors.tick import TickConfig, ticker_for  # noqa: E402
 
 FULL_REFRESH = 600.0
+BUDGET = 3600.0
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 8  # 2 KiB stand-in image
 
 
@@ -124,7 +127,7 @@ def generate(home: Path, ledger: LedgerStore, episodes: int) -> list[str]:
     base = datetime.now(UTC) - timedelta(hours=1)
     rows: list[dict[str, Any]] = []
     keys = [f"bench/e{n:05d}" for n in range(episodes)]
-    digest = Artifact(path="", sha256=__import__("hashlib").sha256(PNG).hexdigest(), bytes=len(PNG))
+    png_sha256 = hashlib.sha256(PNG).hexdigest()
     for n, pk in enumerate(keys):
         project, episode = pk.split("/")
         # Rows finished over the past days (newest first), like a real ledger.
@@ -137,7 +140,7 @@ def generate(home: Path, ledger: LedgerStore, episodes: int) -> list[str]:
                 target = folder / step.image
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_bytes(PNG)
-                artifacts = (Artifact(step.image, digest.sha256, digest.bytes),)
+                artifacts = (Artifact(step.image, png_sha256, len(PNG)),)
             else:
                 folder.mkdir(parents=True, exist_ok=True)
             fingerprints = scoped_fingerprints(config, step.resume_config_keys)
@@ -202,7 +205,7 @@ def change_one_percent(home: Path, ledger: LedgerStore, keys: list[str]) -> int:
 
 
 # ----------------------------------------------------------------------------- one size
-def run_size(episodes: int, server_url: str, keep: bool) -> dict[str, Any]:
+def run_size(episodes: int, server_url: str, keep: bool, workers: int | None) -> dict[str, Any]:
     name = f"bench_sensor_{episodes}"
     admin = sa.create_engine(server_url, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
@@ -218,7 +221,13 @@ def run_size(episodes: int, server_url: str, keep: bool) -> dict[str, Any]:
         keys = generate(home, ledger, episodes)
         generated = time.perf_counter() - started
         now = [datetime.now(UTC)]
-        sensor = build_resume_sensor(STEPS, clock=lambda: now[0], full_refresh_seconds=FULL_REFRESH)
+        sensor = build_resume_sensor(
+            STEPS,
+            clock=lambda: now[0],
+            full_refresh_seconds=FULL_REFRESH,
+            tick_budget_seconds=BUDGET,  # measure a whole cold tick, not a budgeted one
+            workers=workers,
+        )
         defs = dg.Definitions(
             assets=build_step_assets(STEPS), sensors=[sensor], resources=build_resources(pipeline)
         )
@@ -226,6 +235,7 @@ def run_size(episodes: int, server_url: str, keep: bool) -> dict[str, Any]:
             "episodes": episodes,
             "generate_s": round(generated, 1),
             "cpus": os.cpu_count(),
+            "workers": workers or default_workers(),
             "load_before": round(os.getloadavg()[0], 1),
         }
         with dg.instance_for_test() as instance:
@@ -239,18 +249,20 @@ def run_size(episodes: int, server_url: str, keep: bool) -> dict[str, Any]:
                     definitions=defs,
                     resources={"pipeline": pipeline},
                 )
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 with dg.partition_loading_context(dynamic_partitions_store=instance):
                     result = sensor.evaluate_tick(context)
-                seconds = time.perf_counter() - t0
+                seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
                 out.setdefault("load_during", []).append(round(os.getloadavg()[0], 1))
                 cursor[0] = result.cursor
-                stats = ticker_for(
-                    "resume_sensor", STEPS, pipeline_stores(pipeline), TickConfig(FULL_REFRESH)
-                ).last_stats
+                config = TickConfig(FULL_REFRESH, budget_seconds=BUDGET, workers=workers)
+                ticker = ticker_for("resume_sensor", STEPS, pipeline_stores(pipeline), config)
+                stats = ticker.last_stats
                 assert stats is not None
                 out[label] = {
                     "seconds": round(seconds, 3),
+                    "cpu_seconds": round(cpu, 3),  # this process only (not judge workers)
+                    "sensor_seconds": round(stats.seconds, 3),  # inside the tick engine
                     "judged": stats.judged,
                     "partitions_judged": stats.evaluated_partitions,
                     "row_queries": stats.row_queries,
@@ -287,20 +299,27 @@ def pipeline_stores(pipeline: PipelineResource) -> Any:
 
 # ----------------------------------------------------------------------------- driver
 def table(results: list[dict[str, Any]]) -> str:
+    """Wall seconds (CPU seconds of the sensor process) per tick kind."""
+
+    def cell(r: dict[str, Any], kind: str) -> str:
+        t = r[kind]
+        if t["seconds"] < 1:
+            return f"{t['seconds'] * 1000:.0f} ms ({t['cpu_seconds'] * 1000:.0f} ms CPU)"
+        return f"{t['seconds']:.2f} s ({t['cpu_seconds']:.2f} s CPU)"
+
     head = (
-        "| episodes | steps | cold tick | warm, no change | 1 % changed | re-judged (1 %) "
-        "| launches (1 %) | full re-judge, warm caches | generate |"
+        "| episodes x steps | cold tick | warm, no change | after 1 % changed | "
+        "re-judged after 1 % | full re-judge, warm caches | load avg (before / max) |"
     )
-    lines = [head, "|" + "---|" * 9]
+    lines = [head, "|---|---:|---:|---:|---|---:|---:|"]
     for r in results:
+        one = r["one_percent"]
         lines.append(
-            f"| {r['episodes']:,} | 10 | {r['cold']['seconds']:.2f} s "
-            f"({r['cold']['judged']:,} judged) | {r['warm']['seconds'] * 1000:.0f} ms "
-            f"({r['warm']['judged']} judged) | {r['one_percent']['seconds'] * 1000:.0f} ms | "
-            f"{r['one_percent']['partitions_judged']} partitions / {r['one_percent']['judged']} "
-            f"steps, {r['one_percent']['row_queries']} query, {r['one_percent']['rows']} rows | "
-            f"{r['one_percent']['launches']} | {r['full']['seconds']:.2f} s | "
-            f"{r['generate_s']:.0f} s |"
+            f"| {r['episodes']:,} x 10 | {cell(r, 'cold')} | {cell(r, 'warm')} | "
+            f"{cell(r, 'one_percent')} | {one['partitions_judged']} partitions "
+            f"({one['judged']} judge calls), {one['row_queries']} row query "
+            f"({one['rows']} rows), {one['launches']} launches | {cell(r, 'full')} | "
+            f"{r['load_before']} / {max(r['load_during'])} |"
         )
     return "\n".join(lines)
 
@@ -316,21 +335,26 @@ def main() -> None:
         help="a PostgreSQL server database we may CREATE DATABASE from",
     )
     parser.add_argument("--keep", action="store_true", help="keep databases and homes")
+    parser.add_argument(
+        "--workers", type=int, default=None, help="judge processes (default: one per CPU)"
+    )
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(run_size(args.one, args.pg_url, args.keep)))
+        print(json.dumps(run_size(args.one, args.pg_url, args.keep, args.workers)))
         return
     results = []
     for size in (int(s) for s in args.sizes.split(",")):
-        child = subprocess.run(
-            [sys.executable, __file__, "--one", str(size), "--pg-url", args.pg_url]
-            + (["--keep"] if args.keep else []),
-            capture_output=True,
-            text=True,
-            env={**os.environ, "DAGSTER_HOME": tempfile.mkdtemp(prefix="bench-dagster-")},
-        )
+        with tempfile.TemporaryDirectory(prefix="bench-dagster-") as dagster_home:
+            child = subprocess.run(
+                [sys.executable, __file__, "--one", str(size), "--pg-url", args.pg_url]
+                + (["--keep"] if args.keep else [])
+                + (["--workers", str(args.workers)] if args.workers else []),
+                capture_output=True,
+                text=True,
+                env={**os.environ, "DAGSTER_HOME": dagster_home},
+            )
         if child.returncode != 0:
             sys.exit(child.stderr[-4000:])
         result = json.loads(child.stdout.strip().splitlines()[-1])

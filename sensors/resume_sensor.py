@@ -119,11 +119,22 @@ def build_resume_sensor(
     minimum_interval_seconds: int = DEFAULT_INTERVAL_SECONDS,
     default_status: dg.DefaultSensorStatus = dg.DefaultSensorStatus.RUNNING,
     full_refresh_seconds: float = 600.0,
+    tick_budget_seconds: float = 40.0,
+    workers: int | None = None,
     clock: Callable[[], datetime] = utc_now,
 ) -> dg.SensorDefinition:
-    """The resume sensor over ``steps`` (the assets of :func:`build_step_assets`)."""
+    """The resume sensor over ``steps`` (the assets of :func:`build_step_assets`).
+
+    ``full_refresh_seconds``: re-judge everything this often; ``tick_budget_seconds``: stop
+    judging after this long and continue next tick; ``workers``: judge processes for big
+    batches (None: one per CPU, at most 8; 1: never); ``clock``: for tests.
+    """
     ordered = order_steps(steps)
-    config = TickConfig(full_refresh_seconds=full_refresh_seconds)
+    config = TickConfig(
+        full_refresh_seconds=full_refresh_seconds,
+        budget_seconds=tick_budget_seconds,
+        workers=workers,
+    )
     selection = [dg.AssetKey(s.step_id) for s in ordered]
 
     @dg.sensor(

@@ -32,9 +32,14 @@ state outside these directories.
 Blocks are reported when their state changes: the cursor keeps a short signature of every
 current block per (step, partition); a block whose signature is new is reported failed,
 and a (step, partition) that leaves the block state is reported passed once.
+
+Big batches (a cold tick, a full refresh) are judged in worker processes on machines with
+4+ CPUs (:mod:`sensors.parallel`), and a tick stops judging after ``budget_seconds``: the
+partitions left over have no fingerprint yet, so the next tick judges them first.
 """
 
 import base64
+import gc
 import hashlib
 import json
 import os
@@ -44,7 +49,6 @@ import uuid
 import zlib
 from array import array
 from collections.abc import Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
@@ -60,6 +64,7 @@ from sensors.evaluation import (
     Stores,
     Verdict,
     file_identity,
+    gc_paused,
     next_wake,
     order_steps,
 )
@@ -67,8 +72,8 @@ from sensors.parallel import JudgePool, JudgeSpec, default_workers
 
 CURSOR_VERSION = 1
 _COMPRESS_ABOVE = 2048
-_SCAN_THREADS = 4
-_SCAN_PARALLEL_FROM = 2000
+_BUDGET_SLICE = 100  # partitions judged between two looks at the clock
+_COLLECT_FROM = 1000  # judged partitions after which a tick runs a full GC collection
 # Row fields the judge reads (plus updated_at, part of the run key).
 _JUDGED_FIELDS = (
     "status",
@@ -88,8 +93,11 @@ class TickConfig:
     full_refresh_seconds: float = 600.0
     skew_seconds: float = 300.0
     max_targeted: int = 2000  # more changed partitions than this → one full row read
-    workers: int | None = None  # judge worker processes; None = one per CPU (max 8)
+    workers: int | None = None  # judge processes; None = parallel.default_workers()
     parallel_from: int = 2000  # judge in workers from this many partitions on
+    # Stop judging after this long; the rest is judged on the next ticks (Dagster gives a
+    # sensor evaluation 60 s by default, a cold tick over many partitions can take longer).
+    budget_seconds: float = 40.0
 
 
 @dataclass(frozen=True)
@@ -111,6 +119,7 @@ class TickStats:
     row_queries: int = 0
     rows_fetched: int = 0
     changed: dict[str, int] = field(default_factory=dict)  # why partitions were re-judged
+    pending: int = 0  # changed partitions left for the next tick (over budget)
     launches: int = 0
     blocked: int = 0
     waiting: int = 0
@@ -127,6 +136,7 @@ class TickStats:
         return (
             f"resume tick [{self.mode}]: {self.partitions} partitions, "
             f"{self.evaluated_partitions} re-judged ({why}), {self.judged} judge calls, "
+            f"{self.pending} left for the next tick, "
             f"{self.row_queries} row queries ({self.rows_fetched} rows); {self.launches} "
             f"launches, {self.blocked} blocked, {self.waiting} waiting, {self.deferred} "
             f"deferred; {self.seconds:.3f}s"
@@ -269,16 +279,20 @@ class ResumeTicker:
                 ints.extend(file_identity(f"{input_dir}/{name}"))
             return _Scan(tuple(ints), names, ident)
 
-        if len(keys) < _SCAN_PARALLEL_FROM:
-            return {pk: one(pk) for pk in keys}
-        with ThreadPoolExecutor(max_workers=_SCAN_THREADS) as pool:  # stat releases the GIL
-            return dict(zip(keys, pool.map(one, keys, chunksize=256), strict=True))
+        return {pk: one(pk) for pk in keys}  # threads do not help: the GIL, not the syscalls
 
     # ------------------------------------------------------------------ the tick
     def tick(self, partition_keys: Iterable[str], now: datetime, cursor: str | None) -> TickResult:
         """Judge what changed since ``cursor`` (everything without one); writes nothing."""
+        started = time.perf_counter()
         with self._lock:
-            result = self._tick(partition_keys, as_utc(now), cursor)
+            with gc_paused():
+                result = self._tick(partition_keys, as_utc(now), cursor)
+            if result.stats.evaluated_partitions >= _COLLECT_FROM:
+                # Settle the heap now (the envelope cache grew while the collector was
+                # paused), so the next, cheap ticks do not pay for a full collection.
+                gc.collect()
+            result.stats.seconds = time.perf_counter() - started
             self.last_stats = result.stats
             return result
 
@@ -325,6 +339,7 @@ class ResumeTicker:
             and state.get("parts") == parts
             and state.get("tree") == tree
             and (wake is None or epoch < float(wake))
+            and not state.get("pending")
         ):
             stats.blocked = len(state.get("blocked", {}))
             stats.seconds = time.perf_counter() - started
@@ -352,8 +367,12 @@ class ResumeTicker:
 
         # Judge the targeted partitions (all their steps, dependency order).
         chosen = [pk for pk in keys if pk in targets]
-        evaluations, stats.judged = self._judge(chosen, now, rows, scanned, subdirs, blocked)
-        stats.evaluated_partitions = len(chosen)
+        deadline = started + self.config.budget_seconds
+        evaluations, stats.judged, judged = self._judge(
+            chosen, now, rows, scanned, subdirs, blocked, deadline
+        )
+        stats.evaluated_partitions = len(judged)
+        stats.pending = len(chosen) - len(judged)
 
         # Launches (each run key once per process; Dagster dedupes run keys anyway).
         by_pk: dict[str, list[StepEvaluation]] = {}
@@ -363,11 +382,13 @@ class ResumeTicker:
         launches: list[StepEvaluation] = []
         memos = self._memos if memory_ok else {}
         new_memos: dict[str, _Memo] = {}
-        chosen_set = set(chosen)
+        chosen_set, judged_set = set(chosen), set(judged)
         for pk in keys:
             if pk not in chosen_set:
                 new_memos[pk] = memos[pk]
                 continue
+            if pk not in judged_set:
+                continue  # over budget: no memo, so the next tick judges it
             evs = by_pk.get(pk, [])  # workers leave out SKIPs
             previous_memo = memos.get(pk)
             already = previous_memo.launched if previous_memo else frozenset()
@@ -439,6 +460,7 @@ class ResumeTicker:
             "full_at": full_at,
             "subdirs": {k: list(v) for k, v in sorted(subdirs.items()) if v},
             "blocked": blocked,
+            "pending": stats.pending,
         }
         stats.launches = len(launches)
         stats.blocked = len(blocked)
@@ -480,23 +502,34 @@ class ResumeTicker:
         scanned: Mapping[str, _Scan],
         subdirs: Mapping[str, Sequence[str]],
         blocked: Mapping[str, str],
-    ) -> tuple[list[StepEvaluation], int]:
-        """Evaluations of ``chosen`` (in workers for big batches: SKIPs left out)."""
+        deadline: float,
+    ) -> tuple[list[StepEvaluation], int, list[str]]:
+        """(evaluations, judge calls, partitions judged) of ``chosen`` until ``deadline``.
+
+        Big batches go to the worker processes (their results leave out SKIPs).
+        """
         lookup = self._directory_lookup(scanned, subdirs)
         if self._pool_size(len(chosen)) > 1:
             try:
                 directories = {pk: {s: lookup(pk, s) for s in self.judge.step_ids} for pk in chosen}
-                result = self._pool().evaluate(chosen, now, rows, directories, blocked)
+                result = self._pool().evaluate(chosen, now, rows, directories, blocked, deadline)
             except Exception:  # a broken pool must not stop the sensor: judge here
                 self._pool_failed = True
                 self.close()
             else:
                 for step_id, subs in result.artifact_dirs.items():
                     self.judge.artifact_dirs.setdefault(step_id, set()).update(subs)
-                return result.evaluations, result.judged
+                return result.evaluations, result.judged, result.partitions
         before = self.judge.judged
-        evaluations = self.judge.evaluate(chosen, now, rows, directories=lookup)
-        return evaluations, self.judge.judged - before
+        evaluations: list[StepEvaluation] = []
+        done: list[str] = []
+        for start in range(0, len(chosen), _BUDGET_SLICE):
+            if start and time.perf_counter() >= deadline:
+                break
+            part = chosen[start : start + _BUDGET_SLICE]
+            evaluations.extend(self.judge.evaluate(part, now, rows, directories=lookup))
+            done.extend(part)
+        return evaluations, self.judge.judged - before, done
 
     def close(self) -> None:
         """Stop the worker processes (if any)."""

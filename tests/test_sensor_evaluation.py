@@ -247,6 +247,26 @@ def test_run_key_is_stable_for_a_state_and_changes_with_it(
     assert src_key() not in (None, first, second)  # so is a change on disk
 
 
+def test_a_downstream_run_key_follows_its_upstream_state(
+    sqlite_url: str, pipeline_home: Path
+) -> None:
+    """A launch that died before claiming (its upstream moved) is relaunched once settled."""
+    stores = stores_for(pipeline_home, sqlite_url)
+    seed(stores, "p/e1")
+    (stores.checkpoints.step_dir(StepKey("p", "e1", "end")) / "out.bin").unlink()
+
+    def end_key() -> str | None:
+        evs = evaluate_partitions(SENSOR_STEPS, stores, ["p/e1"], NOW)
+        return next(ev for ev in evs if ev.step_id == "end").run_key
+
+    first = end_key()
+    assert first is not None and end_key() == first
+    mid = StepKey("p", "e1", "mid")  # mid re-ran meanwhile (and is clean again)
+    assert stores.ledger.claim(mid, "again:0")
+    assert stores.ledger.transition(mid, "again:0", "completed")
+    assert end_key() not in (None, first)
+
+
 def test_upstream_running_or_blocked_makes_downstream_wait(
     db_url: str, pipeline_home: Path
 ) -> None:

@@ -166,7 +166,7 @@ def _values(check: dg.AssetCheckEvaluation) -> dict[str, Any]:
 # --------------------------------------------------------------------------- wiring
 def test_definitions_wire_the_sensor_with_defaults(pipeline_home: Path) -> None:
     defs = build_defs(steps=SENSOR_STEPS, pipeline=PipelineResource(home=str(pipeline_home)))
-    sensor = defs.get_sensor_def("resume_sensor")
+    (sensor,) = [s for s in defs.sensors or [] if s.name == "resume_sensor"]
     assert sensor.minimum_interval_seconds == 30
     assert sensor.default_status is dg.DefaultSensorStatus.RUNNING
     assert sensor.required_resource_keys == {"pipeline"}

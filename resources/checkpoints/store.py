@@ -27,6 +27,8 @@ from resources.checkpoints.envelope import Artifact, Checkpoint
 CHECKPOINT_FILE = "checkpoint.json"
 FORCE_MARKER = ".force_cleared"
 ARCHIVE_DIR = "archive"
+# Envelopes kept in memory per store (about 13 KB each for the storyboard steps).
+MAX_CACHED_ENVELOPES = 20_000
 
 Fence = Callable[[Callable[[], None]], Any]
 
@@ -103,8 +105,8 @@ class CheckpointStore:
         if found is None:
             if len(self._paths) >= 200_000:
                 self._paths.clear()
-            step_dir = self.root / key.project_id / key.episode_id / key.step_id
-            found = self._paths[key] = (step_dir, step_dir / CHECKPOINT_FILE)
+            base = f"{self.root}/{key.project_id}/{key.episode_id}/{key.step_id}"
+            found = self._paths[key] = (Path(base), Path(f"{base}/{CHECKPOINT_FILE}"))
         return found
 
     def step_dir(self, key: StepKey) -> Path:
@@ -166,6 +168,10 @@ class CheckpointStore:
         if checkpoint.key != key:
             raise self._broken(path, f"belongs to {checkpoint.key}, not {key}")
         with self._cache_lock:
+            if len(self._cache) >= MAX_CACHED_ENVELOPES:
+                # Oldest first (dicts keep insertion order): bounded memory in the sensor.
+                for stale in list(self._cache)[: MAX_CACHED_ENVELOPES // 4]:
+                    del self._cache[stale]
             self._cache[path] = (identity, checkpoint)
         return checkpoint
 

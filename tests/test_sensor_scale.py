@@ -1,10 +1,12 @@
-"""Big batches are judged in worker processes: same launches and blocks as in-process."""
+"""Scale: big batches judged in worker processes (same verdicts), and the tick budget."""
 
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pytest
 from sensor_steps import SENSOR_STEPS, Src, seed, stores_for, write_input
 
+import sensors.tick as tick_module
 from pipeline_defs.resume.partition import StepKey
 from sensors.evaluation import Verdict
 from sensors.tick import ResumeTicker, TickConfig, TickResult
@@ -63,3 +65,22 @@ def test_a_broken_pool_falls_back_to_judging_in_process(
     assert ticker._pool_failed
     assert result.stats.judged == len(keys) * len(SENSOR_STEPS)
     assert {(e.step_id, e.partition_key) for e in result.launches} >= {("src", "p/e1")}
+
+
+def test_a_tick_over_budget_leaves_the_rest_for_the_next_ticks(
+    sqlite_url: str, pipeline_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Dagster gives a sensor evaluation 60 s: a huge cold start is spread over ticks."""
+    monkeypatch.setattr(tick_module, "_BUDGET_SLICE", 1)
+    stores = stores_for(pipeline_home, sqlite_url)
+    keys = ["p/e1", "p/e2", "p/e3"]  # never run: first-run launches of src
+    ticker = ResumeTicker(SENSOR_STEPS, stores, TickConfig(workers=1, budget_seconds=0))
+    now = datetime.now(UTC)
+    cursor, launched = None, []
+    for expected_pending in (2, 1, 0):
+        result = ticker.tick(keys, now, cursor)
+        assert (result.stats.evaluated_partitions, result.stats.pending) == (1, expected_pending)
+        launched += [ev.partition_key for ev in result.launches]
+        cursor = result.cursor
+    assert sorted(launched) == keys
+    assert ticker.tick(keys, now, cursor).stats.mode == "unchanged"

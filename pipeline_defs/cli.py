@@ -182,7 +182,7 @@ def main() -> None:
 
 @main.command()
 @operation("migrate")
-def migrate(*, as_json: bool) -> dict[str, Any]:
+def migrate(*, as_json: bool) -> dict[str, Any] | None:
     """Bring the ledger database to the head schema revision."""
     ws = _workspace()
     revision = ws.ledger.migrate()
@@ -202,7 +202,7 @@ def migrate(*, as_json: bool) -> dict[str, Any]:
 @operation("add-episode")
 def add_episode(
     *, project_id: str, episode_id: str, story: Path, replace: bool, as_json: bool
-) -> dict[str, Any]:
+) -> dict[str, Any] | None:
     """Copy a story in, create project.yaml if missing, register partition PROJECT/EPISODE."""
     ws = _workspace()
     result = launch.add_episode(ws, project_id, episode_id, story, replace=replace)
@@ -219,17 +219,21 @@ def add_episode(
 @click.option("--partition", "partition_key", required=True, help="PROJECT/EPISODE")
 @click.option("--step", "step_ids", multiple=True, help="Step(s) to launch (default: all).")
 @operation("materialize")
-def materialize(*, partition_key: str, step_ids: tuple[str, ...], as_json: bool) -> dict[str, Any]:
+def materialize(
+    *, partition_key: str, step_ids: tuple[str, ...], as_json: bool
+) -> dict[str, Any] | None:
     """Launch a resume run of steps of one partition (judged like any UI launch)."""
     ws = _workspace()
     progress = None if as_json else (lambda p: click.echo(_progress_line(p)))
     report = launch.run_assets(ws, partition_key, list(step_ids) or None, progress=progress)
-    return _finish_run(report, as_json)
+    _finish_run(report, as_json, "materialize")
+    return None
 
 
-def _finish_run(report: launch.RunReport, as_json: bool) -> dict[str, Any]:
+def _finish_run(report: launch.RunReport, as_json: bool, command: str, **extra: Any) -> None:
+    """Print a run's report (table or JSON); a failed run exits 1 naming the failed step."""
     if as_json:
-        payload = {"ok": report.success, "command": "run", **report.as_dict()}
+        payload = {"ok": report.success, "command": command, **report.as_dict(), **extra}
         if not report.success:
             payload["error"] = _error_payload(_run_failure(report))
         emit_json(payload)
@@ -239,7 +243,6 @@ def _finish_run(report: launch.RunReport, as_json: bool) -> dict[str, Any]:
         click.echo(f"provider calls: {report.provider_calls}")
     if not report.success:
         raise CommandFailed(_run_failure(report))
-    return None  # type: ignore[return-value]
 
 
 @main.command()
@@ -259,7 +262,7 @@ def force(
     location: str | None,
     wait: bool,
     as_json: bool,
-) -> dict[str, Any]:
+) -> dict[str, Any] | None:
     """Explicit force of one step (tag resume/mode=force): cleans it, invalidates downstream."""
     ws = _workspace()
     report = launch.force_step(
@@ -277,7 +280,8 @@ def force(
     ]
     if not as_json and invalidated:
         click.echo(f"invalidated downstream: {', '.join(invalidated)}")
-    return _finish_run(report, as_json)
+    _finish_run(report, as_json, "force", invalidated=invalidated)
+    return None
 
 
 @main.command()
@@ -285,7 +289,7 @@ def force(
     "--partition", "partitions", multiple=True, help="Limit to PROJECT/EPISODE (repeatable)."
 )
 @operation("status")
-def status(*, partitions: tuple[str, ...], as_json: bool) -> dict[str, Any]:
+def status(*, partitions: tuple[str, ...], as_json: bool) -> dict[str, Any] | None:
     """Per partition and step: state, last decision, blocks, recoveries, costs, durations."""
     report = views.status_report(_workspace(), partitions)
     if as_json:
@@ -325,7 +329,7 @@ def status(*, partitions: tuple[str, ...], as_json: bool) -> dict[str, Any]:
 )
 @click.option("--all", "show_all", is_flag=True, help="Also list steps the sensor would skip.")
 @operation("decide")
-def decide(*, partitions: tuple[str, ...], show_all: bool, as_json: bool) -> dict[str, Any]:
+def decide(*, partitions: tuple[str, ...], show_all: bool, as_json: bool) -> dict[str, Any] | None:
     """Shadow mode: what the resume sensor would do now. Writes nothing."""
     decisions = views.shadow_decisions(_workspace(), partitions)
     counts: dict[str, int] = {}
@@ -356,7 +360,7 @@ def decide(*, partitions: tuple[str, ...], show_all: bool, as_json: bool) -> dic
 
 @main.command("audit-running")
 @operation("audit-running")
-def audit_running(*, as_json: bool) -> dict[str, Any]:
+def audit_running(*, as_json: bool) -> dict[str, Any] | None:
     """Every running ledger row: healthy / stale / unparseable / NULL started_at."""
     ws = _workspace()
     rows = views.audit_running(ws)
@@ -411,7 +415,7 @@ def reset_running(
     null_started_at: bool,
     reason: str,
     as_json: bool,
-) -> dict[str, Any]:
+) -> dict[str, Any] | None:
     """Reset a stuck running row to failed, only if it still has the expected started_at."""
     if (expected_started_at is None) == (not null_started_at):
         raise PipelineError(
@@ -435,7 +439,7 @@ def reset_running(
     "--stories", "stories_dir", type=click.Path(path_type=Path), help="Folder of *.md stories."
 )
 @operation("demo")
-def demo(*, project_id: str, stories_dir: Path | None, as_json: bool) -> dict[str, Any]:
+def demo(*, project_id: str, stories_dir: Path | None, as_json: bool) -> dict[str, Any] | None:
     """Create a sample project with two episodes and materialize everything for both."""
     ws = _workspace()
 
@@ -475,7 +479,7 @@ def demo(*, project_id: str, stories_dir: Path | None, as_json: bool) -> dict[st
     if not report.success:
         failed = next(r for r in report.runs if not r.success)
         raise CommandFailed(_run_failure(failed))
-    return None  # type: ignore[return-value]
+    return None
 
 
 __all__ = ["DEFS_ENV", "main"]

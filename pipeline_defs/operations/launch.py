@@ -6,7 +6,6 @@ run protocol as UI, sensor and backfill launches; the CLI only adds the tag
 ``resume/launch_path=cli`` (and ``resume/mode=force`` for ``force``).
 """
 
-import contextlib
 import threading
 import time
 import urllib.parse
@@ -269,7 +268,7 @@ class _Watcher:
                 return
 
     def _loop(self) -> None:
-        while not self.stop.wait(0.25):
+        while not self.stop.wait(0.5):
             try:
                 self._drain()
             except Exception:  # the run may not exist yet; progress is best effort
@@ -282,8 +281,13 @@ class _Watcher:
     def __exit__(self, *exc: object) -> None:
         self.stop.set()
         self.thread.join()
-        with contextlib.suppress(Exception):
-            self._drain()
+        for _attempt in range(40):  # the final drain must see every event (storage may be busy)
+            try:
+                self._drain()
+                return
+            except Exception:
+                time.sleep(0.25)
+        self._drain()
 
 
 def _owned_by(run_id: str) -> Callable[[Mapping[str, Any]], bool]:

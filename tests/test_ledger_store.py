@@ -858,3 +858,26 @@ def test_get_many_is_keyed_and_filtered(store: LedgerStore) -> None:
     assert set(store.get_many(episodes=[Episode("p1", "e1")], step_ids=["b"])) == {keys[1]}
     assert store.get_many(episodes=[]) == {}
     assert store.get_many(step_ids=[]) == {}
+
+
+# --------------------------------------------------------------------------- judged claims
+def test_a_claim_for_a_judged_absent_row_only_inserts(store: LedgerStore) -> None:
+    assert store.claim(KEY, "run-a")
+    assert store.transition(KEY, "run-a", "completed")
+    # judged "no row" before run-a claimed, finished and completed: nothing to win
+    assert not store.claim(KEY, "run-b", seen=None)
+    assert store.get(KEY)["run_id"] == "run-a"  # type: ignore[index]
+
+
+def test_a_claim_is_a_compare_and_set_on_the_judged_row(store: LedgerStore) -> None:
+    assert store.claim(KEY, "run-a")
+    assert store.transition(KEY, "run-a", "failed")
+    judged = store.get(KEY)
+    # another run claims and completes in the gap between judgement and claim
+    assert store.claim(KEY, "run-b", seen=judged)
+    assert store.transition(KEY, "run-b", "completed")
+    assert not store.claim(KEY, "run-c", seen=judged)
+    row = store.get(KEY)
+    assert (row["run_id"], row["status"]) == ("run-b", "completed")  # type: ignore[index]
+    # judged afresh, the claim goes through
+    assert store.claim(KEY, "run-c", seen=store.get(KEY))

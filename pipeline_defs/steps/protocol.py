@@ -341,6 +341,7 @@ class StepRuntime:
             expected_run_id=decision.expected_run_id,
             auto_recovery=decision.auto_recovery,
             reason=decision.reason,
+            seen=row,
         )
         if not won:
             self.audit(
@@ -348,7 +349,8 @@ class StepRuntime:
             )
             raise PipelineError(
                 "step.already_running",
-                f"{key}: another run owns this step (claim for {decision.action.value} refused)",
+                f"{key}: another run owns this step or changed it since it was judged "
+                f"(claim for {decision.action.value} refused)",
             )
         attempts = max(
             1, int((row or {}).get("recovery_count") or 0) + (1 if decision.auto_recovery else 0)

@@ -29,6 +29,9 @@ T = TypeVar("T")
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 TERMINAL_STATUSES = frozenset({"completed", "partial", "failed", "not_applicable"})
 
+# ``claim(seen=...)`` default: no compare-and-set (operators and benchmarks claim blind).
+NOT_JUDGED = object()
+
 _ENGINES: dict[tuple[str, int], Engine] = {}
 _ENGINES_LOCK = threading.Lock()
 # get_many filters up to this many (project, episode) pairs in SQL, more in Python.
@@ -293,11 +296,16 @@ class LedgerStore:
         auto_recovery: bool = False,
         reason: str | None = None,
         now: str | None = None,
+        seen: Mapping[str, Any] | object | None = NOT_JUDGED,
     ) -> bool:
         """One atomic upsert: take the row unless another owner is running it.
 
         A running row is only taken over (``allow_stale_steal``) when its started_at and
-        run_id are still exactly the texts the judge read. Success = a row came back.
+        run_id are still exactly the texts the judge read. With ``seen`` (the row the judge
+        read, or None for "no row") the claim is also a compare-and-set on that state: a
+        run that judged a row which another run has since claimed, finished or failed
+        wins nothing, so a step never executes twice for one judgement.
+        Success = a row came back.
         """
         ts = now or _now()
         owner = lock_owner()
@@ -316,7 +324,15 @@ class LedgerStore:
             recovery_count=1 if auto_recovery else 0,
             last_recovery_reason=reason if auto_recovery else None,
         )
-        may_take = step_run.c.status != "running"
+        may_take: sa.ColumnElement[bool] = step_run.c.status != "running"
+        if seen is None:
+            may_take = sa.false()  # the judge saw no row: only the insert may win
+        elif isinstance(seen, Mapping):
+            may_take = sa.and_(
+                may_take,
+                step_run.c.run_id.is_not_distinct_from(seen.get("run_id")),
+                step_run.c.updated_at == seen.get("updated_at"),
+            )
         # A steal needs both texts the judge read; a NULL started_at is never stealable.
         if allow_stale_steal and expected_started_at is not None and expected_run_id is not None:
             may_take = sa.or_(

@@ -53,7 +53,7 @@ from pipeline_defs.resume.errors import PipelineError
 from pipeline_defs.resume.partition import Episode, StepKey
 from pipeline_defs.resume.settings import ResumeSettings
 from pipeline_defs.steps.protocol import StepRuntime
-from pipeline_defs.steps.spec import Step
+from pipeline_defs.steps.spec import Step, order_steps
 from resources.checkpoints.envelope import Checkpoint
 from resources.checkpoints.store import CheckpointStore
 from resources.ledger.store import LedgerStore
@@ -284,24 +284,6 @@ class StepEvaluation:
 
 
 # ----------------------------------------------------------------------------- step graph
-def order_steps(steps: Iterable[Step]) -> tuple[Step, ...]:
-    """Dependencies first, otherwise declaration order; refuses cycles."""
-    catalog = {s.step_id: s for s in steps}
-    done: dict[str, Step] = {}
-
-    def visit(step: Step, trail: tuple[str, ...]) -> None:
-        if step.step_id in done:
-            return
-        if step.step_id in trail:
-            raise PipelineError("input.invalid", f"step dependency cycle: {[*trail, step.step_id]}")
-        for dep in step.deps:
-            if dep in catalog:
-                visit(catalog[dep], (*trail, step.step_id))
-        done[step.step_id] = step
-
-    for step in catalog.values():
-        visit(step, ())
-    return tuple(done.values())
 
 
 def upstream_closure(steps: Sequence[Step]) -> dict[str, tuple[str, ...]]:

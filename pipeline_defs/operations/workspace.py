@@ -10,7 +10,7 @@ import importlib
 import logging
 import os
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -24,7 +24,7 @@ from pipeline_defs.resume.partition import Episode, validate_id
 from pipeline_defs.resume.settings import ResumeSettings
 from pipeline_defs.steps.assets import episodes
 from pipeline_defs.steps.protocol import StepRuntime
-from pipeline_defs.steps.spec import Step, load_step
+from pipeline_defs.steps.spec import Step, load_step, order_steps
 from resources.checkpoints.io_manager import STEP_METADATA_KEY
 from resources.checkpoints.store import CheckpointStore
 from resources.ledger.store import MIGRATIONS_DIR, LedgerStore
@@ -56,25 +56,6 @@ def load_definitions(spec: str | None = None) -> dg.Definitions:
     return target
 
 
-def _ordered(steps: Mapping[str, Step]) -> tuple[Step, ...]:
-    """Dependencies first, otherwise declaration order."""
-    done: dict[str, Step] = {}
-
-    def visit(step: Step, trail: tuple[str, ...]) -> None:
-        if step.step_id in done:
-            return
-        if step.step_id in trail:
-            raise PipelineError("input.invalid", f"step dependency cycle: {[*trail, step.step_id]}")
-        for dep in step.deps:
-            if dep in steps:
-                visit(steps[dep], (*trail, step.step_id))
-        done[step.step_id] = step
-
-    for step in steps.values():
-        visit(step, ())
-    return tuple(done.values())
-
-
 def _asset_specs(defs: dg.Definitions) -> list[dg.AssetSpec]:
     """Asset specs in declaration order (stable across processes)."""
     specs: list[dg.AssetSpec] = []
@@ -94,7 +75,7 @@ def steps_of(defs: dg.Definitions) -> tuple[Step, ...]:
         if path is None:
             continue
         found[spec.key.to_user_string()] = load_step(str(getattr(path, "value", path)))
-    return _ordered(found)
+    return order_steps(found.values())
 
 
 class _NoDefaultConfigNotice(logging.Filter):

@@ -365,29 +365,28 @@ class LedgerStore:
             won = conn.execute(statement).first()
         return won is not None and won[0] == run_id
 
+    def _settled_insert(self, key: StepKey, run_id: str, status: str, summary: str, ts: str) -> Any:
+        """INSERT of a finished row (adoption, not-applicable) with every NOT NULL column."""
+        return self._insert().values(
+            id=str(uuid.uuid4()),
+            project_id=key.project_id,
+            episode_id=key.episode_id,
+            step_id=key.step_id,
+            status=status,
+            run_id=run_id,
+            result_summary=summary,
+            completed_at=ts,
+            created_at=ts,
+            updated_at=ts,
+            recovery_count=0,
+        )
+
     def adopt(self, key: StepKey, run_id: str, *, summary: str, now: str | None = None) -> bool:
         """Record a verified orphan checkpoint as completed; never overwrites an existing row."""
-        ts = now or _now()
-        statement = (
-            self._insert()
-            .values(
-                id=str(uuid.uuid4()),
-                project_id=key.project_id,
-                episode_id=key.episode_id,
-                step_id=key.step_id,
-                status="completed",
-                run_id=run_id,
-                result_summary=summary,
-                completed_at=ts,
-                created_at=ts,
-                updated_at=ts,
-                recovery_count=0,
-            )
-            .on_conflict_do_nothing(
-                index_elements=[step_run.c.project_id, step_run.c.episode_id, step_run.c.step_id]
-            )
-            .returning(step_run.c.id)
-        )
+        statement = self._settled_insert(key, run_id, "completed", summary, now or _now())
+        statement = statement.on_conflict_do_nothing(
+            index_elements=[step_run.c.project_id, step_run.c.episode_id, step_run.c.step_id]
+        ).returning(step_run.c.id)
         with self._single() as conn:
             return conn.execute(statement).first() is not None
 
@@ -397,20 +396,7 @@ class LedgerStore:
         """Record that the step does not apply here; never touches a running row."""
         ts = now or _now()
         statement = (
-            self._insert()
-            .values(
-                id=str(uuid.uuid4()),
-                project_id=key.project_id,
-                episode_id=key.episode_id,
-                step_id=key.step_id,
-                status="not_applicable",
-                run_id=run_id,
-                result_summary=reason,
-                completed_at=ts,
-                created_at=ts,
-                updated_at=ts,
-                recovery_count=0,
-            )
+            self._settled_insert(key, run_id, "not_applicable", reason, ts)
             .on_conflict_do_update(
                 index_elements=[step_run.c.project_id, step_run.c.episode_id, step_run.c.step_id],
                 set_={

@@ -105,12 +105,12 @@ from pipeline_defs.resume.partition import Episode, StepKey  # noqa: E402
 from pipeline_defs.steps.assets import MODE_TAG, build_step_assets  # noqa: E402
 from pipeline_defs.steps.protocol import StepRuntime  # noqa: E402
 from pipeline_defs.storyboard import STORYBOARD_STEPS, sample_stories  # noqa: E402
-from pipeline_defs.storyboard.providers import LATENCY_ENV  # noqa: E402
 from resources.checkpoints.envelope import mask_secrets  # noqa: E402
 from resources.checkpoints.store import file_sha256  # noqa: E402
 from resources.ledger.store import engine_for  # noqa: E402
 from resources.ledger.tables import step_run  # noqa: E402
 from resources.pipeline import PipelineResource, checkpoints_for, ledger_for  # noqa: E402
+from resources.providers.base import LATENCY_ENV  # noqa: E402
 
 PROJECT = "bench"
 EPISODE_ID = "ep01"

@@ -32,6 +32,7 @@ from pipeline_defs.storyboard import (
     provider_models,
     sample_stories,
 )
+from pipeline_defs.storyboard.providers import offline_latency_ms
 from pipeline_defs.storyboard.story_source import parse_story
 from resources.providers import (
     OFFLINE_TEXT_MODEL,
@@ -158,15 +159,19 @@ def test_steps_match_the_spec_table_in_dependency_order() -> None:
 
 # ----------------------------------------------------------------------------- providers
 def test_default_models_read_latency_when_called(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PIPELINE_OFFLINE_LATENCY_MS", "7")
-    assert default_text_model() == OfflineTextModel(latency_ms=7)
-    assert default_image_model() == OfflineImageModel(latency_ms=7)
+    """Building the models (at import of the code location) reads no environment; each
+    call does, so a changed PIPELINE_OFFLINE_LATENCY_MS applies without a reload."""
     monkeypatch.setenv("PIPELINE_OFFLINE_LATENCY_MS", "-3")
+    text, image = default_text_model(), default_image_model()  # building never reads it
+    assert text == OfflineTextModel() and image == OfflineImageModel()
     with pytest.raises(PipelineError) as info:
-        default_text_model()
+        text.complete(_canon_call("ep01"))
     assert info.value.code == "settings.invalid"
+    assert "PIPELINE_OFFLINE_LATENCY_MS" in info.value.message
+    monkeypatch.setenv("PIPELINE_OFFLINE_LATENCY_MS", "7")
+    assert offline_latency_ms() == 7
     monkeypatch.delenv("PIPELINE_OFFLINE_LATENCY_MS")
-    assert default_text_model().latency_ms == 0
+    assert offline_latency_ms() == 0
 
 
 def test_provider_selection_follows_the_project(monkeypatch: pytest.MonkeyPatch) -> None:

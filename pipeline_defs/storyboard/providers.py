@@ -22,33 +22,24 @@ from resources.providers import (
     OpenAITextModel,
     TextModel,
 )
+from resources.providers.base import simulated_latency_ms
 
-LATENCY_ENV = "PIPELINE_OFFLINE_LATENCY_MS"
 API_KEY_ENV = "PIPELINE_PROVIDER_API_KEY"
 
 
 def offline_latency_ms() -> int:
     """``PIPELINE_OFFLINE_LATENCY_MS`` read now (not at import); invalid values refuse."""
-    raw = os.environ.get(LATENCY_ENV, "").strip()
-    if not raw:
-        return 0
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise PipelineError(
-            "settings.invalid", f"{LATENCY_ENV} must be a non-negative integer, got {raw!r}"
-        )
-    return value
+    return simulated_latency_ms(None)
 
 
 def default_text_model() -> TextModel:
-    return OfflineTextModel(latency_ms=offline_latency_ms())
+    """Offline text model; its latency comes from the environment at each call."""
+    return OfflineTextModel()
 
 
 def default_image_model() -> ImageModel:
-    return OfflineImageModel(latency_ms=offline_latency_ms())
+    """Offline image model; its latency comes from the environment at each call."""
+    return OfflineImageModel()
 
 
 def provider_models(config: ProviderConfig) -> tuple[TextModel, ImageModel]:

@@ -5,6 +5,7 @@ OpenAI-compatible endpoint are interchangeable, and every call yields ``units`` 
 can count (spec §8).
 """
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -119,3 +120,27 @@ class ImageModel(dg.ConfigurableResource):
     def model_name(self) -> str:
         """Model name recorded in the ledger and checkpoint metadata."""
         raise NotImplementedError(f"{type(self).__name__} does not implement model_name")
+
+
+LATENCY_ENV = "PIPELINE_OFFLINE_LATENCY_MS"
+
+
+def simulated_latency_ms(configured: int | None) -> int:
+    """Offline models' simulated latency: the configured value, else the environment.
+
+    Read per call, never when the code location is imported; an invalid value refuses.
+    """
+    if configured is not None:
+        return configured
+    raw = os.environ.get(LATENCY_ENV, "").strip()
+    if not raw:
+        return 0
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise PipelineError(
+            "settings.invalid", f"{LATENCY_ENV} must be a non-negative integer, got {raw!r}"
+        )
+    return value

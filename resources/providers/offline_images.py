@@ -13,7 +13,7 @@ import time
 from PIL import Image, ImageDraw, ImageFont
 from pydantic import Field
 
-from .base import ImageCall, ImageModel, ImageReply, check_image_size
+from .base import ImageCall, ImageModel, ImageReply, check_image_size, simulated_latency_ms
 
 OFFLINE_IMAGE_MODEL = "offline-image-v1"
 
@@ -154,8 +154,10 @@ def render_png(call: ImageCall) -> bytes:
 class OfflineImageModel(ImageModel):
     """Deterministic Pillow-drawn images: no network, no wall clock, no global randomness."""
 
-    latency_ms: int = Field(
-        default=0, description="Simulated model latency per call (PIPELINE_OFFLINE_LATENCY_MS)"
+    latency_ms: int | None = Field(
+        default=None,
+        ge=0,
+        description="Simulated latency per call; None = PIPELINE_OFFLINE_LATENCY_MS at call time",
     )
 
     @property
@@ -166,6 +168,7 @@ class OfflineImageModel(ImageModel):
     def generate(self, call: ImageCall) -> ImageReply:
         """Render ``call`` deterministically, after the configured simulated latency."""
         png = render_png(call)
-        if self.latency_ms > 0:
-            time.sleep(self.latency_ms / 1000)
+        delay = simulated_latency_ms(self.latency_ms)
+        if delay > 0:
+            time.sleep(delay / 1000)
         return ImageReply(png=png, units=1, model=OFFLINE_IMAGE_MODEL)

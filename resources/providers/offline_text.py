@@ -21,7 +21,15 @@ from typing import Any
 
 from pydantic import Field
 
-from .base import CONFIG_ERROR, INVALID_INPUT, TextCall, TextModel, TextReply, provider_error
+from .base import (
+    CONFIG_ERROR,
+    INVALID_INPUT,
+    TextCall,
+    TextModel,
+    TextReply,
+    provider_error,
+    simulated_latency_ms,
+)
 
 OFFLINE_TEXT_MODEL = "offline-text-v1"
 
@@ -462,8 +470,10 @@ HANDLERS: Mapping[str, Callable[[Mapping[str, Any]], dict[str, Any]]] = {
 class OfflineTextModel(TextModel):
     """Deterministic text 'model': same call, same JSON; no network, clock or global RNG."""
 
-    latency_ms: int = Field(
-        default=0, ge=0, description="Simulated latency per call (PIPELINE_OFFLINE_LATENCY_MS)"
+    latency_ms: int | None = Field(
+        default=None,
+        ge=0,
+        description="Simulated latency per call; None = PIPELINE_OFFLINE_LATENCY_MS at call time",
     )
 
     @property
@@ -490,6 +500,7 @@ class OfflineTextModel(TextModel):
         # Rough token count, deterministic, so the cost ledger has something to add up.
         size = len(call.prompt) + len(json.dumps(dict(call.payload), default=str))
         units = max(1, (size + len(json.dumps(data))) // 4)
-        if self.latency_ms > 0:
-            time.sleep(self.latency_ms / 1000)
+        delay = simulated_latency_ms(self.latency_ms)
+        if delay > 0:
+            time.sleep(delay / 1000)
         return TextReply(data=data, units=units, model=OFFLINE_TEXT_MODEL)

@@ -20,6 +20,7 @@ import sqlalchemy as sa
 import yaml
 
 from pipeline_defs.definitions import build_resources
+from pipeline_defs.operations.inspect import DECISION_ACTIONS
 from pipeline_defs.resume.decision import LaunchMode, ResumeDecision
 from pipeline_defs.resume.partition import Episode, StepKey
 from pipeline_defs.steps.assets import build_step_assets
@@ -45,18 +46,6 @@ STEPS = {s.step_id: s for s in STORYBOARD_STEPS}
 STEP_IDS = tuple(STEPS)
 PRE_REVIEW = STEP_IDS[: STEP_IDS.index("t2i_review")]
 ASSETS = build_step_assets(STORYBOARD_STEPS)
-DECISION_ACTIONS = frozenset(
-    {
-        "skip",
-        "adopt",
-        "block",
-        "rerun_self",
-        "force_explicit",
-        "stale_running_recovery",
-        "not_applicable",
-        "claim_rejected",
-    }
-)
 _SHM = Path("/dev/shm")
 # The run's event log in memory: Dagster's per-event SQLite commits dominate test time.
 FAST_EVENT_LOG = {

@@ -116,7 +116,8 @@ class LedgerStore:
 
     @property
     def is_sqlite(self) -> bool:
-        return self.engine.dialect.name == "sqlite"
+        """From the URL, as ``engine_for`` decides: no engine lookup on the claim path."""
+        return self.url.startswith("sqlite")
 
     def _insert(self) -> Any:
         return (sqlite.insert if self.is_sqlite else postgresql.insert)(step_run)

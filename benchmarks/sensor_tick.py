@@ -49,10 +49,13 @@ from pipeline_defs.resume.completion import CompletionReport, Origin  # noqa: E4
 from pipeline_defs.resume.decision import config_hash  # noqa: E402
 from pipeline_defs.resume.errors import PipelineError  # noqa: E402
 from pipeline_defs.resume.partition import StepKey  # noqa: E402
+from pipeline_defs.resume.settings import ResumeSettings  # noqa: E402
 from pipeline_defs.steps.assets import build_step_assets  # noqa: E402
 from pipeline_defs.steps.context import StepContext  # noqa: E402
+from pipeline_defs.steps.protocol import StepRuntime  # noqa: E402
 from pipeline_defs.steps.spec import Step  # noqa: E402
 from resources.checkpoints.envelope import Artifact, Checkpoint, mask_secrets  # noqa: E402
+from resources.checkpoints.store import CheckpointStore  # noqa: E402
 from resources.ledger.store import LedgerStore  # noqa: E402
 from resources.ledger.tables import step_run  # noqa: E402
 from resources.pipeline import PipelineResource  # noqa: E402
@@ -130,6 +133,9 @@ def generate(home: Path, ledger: LedgerStore, episodes: int) -> list[str]:
     png_sha256 = hashlib.sha256(PNG).hexdigest()
     for n, pk in enumerate(keys):
         project, episode = pk.split("/")
+        inputs = home / "projects" / project / "episodes" / episode
+        inputs.mkdir(parents=True, exist_ok=True)
+        (inputs / "story.md").write_text(f"# {episode}\n\nOnce upon a time.\n")
         # Rows finished over the past days (newest first), like a real ledger.
         ts = format_timestamp(base - timedelta(seconds=60 * n))
         for step in STEPS:
@@ -176,6 +182,29 @@ def generate(home: Path, ledger: LedgerStore, episodes: int) -> list[str]:
                     "recovery_count": 0,
                 }
             )
+    # Seal every row as its run would have (the same store call, after the files settled:
+    # a run seals right after its exit verification).
+    time.sleep(0.05)
+    store = CheckpointStore(home)
+    catalog = {step.step_id: step for step in STEPS}
+    runtimes = {
+        step.step_id: StepRuntime(
+            step,
+            steps=catalog,
+            settings=ResumeSettings(home=home),
+            ledger=ledger,
+            checkpoints=store,
+        )
+        for step in STEPS
+    }
+    for row in rows:
+        key = StepKey(row["project_id"], row["episode_id"], row["step_id"])
+        runtime = runtimes[key.step_id]
+        checkpoint = store.load(key)
+        assert checkpoint is not None
+        reads = runtime.verifier_reads(runtime.context(key))
+        row["checkpoint_seal"] = store.seal(checkpoint, reads)
+        assert row["checkpoint_seal"], key
     with ledger.engine.begin() as conn:  # synthetic bulk load (the benchmark's own SQL)
         for start in range(0, len(rows), 5000):
             conn.execute(sa.insert(step_run), rows[start : start + 5000])

@@ -54,7 +54,7 @@ from pipeline_defs.resume.partition import Episode, StepKey
 from pipeline_defs.resume.settings import ResumeSettings
 from pipeline_defs.steps.protocol import StepRuntime
 from pipeline_defs.steps.spec import Step, order_steps
-from resources.checkpoints.envelope import Checkpoint
+from resources.checkpoints.seal import Seal
 from resources.checkpoints.store import CheckpointStore
 from resources.ledger.store import LedgerStore
 
@@ -117,20 +117,9 @@ class Facts:
 
     @classmethod
     def observe(
-        cls,
-        row: Mapping[str, Any] | None,
-        checkpoint: Checkpoint | None,
-        broken: PipelineError | None,
-        directory: Identity,
+        cls, row: Mapping[str, Any] | None, seen: str | None, directory: Identity
     ) -> "Facts":
-        if broken is not None:
-            seen: str | None = f"broken:{broken.code}:{broken.message}"
-        elif checkpoint is not None:
-            # Which version: a rewrite (rename) also changes ``directory``; an in-place
-            # mutation appends to ``mutations``. Cheap: no content hash recomputed.
-            seen = f"{checkpoint.created_at}|{checkpoint.run_id}|{len(checkpoint.mutations)}"
-        else:
-            seen = None
+        """``seen``: which checkpoint version (``Checkpoint.version``) or breakage was judged."""
         if row is None:
             return cls(checkpoint=seen, directory=tuple(directory))
         return cls(
@@ -410,8 +399,11 @@ class BatchJudge:
     owner (the sensor) pays for unchanged project files and envelopes only once.
     """
 
-    def __init__(self, steps: Sequence[Step], stores: Stores) -> None:
+    def __init__(self, steps: Sequence[Step], stores: Stores, *, trust_seals: bool = True) -> None:
         self.steps = order_steps(steps)
+        # Seals let a clean, unchanged checkpoint be judged from stat calls alone; off, every
+        # envelope is read and verified (resources.checkpoints.seal).
+        self.trust_seals = trust_seals
         self.stores = stores
         self.upstream = upstream_closure(self.steps)
         self.projects = _ProjectCache(stores.checkpoints.home)
@@ -460,10 +452,17 @@ class BatchJudge:
                 out.extend(self._partition(pk, now, rows, where))
         return out
 
-    def _note_artifact_dirs(self, step_id: str, checkpoint: Checkpoint) -> None:
+    def _sealed(self, key: StepKey, row: Mapping[str, Any] | None) -> Seal | None:
+        """The row's seal when it still holds (then the checkpoint is not read at all)."""
+        if not self.trust_seals or row is None or row.get("status") != "completed":
+            return None
+        text = row.get("checkpoint_seal")
+        return self.stores.checkpoints.sealed(key, text) if text else None
+
+    def _note_artifact_dirs(self, step_id: str, paths: Iterable[str]) -> None:
         known = self.artifact_dirs.setdefault(step_id, set())
-        for artifact in checkpoint.artifacts:
-            parent = posixpath.dirname(posixpath.normpath(artifact.path))
+        for path in paths:
+            parent = posixpath.dirname(posixpath.normpath(path))
             if parent and parent not in known and not parent.startswith(".."):
                 known.add(parent)
 
@@ -487,28 +486,37 @@ class BatchJudge:
         for step in self.steps:
             step_id = step.step_id
             row: Mapping[str, Any] | None = None
-            checkpoint: Checkpoint | None = None
-            broken: PipelineError | None = None
+            seen: str | None = None  # which checkpoint version (or breakage) was judged
             try:
                 key = (episode or Episode.parse(pk)).step(step_id)  # a bad key raises, typed
                 row = rows.get(key)
                 runtime = self.runtimes[step_id]
-                checkpoint, broken = runtime.load_checkpoint(key)
-                if checkpoint is not None:
-                    self._note_artifact_dirs(step_id, checkpoint)
                 self.judged += 1
-                decision = runtime.judge(
-                    key, mode=LaunchMode.RESUME, row=row, now=now, loaded=(checkpoint, broken)
-                ).decision
+                sealed = self._sealed(key, row)
+                if sealed is not None:
+                    seen = sealed.version
+                    self._note_artifact_dirs(step_id, sealed.artifacts)
+                    judgement = runtime.judge(
+                        key, mode=LaunchMode.RESUME, row=row, now=now, sealed=sealed
+                    )
+                else:
+                    checkpoint, broken = runtime.load_checkpoint(key)
+                    if broken is not None:
+                        seen = f"broken:{broken.code}:{broken.message}"
+                    elif checkpoint is not None:
+                        seen = checkpoint.version
+                        self._note_artifact_dirs(step_id, [a.path for a in checkpoint.artifacts])
+                    judgement = runtime.judge(
+                        key, mode=LaunchMode.RESUME, row=row, now=now, loaded=(checkpoint, broken)
+                    )
+                decision = judgement.decision
             except Exception as exc:  # one bad partition must not sink the tick
                 decision = _unjudgeable(exc)
-            facts = observed[step_id] = Facts.observe(
-                row, checkpoint, broken, directories(pk, step_id)
-            )
+            facts = observed[step_id] = Facts.observe(row, seen, directories(pk, step_id))
             waits = tuple(u for u in self.upstream[step_id] if not settled.get(u, False))
             verdict, detail = _verdict(decision, waits, done)
             settled[step_id] = verdict is Verdict.SKIP or (
-                verdict is Verdict.NOT_APPLICABLE and checkpoint is not None
+                verdict is Verdict.NOT_APPLICABLE and seen is not None
             )
             done[step_id] = StepEvaluation(
                 step_id=step_id,

@@ -37,6 +37,7 @@ class JudgeSpec:
     home: str
     ledger_url: str
     settings: ResumeSettings
+    trust_seals: bool = True
 
 
 @dataclass
@@ -80,7 +81,7 @@ def judge_chunk(
         ledger=LedgerStore(spec.ledger_url),
         checkpoints=CheckpointStore(Path(spec.home)),
     )
-    judge = BatchJudge(spec.steps, stores)
+    judge = BatchJudge(spec.steps, stores, trust_seals=spec.trust_seals)
     evaluations = judge.evaluate(
         keys, now, rows, directories=lambda pk, step: directories.get(pk, {}).get(step, ABSENT)
     )

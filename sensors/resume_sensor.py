@@ -121,19 +121,23 @@ def build_resume_sensor(
     full_refresh_seconds: float = 600.0,
     tick_budget_seconds: float = 40.0,
     workers: int | None = None,
+    trust_seals: bool = True,
     clock: Callable[[], datetime] = utc_now,
 ) -> dg.SensorDefinition:
     """The resume sensor over ``steps`` (the assets of :func:`build_step_assets`).
 
     ``full_refresh_seconds``: re-judge everything this often; ``tick_budget_seconds``: stop
     judging after this long and continue next tick; ``workers``: judge processes for big
-    batches (None: one per CPU, at most 8; 1: never); ``clock``: for tests.
+    batches (None: one per CPU, at most 8; 1: never); ``trust_seals``: judge clean published
+    checkpoints whose files are unchanged from their seal (False: read and verify every
+    envelope on each full judgement); ``clock``: for tests.
     """
     ordered = order_steps(steps)
     config = TickConfig(
         full_refresh_seconds=full_refresh_seconds,
         budget_seconds=tick_budget_seconds,
         workers=workers,
+        trust_seals=trust_seals,
     )
     selection = [dg.AssetKey(s.step_id) for s in ordered]
 

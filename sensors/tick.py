@@ -98,6 +98,9 @@ class TickConfig:
     # Stop judging after this long; the rest is judged on the next ticks (Dagster gives a
     # sensor evaluation 60 s by default, a cold tick over many partitions can take longer).
     budget_seconds: float = 40.0
+    # Judge a clean published checkpoint from its seal (stat calls) while its files are
+    # unchanged; False reads and verifies every envelope on every full judgement.
+    trust_seals: bool = True
 
 
 @dataclass(frozen=True)
@@ -224,7 +227,7 @@ class ResumeTicker:
     """One sensor's evaluation state across ticks (kept in process memory)."""
 
     def __init__(self, steps: Sequence[Step], stores: Stores, config: TickConfig) -> None:
-        self.judge = BatchJudge(steps, stores)
+        self.judge = BatchJudge(steps, stores, trust_seals=config.trust_seals)
         self.stores = stores
         self.config = config
         self.scope = scope_of(self.judge.steps, stores)
@@ -483,6 +486,7 @@ class ResumeTicker:
                 home=str(self.stores.checkpoints.home),
                 ledger_url=self.stores.ledger.url,
                 settings=self.stores.settings,
+                trust_seals=self.config.trust_seals,
             )
             self._judge_pool = JudgePool(spec, self.config.workers or default_workers())
         return self._judge_pool

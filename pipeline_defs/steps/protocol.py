@@ -7,12 +7,18 @@ owner-aware ``failed`` and re-raises. Dagster-free: the asset factory adapts it.
 """
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
-from pipeline_defs.project import ProjectConfig, load_project_config, scoped_fingerprints
+from pipeline_defs.project import (
+    ProjectConfig,
+    load_project_config,
+    project_config_path,
+    scoped_fingerprints,
+)
 from pipeline_defs.resume.clock import format_timestamp
 from pipeline_defs.resume.completion import (
     CompletionReport,
@@ -36,6 +42,7 @@ from pipeline_defs.resume.settings import ResumeSettings
 from pipeline_defs.steps.context import ProviderMeter, StepContext
 from pipeline_defs.steps.spec import Mutation, Step, StepResult
 from resources.checkpoints.envelope import Checkpoint, mask_secrets
+from resources.checkpoints.seal import Seal
 from resources.checkpoints.store import CheckpointStore
 from resources.ledger.store import LedgerStore
 from resources.providers import ImageModel, TextModel
@@ -167,6 +174,17 @@ class StepRuntime:
         reports.append(self.step.verify_completion(ctx, checkpoint))
         return merge_reports(*reports)
 
+    def verifier_reads(self, ctx: StepContext) -> tuple[Path, ...]:
+        """What a verdict of this step may depend on besides its checkpoint and artifacts:
+        the project config, the episode's input directory and files, ``Step.verify_reads``."""
+        inputs = ctx.episode_dir
+        try:
+            files = sorted(p for p in inputs.iterdir() if p.is_file())
+        except OSError:
+            files = []
+        found = [project_config_path(ctx.home, ctx.key.project_id), inputs, *files]
+        return tuple(dict.fromkeys([*found, *self.step.verify_reads(ctx)]))
+
     def load_checkpoint(self, key: StepKey) -> tuple[Checkpoint | None, PipelineError | None]:
         try:
             return self.checkpoints.load(key), None
@@ -181,11 +199,40 @@ class StepRuntime:
         row: Mapping[str, Any] | None,
         now: datetime | None = None,
         loaded: tuple[Checkpoint | None, PipelineError | None] | None = None,
+        sealed: Seal | None = None,
     ) -> Judgement:
-        """Gather the inputs of ``decide`` and call it. Reads only; never writes."""
+        """Gather the inputs of ``decide`` and call it. Reads only; never writes.
+
+        ``sealed``: a seal of this key's checkpoint that still holds (read-only judges):
+        the publishing run's clean verification stands in for reading and verifying again.
+        """
         ctx = self.context(key)
         config = self.scoped_config(ctx.project)
-        checkpoint, broken = loaded if loaded is not None else self.load_checkpoint(key)
+        checkpoint, summary, verify = self._evidence(ctx, config, loaded, sealed)
+        decision = decide(
+            mode=mode,
+            applicable=self.step.is_applicable(ctx),
+            row=row,
+            checkpoint=summary,
+            verify=verify,
+            step=self.step,
+            config=config,
+            settings=self.settings,
+            now=now or self.clock(),
+        )
+        return Judgement(key, decision, checkpoint, row)
+
+    def _evidence(
+        self,
+        ctx: StepContext,
+        config: ScopedConfig,
+        loaded: tuple[Checkpoint | None, PipelineError | None] | None,
+        sealed: Seal | None,
+    ) -> tuple[Checkpoint | None, CheckpointSummary, Callable[[], CompletionReport]]:
+        """The checkpoint, its summary and a lazy verifier: what ``decide`` judges from."""
+        if sealed is not None:
+            return None, sealed.summary, lambda: CompletionReport.clean(sealed=True)
+        checkpoint, broken = loaded if loaded is not None else self.load_checkpoint(ctx.key)
         if broken is not None:
             # A corrupt checkpoint is present but unusable: let the verifier's slot report
             # it with the error's origin, so the table classifies it (never "absent").
@@ -199,28 +246,15 @@ class StepRuntime:
             origin = (
                 Origin(broken.origin) if broken.origin in set(Origin) else Origin.CONTRACT_DRIFT
             )
+            return None, summary, lambda: CompletionReport.incomplete(origin, (broken.message,))
+        if checkpoint is None:
 
-            def verify() -> CompletionReport:
-                return CompletionReport.incomplete(origin, (broken.message,))
-        else:
-            summary = checkpoint.summary() if checkpoint is not None else CheckpointSummary.absent()
+            def absent() -> CompletionReport:  # the table never verifies an absent checkpoint
+                raise AssertionError(f"{ctx.key}: asked to verify an absent checkpoint")
 
-            def verify() -> CompletionReport:
-                assert checkpoint is not None
-                return self.verify(ctx, checkpoint)
-
-        decision = decide(
-            mode=mode,
-            applicable=self.step.is_applicable(ctx),
-            row=row,
-            checkpoint=summary,
-            verify=verify,
-            step=self.step,
-            config=config,
-            settings=self.settings,
-            now=now or self.clock(),
-        )
-        return Judgement(key, decision, checkpoint, row)
+            return None, CheckpointSummary.absent(), absent
+        found = checkpoint
+        return found, found.summary(), lambda: self.verify(ctx, found)
 
     # ------------------------------------------------------------------ running
     def gate(self, key: StepKey) -> None:
@@ -442,7 +476,14 @@ class StepRuntime:
             "completed_count": result.completed,
             "failed_count": result.failed_count,
         }
-        published = self._publish(key, run, status, checkpoint, result.summary, counts)
+        # A clean completed result is sealed: its files' identities go into the row, so a
+        # read-only judge can trust this verification while they stay unchanged.
+        reads = (
+            self.verifier_reads(ctx)
+            if status == "completed" and report is not None and report.is_complete
+            else None
+        )
+        published = self._publish(key, run, status, checkpoint, result.summary, counts, reads)
         if not published:
             raise PipelineError(
                 "step.ownership_lost", f"{key}: run {run.run_id} lost its claim; nothing published"
@@ -487,13 +528,26 @@ class StepRuntime:
         checkpoint: Checkpoint,
         summary: str,
         counts: Mapping[str, int],
+        reads: Sequence[Path] | None = None,
     ) -> bool:
+        """Status + checkpoint (+ seal when ``reads`` is given: verified clean) in one step."""
         kwargs: dict[str, Any] = {"summary": summary or None, **counts}
-        if status == "failed" or self.checkpoints.is_unchanged(checkpoint):
+        if status == "failed":
             return self.ledger.transition(key, run.run_id, status, **kwargs)
+        if self.checkpoints.is_unchanged(checkpoint):
+            kept = self.checkpoints.load(key)  # same content; its provenance stays on disk
+            seal = self.checkpoints.seal(kept, reads) if kept and reads is not None else None
+            return self.ledger.transition(key, run.run_id, status, seal=seal, **kwargs)
         staged = self.checkpoints.stage(checkpoint)
         try:
-            return self.ledger.transition(key, run.run_id, status, publish=staged.commit, **kwargs)
+            seal = (
+                self.checkpoints.seal(checkpoint, reads, file=staged.temp)
+                if reads is not None
+                else None
+            )
+            return self.ledger.transition(
+                key, run.run_id, status, publish=staged.commit, seal=seal, **kwargs
+            )
         finally:
             staged.discard()
 

@@ -7,6 +7,7 @@ protocol; a step never copies it.
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pipeline_defs.resume.completion import CompletionReport, Origin
@@ -80,6 +81,16 @@ class Step:
     def verify_completion(self, ctx: "StepContext", checkpoint: "Checkpoint") -> CompletionReport:
         """Default: a present checkpoint is clean. Override to check files, rows, sentinels."""
         return CompletionReport.clean()
+
+    def verify_reads(self, ctx: "StepContext") -> tuple[Path, ...]:
+        """Files ``verify_completion`` reads beyond its usual inputs.
+
+        Part of the verifier's contract: the seal of a published checkpoint covers the
+        checkpoint, its artifacts, the project config, the episode's input directory and
+        the files in it, plus these (resources.checkpoints.seal); a verifier reading
+        anything else must list it here, or a sealed verdict could outlive a change.
+        """
+        return ()
 
     def validate_data(self, data: Mapping[str, Any], *, source: str) -> None:
         """Check sentinels in ``data``; raise ``io.integrity_violation`` naming ``source``."""

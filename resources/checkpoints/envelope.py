@@ -95,6 +95,11 @@ class Checkpoint:
         return str(value) if value is not None else None
 
     @property
+    def version(self) -> str:
+        """Which version of this step's envelope: a rewrite or an in-place mutation changes it."""
+        return f"{self.created_at}|{self.run_id}|{len(self.mutations)}"
+
+    @property
     def content_hash(self) -> str:
         """Hash of what downstream consumes: schema, status, data and artifact contents."""
         return sha256_text(

@@ -12,7 +12,8 @@ import os
 import stat as stat_module
 import tempfile
 import threading
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from pipeline_defs.resume.decision import CheckpointSummary
 from pipeline_defs.resume.errors import PipelineError
 from pipeline_defs.resume.partition import StepKey
 from resources.checkpoints.envelope import Artifact, Checkpoint
+from resources.checkpoints.seal import BACKDATE_NS, FileIdentity, Seal, identity_of, make_seal
 
 CHECKPOINT_FILE = "checkpoint.json"
 FORCE_MARKER = ".force_cleared"
@@ -216,6 +218,10 @@ class CheckpointStore:
         with os.fdopen(fd, "wb") as handle:
             handle.write(checkpoint.to_json().encode("utf-8"))
             handle.flush()
+            # mtime one second in the past: any later in-place write moves it, so the
+            # file's identity can seal it at once (see resources.checkpoints.seal).
+            past = time.time_ns() - BACKDATE_NS
+            os.utime(handle.fileno(), ns=(past, past))
             os.fsync(handle.fileno())
 
         def after_commit() -> None:
@@ -227,6 +233,43 @@ class CheckpointStore:
         if target.is_file():  # even an unreadable one: it is evidence, never destroyed
             self.archive(checkpoint.key, "replaced")
         return StagedCheckpoint(Path(temp), target, after_commit)
+
+    # ------------------------------------------------------------------ seals
+    def seal(
+        self,
+        checkpoint: Checkpoint,
+        reads: Iterable[Path] = (),
+        *,
+        file: Path | None = None,
+    ) -> str | None:
+        """Seal text of a checkpoint its run has just verified clean (None: not sealable).
+
+        ``file`` is where the envelope is now (a staged temp file keeps its identity when it
+        is renamed into place); default the published checkpoint. ``reads``: the other files
+        the step's verifier reads.
+        """
+        sealed = make_seal(
+            home=self.home,
+            checkpoint_file=file or self.path_for(checkpoint.key),
+            summary=checkpoint.summary(),
+            version=checkpoint.version,
+            artifacts={a.path: a.sha256 for a in checkpoint.artifacts},
+            reads=tuple(reads),
+            sealed_ns=time.time_ns(),
+        )
+        return None if sealed is None else sealed.encode()
+
+    def sealed(
+        self,
+        key: StepKey,
+        text: Any,
+        identity: Callable[[str], FileIdentity | None] = identity_of,
+    ) -> Seal | None:
+        """The seal of ``key``'s checkpoint if every file it names is unchanged, else None."""
+        seal = Seal.decode(text)
+        if seal is None or not seal.holds(str(self.home), str(self.path_for(key)), identity):
+            return None
+        return seal
 
     def _load_quietly(self, key: StepKey) -> Checkpoint | None:
         try:

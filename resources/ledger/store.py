@@ -353,6 +353,7 @@ class LedgerStore:
             "lock_owner": owner,
             "completed_at": None,
             "error_message": None,
+            "checkpoint_seal": None,
             "recovery_count": step_run.c.recovery_count + (1 if auto_recovery else 0),
         }
         if auto_recovery:
@@ -434,9 +435,13 @@ class LedgerStore:
         resolved_model: str | None = None,
         input_hash: str | None = None,
         publish: Callable[[], Any] | None = None,
+        seal: str | None = None,
         now: str | None = None,
     ) -> bool:
         """Move the row to ``status`` if this run still owns it.
+
+        ``seal`` (resources.checkpoints.seal) describes the clean checkpoint this transition
+        publishes or keeps; every transition writes it, so any other status clears it.
 
         With ``publish`` the owner's row is locked first, the status written, ``publish``
         run (the checkpoint rename) and everything committed together, so a worker whose
@@ -444,7 +449,12 @@ class LedgerStore:
         Returns False (and runs nothing) when the row no longer names this owner.
         """
         ts = now or _now()
-        values: dict[str, Any] = {"status": status, "updated_at": ts, "error_message": error}
+        values: dict[str, Any] = {
+            "status": status,
+            "updated_at": ts,
+            "error_message": error,
+            "checkpoint_seal": seal,
+        }
         for column, value in (
             ("applicable_count", applicable_count),
             ("completed_count", completed_count),
@@ -550,7 +560,9 @@ class LedgerStore:
                 result = conn.execute(
                     sa.update(step_run)
                     .where(self._key_clause(key), step_run.c.status != "running")
-                    .values(status="stale", updated_at=ts, result_summary=reason)
+                    .values(
+                        status="stale", updated_at=ts, result_summary=reason, checkpoint_seal=None
+                    )
                 )
                 if result.rowcount == 1:
                     done.append(key)
@@ -568,7 +580,13 @@ class LedgerStore:
             result = conn.execute(
                 sa.update(step_run)
                 .where(self._key_clause(key), step_run.c.status == "running", started)
-                .values(status="failed", error_message=reason, updated_at=ts, completed_at=ts)
+                .values(
+                    status="failed",
+                    error_message=reason,
+                    updated_at=ts,
+                    completed_at=ts,
+                    checkpoint_seal=None,
+                )
             )
             return result.rowcount == 1
 

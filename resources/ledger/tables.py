@@ -39,6 +39,8 @@ step_run = sa.Table(
     sa.Column("retry_not_before", sa.Text),
     sa.Column("lock_owner", sa.Text),
     sa.Column("heartbeat_at", sa.Text),
+    # What the owner verified when it published (resources.checkpoints.seal); NULL = none.
+    sa.Column("checkpoint_seal", sa.Text),
     sa.UniqueConstraint("project_id", "episode_id", "step_id"),
 )
 sa.Index("ix_step_run_status", step_run.c.status)

@@ -1,0 +1,216 @@
+"""Checkpoint seals: what a run verified when it published, re-checkable with ``stat`` alone.
+
+A run publishes a completed checkpoint only after verifying it: the envelope, every
+artifact's sha256 and the files its verifier reads (``Step.verify_reads``). The seal records
+the stat identity ``(mtime_ns, size, inode)`` of each of those files plus the envelope's
+summary, and is written into the step's ledger row in the same transaction as the status.
+A read-only judge (the resume sensor, ``storyboard decide``) that finds every identity
+unchanged knows the verifier would read the same bytes, so the verdict still holds: a cold
+tick costs a few ``stat`` calls per step instead of parsing every envelope and hashing every
+image. Any difference (a file deleted, replaced, appended to, touched) voids the seal and
+the checkpoint is judged the long way, exactly as a run judges it.
+
+Why identities are enough: our writers replace files by rename (a new inode), and any
+in-place write moves mtime, except a write within the same filesystem timestamp tick as
+the recorded one. So a file written less than ``RACY_NS`` before sealing is "racily clean"
+(git's index has the same problem): its sha256 goes into the seal and the checker hashes
+it again. The staged envelope's mtime is set one second into the past when it is written,
+so the checkpoint file itself is never racy. Not covered, by contract: a verifier reading
+files other than its checkpoint, artifacts and ``verify_reads``; a forged mtime_ns.
+"""
+
+import hashlib
+import json
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipeline_defs.resume.decision import CheckpointSummary
+
+SEAL_VERSION = 1
+RACY_NS = 20_000_000  # two 100 Hz timestamp ticks: a file younger than this at sealing is re-hashed
+COARSE_RACY_NS = 2_000_000_000  # filesystems with whole-second timestamps
+BACKDATE_NS = 1_000_000_000  # how far a staged checkpoint's mtime is set into the past
+
+FileIdentity = tuple[int, int, int]  # (st_mtime_ns, st_size, st_ino)
+ABSENT: FileIdentity = (-1, -1, -1)  # a read that did not exist: its appearance voids the seal
+
+
+def identity_of(path: str | os.PathLike[str]) -> FileIdentity | None:
+    """(mtime_ns, size, inode) of a file or directory, or None when absent.
+
+    A directory's mtime moves whenever an entry is added, removed or renamed in it.
+    """
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+
+def is_racy(identity: FileIdentity, sealed_ns: int) -> bool:
+    """Could a same-size rewrite after ``sealed_ns`` keep this mtime? (same timestamp tick)"""
+    mtime = identity[0]
+    window = COARSE_RACY_NS if mtime % 1_000_000_000 == 0 else RACY_NS
+    return mtime > sealed_ns - window
+
+
+def _sha256(path: str) -> str | None:
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    except OSError:
+        return None
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class SealedFile:
+    """One file (or directory) the verdict depends on, relative to ``PIPELINE_HOME``."""
+
+    path: str
+    identity: FileIdentity
+    sha256: str | None = None  # set for racily clean files: the checker hashes them again
+
+
+@dataclass(frozen=True)
+class Seal:
+    """What a read-only judge needs of a clean, published checkpoint, without reading it."""
+
+    checkpoint: FileIdentity
+    summary: CheckpointSummary
+    version: str  # created_at|run_id|mutations: which version of the envelope (run keys)
+    artifacts: tuple[str, ...]  # artifact paths relative to the step directory
+    files: tuple[SealedFile, ...]
+    sealed_ns: int
+
+    # ------------------------------------------------------------------ text form
+    def encode(self) -> str:
+        s = self.summary
+        return json.dumps(
+            {
+                "v": SEAL_VERSION,
+                "at": self.sealed_ns,
+                "cp": list(self.checkpoint),
+                "sv": s.schema_version,
+                "st": s.status,
+                "ch": s.config_hash,
+                "fp": dict(s.config_fingerprints),
+                "ver": self.version,
+                "art": list(self.artifacts),
+                "files": [[f.path, *f.identity, f.sha256] for f in self.files],
+            },
+            separators=(",", ":"),
+            sort_keys=True,
+        )
+
+    @classmethod
+    def decode(cls, text: Any) -> "Seal | None":
+        """The seal, or None for no / unreadable / other-version text (= judge the long way)."""
+        if not isinstance(text, str) or not text:
+            return None
+        try:
+            raw = json.loads(text)
+            if not isinstance(raw, dict) or raw.get("v") != SEAL_VERSION:
+                return None
+            files = tuple(
+                SealedFile(str(p), (int(m), int(z), int(i)), None if h is None else str(h))
+                for p, m, z, i, h in raw["files"]
+            )
+            cp = raw["cp"]
+            fingerprints = raw["fp"]
+            if not isinstance(fingerprints, dict):
+                return None
+            return cls(
+                checkpoint=(int(cp[0]), int(cp[1]), int(cp[2])),
+                summary=CheckpointSummary(
+                    present=True,
+                    schema_version=int(raw["sv"]),
+                    status=str(raw["st"]),
+                    config_hash=str(raw["ch"]),
+                    config_fingerprints={str(k): str(v) for k, v in fingerprints.items()},
+                ),
+                version=str(raw["ver"]),
+                artifacts=tuple(str(a) for a in raw["art"]),
+                files=files,
+                sealed_ns=int(raw["at"]),
+            )
+        except (ValueError, TypeError, KeyError, IndexError):
+            return None
+
+    # ------------------------------------------------------------------ checking
+    def holds(
+        self,
+        home: str,
+        checkpoint_path: str,
+        identity: Callable[[str], FileIdentity | None] = identity_of,
+    ) -> bool:
+        """Every sealed file still has its identity (and racy ones their sha256).
+
+        ``identity``: how to stat a file (a caller judging many steps of one episode passes
+        a memo, so shared inputs are stat'ed once).
+        """
+        if identity_of(checkpoint_path) != self.checkpoint:
+            return False
+        for sealed in self.files:
+            path = f"{home}/{sealed.path}"
+            if (identity(path) or ABSENT) != sealed.identity:
+                return False
+            if sealed.sha256 is not None and _sha256(path) != sealed.sha256:
+                return False
+        return True
+
+
+def make_seal(
+    *,
+    home: Path,
+    checkpoint_file: Path,
+    summary: CheckpointSummary,
+    version: str,
+    artifacts: Mapping[str, str],
+    reads: Sequence[Path],
+    sealed_ns: int,
+) -> Seal | None:
+    """Seal of a verified checkpoint; None when a file is missing or the envelope is racy.
+
+    ``artifacts`` maps each artifact's path relative to the step directory to its recorded
+    sha256; ``reads`` are the other files and directories the step's verifier may read.
+    """
+    identity = identity_of(checkpoint_file)
+    if identity is None or is_racy(identity, sealed_ns):
+        return None
+    step_dir = checkpoint_file.parent
+    files: list[SealedFile] = []
+    wanted = [(step_dir / rel, sha, True) for rel, sha in artifacts.items()]
+    wanted += [(Path(path), None, False) for path in reads]
+    for path, recorded, required in wanted:
+        try:
+            relative = path.resolve().relative_to(home.resolve()).as_posix()
+        except ValueError:
+            return None  # outside PIPELINE_HOME: not sealable, judged the long way
+        found = identity_of(path)
+        if found is None:
+            if required:
+                return None
+            files.append(SealedFile(relative, ABSENT))
+            continue
+        sha: str | None = None
+        if is_racy(found, sealed_ns):
+            if path.is_dir():
+                return None  # an entry may change within the tick unseen; nothing to hash
+            sha = recorded or _sha256(str(path))
+            if sha is None:
+                return None
+        files.append(SealedFile(relative, found, sha))
+    return Seal(
+        checkpoint=identity,
+        summary=summary,
+        version=version,
+        artifacts=tuple(artifacts),
+        files=tuple(files),
+        sealed_ns=sealed_ns,
+    )

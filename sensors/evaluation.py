@@ -29,7 +29,7 @@ import json
 import os
 import posixpath
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -54,10 +54,22 @@ from pipeline_defs.resume.partition import Episode, StepKey
 from pipeline_defs.resume.settings import ResumeSettings
 from pipeline_defs.steps.protocol import StepRuntime
 from pipeline_defs.steps.spec import Step, order_steps
-from resources.checkpoints.seal import Seal
+from resources.checkpoints.seal import FileIdentity, Seal, identity_of
 from resources.checkpoints.store import CheckpointStore
 from resources.ledger.store import LedgerStore
 
+# The ledger columns a judgement reads (decide, run keys, wake times, seals): bulk readers
+# fetch only these.
+JUDGED_COLUMNS = (
+    "status",
+    "run_id",
+    "started_at",
+    "updated_at",
+    "recovery_count",
+    "last_recovery_reason",
+    "retry_not_before",
+    "checkpoint_seal",
+)
 LAUNCH_ACTIONS = frozenset({ResumeAction.RERUN_SELF, ResumeAction.STALE_RUNNING_RECOVERY})
 RUN_KEY_PREFIX = "resume"
 
@@ -164,6 +176,15 @@ class StepEvaluation:
     facts: Facts = field(default_factory=Facts)
     waits_on: tuple[str, ...] = ()
     upstream: tuple[Facts, ...] = ()  # the upstream steps' states (transitive, same partition)
+
+    @property
+    def slot(self) -> str:
+        """``step|partition``: how the sensor's cursor names a (step, partition)."""
+        return f"{self.step_id}|{self.partition_key}"
+
+    def worth_keeping(self, blocked: Container[str]) -> bool:
+        """Whether a tick acts on it: anything but a SKIP, or a SKIP that clears a block."""
+        return self.verdict is not Verdict.SKIP or self.slot in blocked
 
     @property
     def launch(self) -> bool:
@@ -404,6 +425,7 @@ class BatchJudge:
         # Seals let a clean, unchanged checkpoint be judged from stat calls alone; off, every
         # envelope is read and verified (resources.checkpoints.seal).
         self.trust_seals = trust_seals
+        self._shared: dict[str, FileIdentity | None] = {}
         self.stores = stores
         self.upstream = upstream_closure(self.steps)
         self.projects = _ProjectCache(stores.checkpoints.home)
@@ -433,7 +455,9 @@ class BatchJudge:
         episodes = [e for e in (_episode(pk) for pk in partition_keys) if e is not None]
         if not episodes:
             return {}
-        return self.stores.ledger.get_many(episodes=episodes, step_ids=self.step_ids)
+        return self.stores.ledger.get_many(
+            episodes=episodes, step_ids=self.step_ids, columns=JUDGED_COLUMNS
+        )
 
     def evaluate(
         self,
@@ -445,11 +469,15 @@ class BatchJudge:
         """Judge every step of every partition; ``rows`` must hold all their ledger rows."""
         now = as_utc(now)
         self.projects.refresh()
+        self._shared.clear()
         where = directories or self._directory
         out: list[StepEvaluation] = []
-        with gc_paused():
-            for pk in partition_keys:
-                out.extend(self._partition(pk, now, rows, where))
+        try:
+            with gc_paused():
+                for pk in partition_keys:
+                    out.extend(self._partition(pk, now, rows, where))
+        finally:
+            self._shared.clear()  # input identities are only valid for this evaluation
         return out
 
     def _sealed(self, key: StepKey, row: Mapping[str, Any] | None) -> Seal | None:
@@ -457,7 +485,15 @@ class BatchJudge:
         if not self.trust_seals or row is None or row.get("status") != "completed":
             return None
         text = row.get("checkpoint_seal")
-        return self.stores.checkpoints.sealed(key, text) if text else None
+        return self.stores.checkpoints.sealed(key, text, self._shared_identity) if text else None
+
+    def _shared_identity(self, path: str) -> FileIdentity | None:
+        """Stat of a project/episode input, once per evaluation (every step shares them)."""
+        try:
+            return self._shared[path]
+        except KeyError:
+            found = self._shared[path] = identity_of(path)
+            return found
 
     def _note_artifact_dirs(self, step_id: str, paths: Iterable[str]) -> None:
         known = self.artifact_dirs.setdefault(step_id, set())

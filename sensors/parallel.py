@@ -26,7 +26,7 @@ from pipeline_defs.resume.settings import ResumeSettings
 from pipeline_defs.steps.spec import Step
 from resources.checkpoints.store import CheckpointStore
 from resources.ledger.store import LedgerStore
-from sensors.evaluation import ABSENT, BatchJudge, Identity, StepEvaluation, Stores, Verdict
+from sensors.evaluation import ABSENT, BatchJudge, Identity, StepEvaluation, Stores
 
 
 @dataclass(frozen=True)
@@ -85,11 +85,7 @@ def judge_chunk(
     evaluations = judge.evaluate(
         keys, now, rows, directories=lambda pk, step: directories.get(pk, {}).get(step, ABSENT)
     )
-    wanted = [
-        ev
-        for ev in evaluations
-        if ev.verdict is not Verdict.SKIP or f"{ev.step_id}|{ev.partition_key}" in keep
-    ]
+    wanted = [ev for ev in evaluations if ev.worth_keeping(keep)]
     dirs = {k: sorted(v) for k, v in judge.artifact_dirs.items() if v}
     return ChunkResult(wanted, judge.judged, dirs, list(keys))
 

@@ -58,6 +58,7 @@ from pipeline_defs.resume.partition import Episode, StepKey
 from pipeline_defs.steps.spec import Step
 from sensors.evaluation import (
     ABSENT,
+    JUDGED_COLUMNS,
     BatchJudge,
     Identity,
     StepEvaluation,
@@ -73,17 +74,7 @@ from sensors.parallel import JudgePool, JudgeSpec, default_workers
 CURSOR_VERSION = 1
 _COMPRESS_ABOVE = 2048
 _BUDGET_SLICE = 100  # partitions judged between two looks at the clock
-_COLLECT_FROM = 1000  # judged partitions after which a tick runs a full GC collection
-# Row fields the judge reads (plus updated_at, part of the run key).
-_JUDGED_FIELDS = (
-    "status",
-    "run_id",
-    "started_at",
-    "updated_at",
-    "recovery_count",
-    "last_recovery_reason",
-    "retry_not_before",
-)
+_COLLECT_FROM = 1000  # judged partitions after which a tick collects the young GC generations
 
 
 @dataclass(frozen=True)
@@ -218,7 +209,7 @@ def _digest(parts: Iterable[str]) -> str:
 
 def _row_fingerprint(rows: Iterable[Mapping[str, Any]]) -> int:
     return hash(
-        tuple(sorted((str(r.get("step_id")), *(r.get(f) for f in _JUDGED_FIELDS)) for r in rows))
+        tuple(sorted((str(r.get("step_id")), *(r.get(f) for f in JUDGED_COLUMNS)) for r in rows))
     )
 
 
@@ -284,6 +275,48 @@ class ResumeTicker:
 
         return {pk: one(pk) for pk in keys}  # threads do not help: the GIL, not the syscalls
 
+    def _widen(
+        self,
+        scanned: Mapping[str, _Scan],
+        before: Mapping[str, Sequence[str]],
+        after: Mapping[str, Sequence[str]],
+    ) -> dict[str, _Scan]:
+        """The scans with newly found artifact sub-directories: only those are stat'ed.
+
+        Everything else keeps the identity seen before judging, so a change made while
+        the tick judged still shows up as a change next tick.
+        """
+        root = str(self.stores.checkpoints.root)
+        layout: list[tuple[str, int, list[tuple[str, int | None]]]] = []
+        position = 0
+        for step_id in self.judge.step_ids:
+            old = list(before.get(step_id, ()))
+            subs = [
+                (sub, position + 2 * (1 + old.index(sub)) if sub in old else None)
+                for sub in after.get(step_id, ())
+            ]
+            layout.append((step_id, position, subs))
+            position += 2 * (1 + len(old))
+        tail = position
+
+        def one(pk: str, scan: _Scan) -> _Scan:
+            episode = _episode(pk)
+            if episode is None or not scan.ints:
+                return scan
+            base = f"{root}/{episode.project_id}/{episode.episode_id}/"
+            ints: list[int] = []
+            for step_id, at, subs in layout:
+                ints.extend(scan.ints[at : at + 2])
+                for sub, sub_at in subs:
+                    if sub_at is None:
+                        ints.extend(_dir(f"{base}{step_id}/{sub}"))
+                    else:
+                        ints.extend(scan.ints[sub_at : sub_at + 2])
+            ints.extend(scan.ints[tail:])
+            return scan._replace(ints=tuple(ints))
+
+        return {pk: one(pk, scan) for pk, scan in scanned.items()}
+
     # ------------------------------------------------------------------ the tick
     def tick(self, partition_keys: Iterable[str], now: datetime, cursor: str | None) -> TickResult:
         """Judge what changed since ``cursor`` (everything without one); writes nothing."""
@@ -292,9 +325,10 @@ class ResumeTicker:
             with gc_paused():
                 result = self._tick(partition_keys, as_utc(now), cursor)
             if result.stats.evaluated_partitions >= _COLLECT_FROM:
-                # Settle the heap now (the envelope cache grew while the collector was
-                # paused), so the next, cheap ticks do not pay for a full collection.
-                gc.collect()
+                # Settle what this tick left alive (memos, cached envelopes) while the
+                # collector was paused, so the next, cheap ticks do not pay for it. Young
+                # generations only: the long-lived heap (Dagster's) needs no walk here.
+                gc.collect(1)
             result.stats.seconds = time.perf_counter() - started
             self.last_stats = result.stats
             return result
@@ -416,7 +450,7 @@ class ResumeTicker:
         # Block reports: only when the block state of a (step, partition) changes.
         checks: list[CheckChange] = []
         for ev in evaluations:
-            slot = f"{ev.step_id}|{ev.partition_key}"
+            slot = ev.slot
             signature = ev.block_signature
             if signature is not None:
                 if blocked.get(slot) != signature:
@@ -439,8 +473,8 @@ class ResumeTicker:
         }
         merged = {k: v for k, v in merged.items() if v}
         if merged != {k: list(v) for k, v in subdirs.items() if v}:
+            rescanned = self._widen(scanned, subdirs, merged)
             subdirs = merged
-            rescanned = self._scan(keys, subdirs, use_memo=False)
             for pk, scan in rescanned.items():
                 if pk in new_memos:
                     new_memos[pk].tree = scan.ints
@@ -531,7 +565,11 @@ class ResumeTicker:
             if start and time.perf_counter() >= deadline:
                 break
             part = chosen[start : start + _BUDGET_SLICE]
-            evaluations.extend(self.judge.evaluate(part, now, rows, directories=lookup))
+            evaluations.extend(  # SKIPs are left out, as the workers do: nothing to act on
+                ev
+                for ev in self.judge.evaluate(part, now, rows, directories=lookup)
+                if ev.worth_keeping(blocked)
+            )
             done.extend(part)
         return evaluations, self.judge.judged - before, done
 
@@ -588,7 +626,10 @@ class ResumeTicker:
             return {}
         stats.row_queries += 1
         rows = self.stores.ledger.get_many(
-            episodes=episodes, step_ids=self.judge.step_ids, changed_since=changed_since
+            episodes=episodes,
+            step_ids=self.judge.step_ids,
+            changed_since=changed_since,
+            columns=JUDGED_COLUMNS,
         )
         stats.rows_fetched += len(rows)
         return rows

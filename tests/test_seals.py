@@ -68,7 +68,7 @@ def test_a_clean_run_seals_its_row_with_what_it_verified(stores: Stores) -> None
         assert seal.version == checkpoint.version
         assert seal.artifacts == tuple(a.path for a in checkpoint.artifacts)
         assert seal.checkpoint == identity_of(stores.checkpoints.path_for(key))
-        covered = {f.path for f in seal.files}
+        covered = {f.path for f in (*seal.files, *seal.reads)}
         assert {
             f"checkpoints/p/e1/{step_id}/{checkpoint.artifacts[0].path}",
             "projects/p/project.yaml",  # absent: its appearance voids the seal
@@ -178,7 +178,7 @@ def test_racily_clean_files_are_hashed_again(tmp_path: Path) -> None:
     assert _seal(home, envelope, {}, sealed_ns=past + 1) is None
     assert _seal(home, envelope, {}, reads=[step_dir], sealed_ns=mtime) is None
     gone = _seal(home, envelope, {}, reads=[home / "nothing.txt"], sealed_ns=time.time_ns())
-    assert gone is not None and gone.files[0].identity == ABSENT
+    assert gone is not None and gone.reads[0].identity == ABSENT
     (home / "nothing.txt").write_text("now here")
     assert not gone.holds(str(home), str(envelope))
     # A missing artifact or a read outside the home: no seal.

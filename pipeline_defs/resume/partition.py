@@ -8,14 +8,24 @@ from pipeline_defs.resume.errors import PipelineError
 ID_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
+_VALID: set[str] = set()  # ids already checked (a sensor tick builds 100,000s of keys)
+_VALID_LIMIT = 200_000
+
+
 def validate_id(value: object, what: str) -> str:
     """Return ``value`` if it is a safe id, else raise ``input.invalid_id`` naming it."""
+    if type(value) is str and value in _VALID:
+        return value
     if not isinstance(value, str) or not ID_PATTERN.fullmatch(value):
         raise PipelineError(
             "input.invalid_id",
             f"invalid {what} {value!r}: ids must match [A-Za-z0-9_-]{{1,64}}",
             details={"field": what},
         )
+    if type(value) is str:
+        if len(_VALID) >= _VALID_LIMIT:
+            _VALID.clear()
+        _VALID.add(value)
     return value
 
 

@@ -51,6 +51,14 @@ SETTLED_UPSTREAM = frozenset({"completed", "partial", "not_applicable"})
 UNSETTLED_ROW = frozenset({"running", "failed", "stale", "pending"})
 
 
+_SEALED_CLEAN = CompletionReport.clean(sealed=True)
+
+
+def _sealed_clean() -> CompletionReport:
+    """The verdict a holding seal stands for (one shared, immutable report)."""
+    return _SEALED_CLEAN
+
+
 @dataclass(frozen=True)
 class RunInfo:
     """Who is running: the ledger owner token, the requested mode, the launch path."""
@@ -231,7 +239,7 @@ class StepRuntime:
     ) -> tuple[Checkpoint | None, CheckpointSummary, Callable[[], CompletionReport]]:
         """The checkpoint, its summary and a lazy verifier: what ``decide`` judges from."""
         if sealed is not None:
-            return None, sealed.summary, lambda: CompletionReport.clean(sealed=True)
+            return None, sealed.summary, _sealed_clean
         checkpoint, broken = loaded if loaded is not None else self.load_checkpoint(ctx.key)
         if broken is not None:
             # A corrupt checkpoint is present but unusable: let the verifier's slot report

@@ -19,13 +19,15 @@ so the checkpoint file itself is never racy. Not covered, by contract: a verifie
 files other than its checkpoint, artifacts and ``verify_reads``; a forged mtime_ns.
 """
 
+import functools
 import hashlib
 import json
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from types import MappingProxyType
+from typing import Any, NamedTuple
 
 from pipeline_defs.resume.decision import CheckpointSummary
 
@@ -68,13 +70,53 @@ def _sha256(path: str) -> str | None:
     return digest.hexdigest()
 
 
-@dataclass(frozen=True)
-class SealedFile:
-    """One file (or directory) the verdict depends on, relative to ``PIPELINE_HOME``."""
+class SealedFile(NamedTuple):
+    """One file (or directory) the verdict depends on, relative to ``PIPELINE_HOME``.
+
+    Flat, so the seal's text form decodes straight into it.
+    """
 
     path: str
-    identity: FileIdentity
+    mtime_ns: int
+    size: int
+    ino: int
     sha256: str | None = None  # set for racily clean files: the checker hashes them again
+
+    @property
+    def identity(self) -> FileIdentity:
+        return (self.mtime_ns, self.size, self.ino)
+
+
+@functools.lru_cache(maxsize=4096)
+def _summary(
+    schema_version: int, status: str, config_hash: str, fingerprints: tuple[tuple[str, str], ...]
+) -> CheckpointSummary:
+    """Shared summaries: a cold tick decodes 100,000 seals with a handful of distinct ones."""
+    return CheckpointSummary(
+        present=True,
+        schema_version=schema_version,
+        status=status,
+        config_hash=config_hash,
+        config_fingerprints=MappingProxyType(dict(fingerprints)),  # shared: read-only
+    )
+
+
+def _files(raw: Any) -> tuple[SealedFile, ...]:
+    # No conversions: a value of the wrong type simply never equals a stat identity (or a
+    # sha256), so a tampered seal fails closed, i.e. is judged the long way.
+    return tuple(map(SealedFile._make, raw))
+
+
+def _matches(
+    home: str, files: tuple[SealedFile, ...], identity: Callable[[str], FileIdentity | None]
+) -> bool:
+    for path, mtime_ns, size, ino, sha256 in files:
+        full = f"{home}/{path}"
+        if (identity(full) or ABSENT) != (mtime_ns, size, ino):
+            return False
+        if sha256 is not None and _sha256(full) != sha256:
+            return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -85,7 +127,8 @@ class Seal:
     summary: CheckpointSummary
     version: str  # created_at|run_id|mutations: which version of the envelope (run keys)
     artifacts: tuple[str, ...]  # artifact paths relative to the step directory
-    files: tuple[SealedFile, ...]
+    files: tuple[SealedFile, ...]  # the artifacts' files
+    reads: tuple[SealedFile, ...]  # project config, episode inputs, Step.verify_reads
     sealed_ns: int
 
     # ------------------------------------------------------------------ text form
@@ -102,7 +145,8 @@ class Seal:
                 "fp": dict(s.config_fingerprints),
                 "ver": self.version,
                 "art": list(self.artifacts),
-                "files": [[f.path, *f.identity, f.sha256] for f in self.files],
+                "af": [list(f) for f in self.files],
+                "rf": [list(f) for f in self.reads],
             },
             separators=(",", ":"),
             sort_keys=True,
@@ -117,26 +161,24 @@ class Seal:
             raw = json.loads(text)
             if not isinstance(raw, dict) or raw.get("v") != SEAL_VERSION:
                 return None
-            files = tuple(
-                SealedFile(str(p), (int(m), int(z), int(i)), None if h is None else str(h))
-                for p, m, z, i, h in raw["files"]
-            )
             cp = raw["cp"]
             fingerprints = raw["fp"]
             if not isinstance(fingerprints, dict):
                 return None
             return cls(
                 checkpoint=(int(cp[0]), int(cp[1]), int(cp[2])),
-                summary=CheckpointSummary(
-                    present=True,
-                    schema_version=int(raw["sv"]),
-                    status=str(raw["st"]),
-                    config_hash=str(raw["ch"]),
-                    config_fingerprints={str(k): str(v) for k, v in fingerprints.items()},
+                summary=_summary(
+                    int(raw["sv"]),
+                    str(raw["st"]),
+                    str(raw["ch"]),
+                    tuple(sorted((str(k), str(v)) for k, v in fingerprints.items()))
+                    if fingerprints
+                    else (),
                 ),
                 version=str(raw["ver"]),
                 artifacts=tuple(str(a) for a in raw["art"]),
-                files=files,
+                files=_files(raw["af"]),
+                reads=_files(raw["rf"]),
                 sealed_ns=int(raw["at"]),
             )
         except (ValueError, TypeError, KeyError, IndexError):
@@ -147,22 +189,18 @@ class Seal:
         self,
         home: str,
         checkpoint_path: str,
-        identity: Callable[[str], FileIdentity | None] = identity_of,
+        shared: Callable[[str], FileIdentity | None] = identity_of,
     ) -> bool:
         """Every sealed file still has its identity (and racy ones their sha256).
 
-        ``identity``: how to stat a file (a caller judging many steps of one episode passes
-        a memo, so shared inputs are stat'ed once).
+        ``shared``: how to stat the reads (a caller judging every step of an episode passes
+        a memo, so the inputs all its steps share are stat'ed once).
         """
-        if identity_of(checkpoint_path) != self.checkpoint:
-            return False
-        for sealed in self.files:
-            path = f"{home}/{sealed.path}"
-            if (identity(path) or ABSENT) != sealed.identity:
-                return False
-            if sealed.sha256 is not None and _sha256(path) != sealed.sha256:
-                return False
-        return True
+        return (
+            identity_of(checkpoint_path) == self.checkpoint
+            and _matches(home, self.files, identity_of)
+            and _matches(home, self.reads, shared)
+        )
 
 
 def make_seal(
@@ -185,6 +223,7 @@ def make_seal(
         return None
     step_dir = checkpoint_file.parent
     files: list[SealedFile] = []
+    reads_found: list[SealedFile] = []
     wanted = [(step_dir / rel, sha, True) for rel, sha in artifacts.items()]
     wanted += [(Path(path), None, False) for path in reads]
     for path, recorded, required in wanted:
@@ -196,7 +235,7 @@ def make_seal(
         if found is None:
             if required:
                 return None
-            files.append(SealedFile(relative, ABSENT))
+            reads_found.append(SealedFile(relative, *ABSENT))
             continue
         sha: str | None = None
         if is_racy(found, sealed_ns):
@@ -205,12 +244,13 @@ def make_seal(
             sha = recorded or _sha256(str(path))
             if sha is None:
                 return None
-        files.append(SealedFile(relative, found, sha))
+        (files if required else reads_found).append(SealedFile(relative, *found, sha))
     return Seal(
         checkpoint=identity,
         summary=summary,
         version=version,
         artifacts=tuple(artifacts),
         files=tuple(files),
+        reads=tuple(reads_found),
         sealed_ns=sealed_ns,
     )

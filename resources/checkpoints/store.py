@@ -95,6 +95,7 @@ class CheckpointStore:
     def __init__(self, home: Path, *, keep_archives: int = 5) -> None:
         self.home = Path(home)
         self.root = self.home / "checkpoints"
+        self._home, self._root = str(self.home), str(self.root)
         self.keep_archives = keep_archives
         self._cache: dict[Path, tuple[tuple[int, int, int], Checkpoint]] = {}
         self._cache_lock = threading.Lock()
@@ -263,13 +264,20 @@ class CheckpointStore:
         self,
         key: StepKey,
         text: Any,
-        identity: Callable[[str], FileIdentity | None] = identity_of,
+        shared: Callable[[str], FileIdentity | None] = identity_of,
     ) -> Seal | None:
-        """The seal of ``key``'s checkpoint if every file it names is unchanged, else None."""
+        """The seal of ``key``'s checkpoint if every file it names is unchanged, else None.
+
+        ``shared``: how to stat the project/episode inputs (see :meth:`Seal.holds`).
+        """
         seal = Seal.decode(text)
-        if seal is None or not seal.holds(str(self.home), str(self.path_for(key)), identity):
+        if seal is None:
             return None
-        return seal
+        # String paths (no pathlib): this runs for every step of every episode on a cold tick.
+        checkpoint = (
+            f"{self._root}/{key.project_id}/{key.episode_id}/{key.step_id}/{CHECKPOINT_FILE}"
+        )
+        return seal if seal.holds(self._home, checkpoint, shared) else None
 
     def _load_quietly(self, key: StepKey) -> Checkpoint | None:
         try:

@@ -10,7 +10,7 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -191,6 +191,7 @@ class LedgerStore:
         episodes: Iterable[Episode] | None = None,
         step_ids: Iterable[str] | None = None,
         changed_since: tuple[int, str] | None = None,
+        columns: Sequence[str] | None = None,
     ) -> dict[StepKey, dict[str, Any]]:
         """All rows (optionally of some episodes/steps) in ONE query, keyed by StepKey.
 
@@ -198,9 +199,14 @@ class LedgerStore:
         text moved back by the caller to absorb clock skew) it returns instead every row of
         the partitions touched since then (a row with ``updated_at >=`` that text, or an
         audit row after that seq) plus every row of ``episodes``; still one query, text
-        comparison only (never cast).
+        comparison only (never cast). ``columns``: fetch only these (plus the key), for bulk
+        readers such as the sensor (a cold tick reads every row of the ledger).
         """
-        query = sa.select(step_run)
+        if columns is None:
+            query = sa.select(step_run)
+        else:
+            names = dict.fromkeys(("project_id", "episode_id", "step_id", *columns))
+            query = sa.select(*(step_run.c[name] for name in names))
         if step_ids is not None:
             query = query.where(step_run.c.step_id.in_(list(step_ids)))
         pair = sa.tuple_(step_run.c.project_id, step_run.c.episode_id)

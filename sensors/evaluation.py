@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from pipeline_defs.project import ProjectConfig, load_project_config, project_config_path
 from pipeline_defs.resume.clock import as_utc, parse_timestamp
@@ -114,9 +114,11 @@ class Stores:
         return cls(source.settings(), source.ledger(), source.checkpoints())
 
 
-@dataclass(frozen=True)
-class Facts:
-    """The observed state a decision was made from (what a run key is derived from)."""
+class Facts(NamedTuple):
+    """The observed state a decision was made from (what a run key is derived from).
+
+    A named tuple: a cold tick builds one per (step, partition), 100,000s of them.
+    """
 
     status: str | None = None
     run_id: str | None = None
@@ -135,23 +137,23 @@ class Facts:
         if row is None:
             return cls(checkpoint=seen, directory=tuple(directory))
         return cls(
-            status=_text(row.get("status")),
-            run_id=_text(row.get("run_id")),
-            started_at=_text(row.get("started_at")),
-            updated_at=_text(row.get("updated_at")),
-            recovery_count=_int(row.get("recovery_count")),
-            retry_not_before=_text(row.get("retry_not_before")),
-            checkpoint=seen,
-            directory=tuple(directory),
+            _text(row.get("status")),
+            _text(row.get("run_id")),
+            _text(row.get("started_at")),
+            _text(row.get("updated_at")),
+            _int(row.get("recovery_count")),
+            _text(row.get("retry_not_before")),
+            seen,
+            tuple(directory),
         )
 
     def digest(self, *extra: object) -> str:
-        payload = json.dumps([*extra, *self.__dict__.values()], default=str)
+        payload = json.dumps([*extra, *self], default=str)
         return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:20]
 
 
 def _text(value: Any) -> str | None:
-    return None if value is None else str(value)
+    return value if value is None or type(value) is str else str(value)
 
 
 def _int(value: Any) -> int:
@@ -181,10 +183,6 @@ class StepEvaluation:
     def slot(self) -> str:
         """``step|partition``: how the sensor's cursor names a (step, partition)."""
         return f"{self.step_id}|{self.partition_key}"
-
-    def worth_keeping(self, blocked: Container[str]) -> bool:
-        """Whether a tick acts on it: anything but a SKIP, or a SKIP that clears a block."""
-        return self.verdict is not Verdict.SKIP or self.slot in blocked
 
     @property
     def launch(self) -> bool:
@@ -465,8 +463,14 @@ class BatchJudge:
         now: datetime,
         rows: Mapping[StepKey, Mapping[str, Any]],
         directories: Callable[[str, str], Identity] | None = None,
+        *,
+        keep_skips: Container[str] | None = None,
     ) -> list[StepEvaluation]:
-        """Judge every step of every partition; ``rows`` must hold all their ledger rows."""
+        """Judge every step of every partition; ``rows`` must hold all their ledger rows.
+
+        ``keep_skips``: return SKIPs only for these slots (``step|partition``): a tick acts
+        on nothing else, and a cold tick would otherwise build 100,000 of them.
+        """
         now = as_utc(now)
         self.projects.refresh()
         self._shared.clear()
@@ -475,7 +479,7 @@ class BatchJudge:
         try:
             with gc_paused():
                 for pk in partition_keys:
-                    out.extend(self._partition(pk, now, rows, where))
+                    out.extend(self._partition(pk, now, rows, where, keep_skips))
         finally:
             self._shared.clear()  # input identities are only valid for this evaluation
         return out
@@ -514,11 +518,13 @@ class BatchJudge:
         now: datetime,
         rows: Mapping[StepKey, Mapping[str, Any]],
         directories: Callable[[str, str], Identity],
+        keep_skips: Container[str] | None = None,
     ) -> list[StepEvaluation]:
         episode = _episode(pk)
         done: dict[str, StepEvaluation] = {}
         settled: dict[str, bool] = {}
         observed: dict[str, Facts] = {}
+        upstream = self.upstream
         for step in self.steps:
             step_id = step.step_id
             row: Mapping[str, Any] | None = None
@@ -549,11 +555,12 @@ class BatchJudge:
             except Exception as exc:  # one bad partition must not sink the tick
                 decision = _unjudgeable(exc)
             facts = observed[step_id] = Facts.observe(row, seen, directories(pk, step_id))
-            waits = tuple(u for u in self.upstream[step_id] if not settled.get(u, False))
+            skip = decision.action is ResumeAction.SKIP
+            waits = () if skip else tuple(u for u in upstream[step_id] if not settled.get(u))
             verdict, detail = _verdict(decision, waits, done)
-            settled[step_id] = verdict is Verdict.SKIP or (
-                verdict is Verdict.NOT_APPLICABLE and seen is not None
-            )
+            settled[step_id] = skip or (verdict is Verdict.NOT_APPLICABLE and seen is not None)
+            if skip and keep_skips is not None and f"{step_id}|{pk}" not in keep_skips:
+                continue
             done[step_id] = StepEvaluation(
                 step_id=step_id,
                 partition_key=pk,
@@ -562,7 +569,7 @@ class BatchJudge:
                 detail=detail,
                 facts=facts,
                 waits_on=waits if verdict is Verdict.WAITING else (),
-                upstream=tuple(observed[u] for u in self.upstream[step_id]),
+                upstream=tuple(observed[u] for u in upstream[step_id]),
             )
         return list(done.values())
 

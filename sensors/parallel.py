@@ -82,10 +82,13 @@ def judge_chunk(
         checkpoints=CheckpointStore(Path(spec.home)),
     )
     judge = BatchJudge(spec.steps, stores, trust_seals=spec.trust_seals)
-    evaluations = judge.evaluate(
-        keys, now, rows, directories=lambda pk, step: directories.get(pk, {}).get(step, ABSENT)
+    wanted = judge.evaluate(
+        keys,
+        now,
+        rows,
+        directories=lambda pk, step: directories.get(pk, {}).get(step, ABSENT),
+        keep_skips=keep,
     )
-    wanted = [ev for ev in evaluations if ev.worth_keeping(keep)]
     dirs = {k: sorted(v) for k, v in judge.artifact_dirs.items() if v}
     return ChunkResult(wanted, judge.judged, dirs, list(keys))
 

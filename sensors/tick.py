@@ -565,10 +565,8 @@ class ResumeTicker:
             if start and time.perf_counter() >= deadline:
                 break
             part = chosen[start : start + _BUDGET_SLICE]
-            evaluations.extend(  # SKIPs are left out, as the workers do: nothing to act on
-                ev
-                for ev in self.judge.evaluate(part, now, rows, directories=lookup)
-                if ev.worth_keeping(blocked)
+            evaluations.extend(  # SKIPs only where they clear a block, as in the workers
+                self.judge.evaluate(part, now, rows, directories=lookup, keep_skips=blocked)
             )
             done.extend(part)
         return evaluations, self.judge.judged - before, done

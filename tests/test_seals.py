@@ -68,7 +68,7 @@ def test_a_clean_run_seals_its_row_with_what_it_verified(stores: Stores) -> None
         assert seal.version == checkpoint.version
         assert seal.artifacts == tuple(a.path for a in checkpoint.artifacts)
         assert seal.checkpoint == identity_of(stores.checkpoints.path_for(key))
-        covered = {f.path for f in (*seal.files, *seal.reads)}
+        covered = set(seal.paths())
         assert {
             f"checkpoints/p/e1/{step_id}/{checkpoint.artifacts[0].path}",
             "projects/p/project.yaml",  # absent: its appearance voids the seal

@@ -162,6 +162,10 @@ class ResumeDecision:
         return self.action is ResumeAction.BLOCK
 
 
+# The commonest verdict by far (a sensor tick judges every settled step): built once.
+_CLEAN_SKIP = ResumeDecision(ResumeAction.SKIP, "completed and verified clean", origin=Origin.CLEAN)
+
+
 def _status_of(value: Any) -> str:
     return str(value).strip().lower() if value is not None else "unknown"
 
@@ -280,7 +284,7 @@ def _judge_settled(
     error = report.metadata.get("error")
     detail = f" ({error})" if error else ""
     if origin is Origin.CLEAN:
-        return ResumeDecision(ResumeAction.SKIP, "completed and verified clean", origin=origin)
+        return _CLEAN_SKIP
     if origin is Origin.ARTIFACT_MISSING:
         missing = _summarize(report.missing) or "unspecified artifacts"
         return _rerun(f"completed but artifacts are missing: {missing}", origin)

@@ -101,14 +101,21 @@ def _summary(
     )
 
 
-def _files(raw: Any) -> tuple[SealedFile, ...]:
+# A SealedFile's fields as a plain tuple: what a decoded seal holds (cheaper to build).
+SealedEntry = tuple[str, int, int, int, str | None]
+
+
+def _files(raw: Any) -> tuple[SealedEntry, ...]:
     # No conversions: a value of the wrong type simply never equals a stat identity (or a
     # sha256), so a tampered seal fails closed, i.e. is judged the long way.
-    return tuple(map(SealedFile._make, raw))
+    files = tuple(map(tuple, raw))
+    if any(len(entry) != 5 for entry in files):
+        raise ValueError("a sealed file is [path, mtime_ns, size, ino, sha256]")
+    return files  # type: ignore[return-value]
 
 
 def _matches(
-    home: str, files: tuple[SealedFile, ...], identity: Callable[[str], FileIdentity | None]
+    home: str, files: tuple[SealedEntry, ...], identity: Callable[[str], FileIdentity | None]
 ) -> bool:
     for path, mtime_ns, size, ino, sha256 in files:
         full = f"{home}/{path}"
@@ -127,9 +134,13 @@ class Seal:
     summary: CheckpointSummary
     version: str  # created_at|run_id|mutations: which version of the envelope (run keys)
     artifacts: tuple[str, ...]  # artifact paths relative to the step directory
-    files: tuple[SealedFile, ...]  # the artifacts' files
-    reads: tuple[SealedFile, ...]  # project config, episode inputs, Step.verify_reads
+    files: tuple[SealedEntry, ...]  # the artifacts' files (SealedFile fields)
+    reads: tuple[SealedEntry, ...]  # project config, episode inputs, Step.verify_reads
     sealed_ns: int
+
+    def paths(self) -> tuple[str, ...]:
+        """Every file and directory the seal covers, relative to ``PIPELINE_HOME``."""
+        return tuple(entry[0] for entry in (*self.files, *self.reads))
 
     # ------------------------------------------------------------------ text form
     def encode(self) -> str:

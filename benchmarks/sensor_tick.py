@@ -1,20 +1,24 @@
 """Benchmark: one resume-sensor tick on PostgreSQL at 100 / 1,000 / 10,000 episodes x 10 steps.
 
-Synthetic state: every (episode, step) has a completed ledger row and a valid checkpoint
+Synthetic state: every (episode, step) has a completed ledger row, a valid checkpoint
 envelope (three image steps also carry a small PNG artifact each, one of them in a
-sub-directory), so the judge reaches row 10 and verifies everywhere: artifact sha256,
-``validate_data`` and the step's ``verify_completion``. The steps are ten trivial
-stand-ins with the real step ids and dependency graph of SPEC §8.
+sub-directory) and an episode input file, and every row carries the seal its run would
+have written (``CheckpointStore.seal`` with the run protocol's ``verifier_reads``), so the
+judge reaches table row 10 everywhere. The steps are ten trivial stand-ins with the real
+step ids and dependency graph of SPEC §8.
 
 Each size runs in a fresh child process (empty envelope cache, no sensor memory) and
 measures, through the real sensor (``evaluate_tick`` with a Dagster test instance holding
 the ``episodes`` partitions):
 
-- cold: first tick (judges everything: one row query, every envelope read, verified);
+- cold: first tick (judges everything: one row query, every seal checked by ``stat``);
 - warm: the next tick with nothing changed (cursor: two aggregate reads + stats);
 - 1 %: a tick after 1 % of the partitions changed (half lost a PNG, half got a failed
   ledger row): only those are re-judged, one re-run launched for each;
-- full: a forced full re-judgement with warm caches (the periodic safety net).
+- full: a forced full re-judgement (the periodic safety net);
+- cold without seals: a second sensor with ``trust_seals=False`` (every envelope read,
+  parsed and verified: artifact sha256, ``validate_data``, ``verify_completion``), i.e.
+  what rows without a seal cost.
 
     .venv/bin/python benchmarks/sensor_tick.py --pg-url postgresql+psycopg://postgres@127.0.0.1:5432/test
 
@@ -257,8 +261,21 @@ def run_size(episodes: int, server_url: str, keep: bool, workers: int | None) ->
             tick_budget_seconds=BUDGET,  # measure a whole cold tick, not a budgeted one
             workers=workers,
         )
+        # The same sensor judging every envelope the long way (as for rows without seals,
+        # e.g. a ledger migrated from before seals, or adopted checkpoints).
+        unsealed = build_resume_sensor(
+            STEPS,
+            name="resume_sensor_unsealed",
+            clock=lambda: now[0],
+            full_refresh_seconds=FULL_REFRESH,
+            tick_budget_seconds=BUDGET,
+            workers=workers,
+            trust_seals=False,
+        )
         defs = dg.Definitions(
-            assets=build_step_assets(STEPS), sensors=[sensor], resources=build_resources(pipeline)
+            assets=build_step_assets(STEPS),
+            sensors=[sensor, unsealed],
+            resources=build_resources(pipeline),
         )
         out: dict[str, Any] = {
             "episodes": episodes,
@@ -271,21 +288,27 @@ def run_size(episodes: int, server_url: str, keep: bool, workers: int | None) ->
             instance.add_dynamic_partitions("episodes", keys)
             cursor: list[str | None] = [None]
 
-            def tick(label: str) -> None:
+            def tick(label: str, which: dg.SensorDefinition = sensor) -> None:
                 context = dg.build_sensor_context(
                     instance=instance,
-                    cursor=cursor[0],
+                    cursor=cursor[0] if which is sensor else None,
                     definitions=defs,
                     resources={"pipeline": pipeline},
                 )
                 t0, c0 = time.perf_counter(), time.process_time()
                 with dg.partition_loading_context(dynamic_partitions_store=instance):
-                    result = sensor.evaluate_tick(context)
+                    result = which.evaluate_tick(context)
                 seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
                 out.setdefault("load_during", []).append(round(os.getloadavg()[0], 1))
-                cursor[0] = result.cursor
-                config = TickConfig(FULL_REFRESH, budget_seconds=BUDGET, workers=workers)
-                ticker = ticker_for("resume_sensor", STEPS, pipeline_stores(pipeline), config)
+                if which is sensor:
+                    cursor[0] = result.cursor
+                config = TickConfig(
+                    FULL_REFRESH,
+                    budget_seconds=BUDGET,
+                    workers=workers,
+                    trust_seals=which is sensor,
+                )
+                ticker = ticker_for(which.name, STEPS, pipeline_stores(pipeline), config)
                 stats = ticker.last_stats
                 assert stats is not None
                 out[label] = {
@@ -308,6 +331,7 @@ def run_size(episodes: int, server_url: str, keep: bool, workers: int | None) ->
             tick("warm_after")
             now[0] += timedelta(seconds=FULL_REFRESH + 1)
             tick("full")
+            tick("cold_unsealed", unsealed)
         return out
     finally:
         if not keep:
@@ -338,9 +362,10 @@ def table(results: list[dict[str, Any]]) -> str:
 
     head = (
         "| episodes x steps | cold tick | warm, no change | after 1 % changed | "
-        "re-judged after 1 % | full re-judge, warm caches | load avg (before / max) |"
+        "re-judged after 1 % | full re-judge, warm caches | cold tick without seals | "
+        "load avg (before / max) |"
     )
-    lines = [head, "|---|---:|---:|---:|---|---:|---:|"]
+    lines = [head, "|---|---:|---:|---:|---|---:|---:|---:|"]
     for r in results:
         one = r["one_percent"]
         lines.append(
@@ -348,7 +373,7 @@ def table(results: list[dict[str, Any]]) -> str:
             f"{cell(r, 'one_percent')} | {one['partitions_judged']} partitions "
             f"({one['judged']} judge calls), {one['row_queries']} row query "
             f"({one['rows']} rows), {one['launches']} launches | {cell(r, 'full')} | "
-            f"{r['load_before']} / {max(r['load_during'])} |"
+            f"{cell(r, 'cold_unsealed')} | {r['load_before']} / {max(r['load_during'])} |"
         )
     return "\n".join(lines)
 

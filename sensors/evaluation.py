@@ -2,9 +2,11 @@
 
 The resume sensor and the CLI's shadow ``decide`` both call :func:`evaluate_partitions`:
 every step of every given partition is judged by ``StepRuntime.judge`` in resume mode
-(never force) with ONE ledger query for all rows, checkpoint envelopes read through the
-checkpoint store's identity cache, and verification only where the decision table needs
-it (``decide`` calls ``verify`` lazily). Nothing here writes anywhere.
+(never force) with ONE ledger query for all rows. A clean checkpoint whose seal still holds
+(resources.checkpoints.seal: every file its run verified keeps its stat identity) is judged
+from the seal; any other is read through the checkpoint store's identity cache and
+verified only where the decision table needs it (``decide`` calls ``verify`` lazily).
+Nothing here writes anywhere.
 
 On top of the decision it says whether the sensor would launch now, and if not, why:
 

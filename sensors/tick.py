@@ -33,6 +33,11 @@ Blocks are reported when their state changes: the cursor keeps a short signature
 current block per (step, partition); a block whose signature is new is reported failed,
 and a (step, partition) that leaves the block state is reported passed once.
 
+What makes judging everything cheap (a cold tick, a full refresh): a completed row whose
+run verified its checkpoint clean carries a seal (resources.checkpoints.seal): while every
+file it names keeps its stat identity, the judge takes the run's verdict instead of reading
+and verifying again; anything else is judged the long way.
+
 Big batches (a cold tick, a full refresh) are judged in worker processes on machines with
 4+ CPUs (:mod:`sensors.parallel`), and a tick stops judging after ``budget_seconds``: the
 partitions left over have no fingerprint yet, so the next tick judges them first.

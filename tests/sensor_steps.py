@@ -24,6 +24,7 @@ import dagster as dg
 import sqlalchemy as sa
 
 from pipeline_defs.definitions import build_resources
+from pipeline_defs.project import project_config_path
 from pipeline_defs.resume.completion import CompletionReport, Origin
 from pipeline_defs.resume.errors import PipelineError
 from pipeline_defs.resume.partition import StepKey
@@ -82,6 +83,9 @@ class End(_SensorStep):
     step_id = "end"
     deps = ("mid",)
     resume_config_keys = ("style",)
+
+    def verify_reads(self, ctx: StepContext) -> tuple[Path, ...]:
+        return (project_config_path(ctx.home, ctx.key.project_id),)  # declared, sealed
 
 
 class Side(_SensorStep):

@@ -46,7 +46,13 @@ def test_an_accepted_edit_is_archived_recorded_and_never_cascades(h: Harness) ->
     ]
     assert envelope["produced_by"] == {**envelope["produced_by"], "run_id": alpha_row["run_id"]}
     assert archived(h, "alpha") == [original]
-    assert h.row("alpha") == alpha_row  # the victim is not auto-staled
+    # The victim is not auto-staled: its row only gets a new seal, naming the edit.
+    row = h.row("alpha")
+    assert {k: v for k, v in row.items() if k != "checkpoint_seal"} == {
+        k: v for k, v in alpha_row.items() if k != "checkpoint_seal"
+    }
+    assert row["checkpoint_seal"] != alpha_row["checkpoint_seal"]
+    assert f"|{alpha_row['run_id']}|1" in row["checkpoint_seal"]  # version: one mutation
     assert (h.snapshot("beta"), h.row("beta")) == beta  # nothing downstream invalidated
     audit = h.audit("alpha")[-1]
     assert (audit["action"], audit["run_id"]) == ("mutated", run)

@@ -71,11 +71,13 @@ def test_a_clean_run_seals_its_row_with_what_it_verified(stores: Stores) -> None
         covered = set(seal.paths())
         assert {
             f"checkpoints/p/e1/{step_id}/{checkpoint.artifacts[0].path}",
-            "projects/p/project.yaml",  # absent: its appearance voids the seal
             "projects/p/episodes/e1",
             "projects/p/episodes/e1/story.md",
         } <= covered
         assert stores.checkpoints.sealed(key, _seal_text(stores, key)) == seal
+        # The project config only where the step declares it (end does; absent: its
+        # appearance voids the seal).
+        assert ("projects/p/project.yaml" in covered) == (step_id == "end")
     # The envelope's mtime is set a second into the past, so it is never racily clean.
     path = stores.checkpoints.path_for(_key("p/e1", "src"))
     assert path.stat().st_mtime_ns <= time.time_ns() - 900_000_000
@@ -133,10 +135,14 @@ CHANGES: dict[str, Callable[[Stores], None]] = {
     "input file added": lambda s: write_input(
         s.checkpoints.home, "p/e1", "verify.json", {"mid": "drift"}
     ),
-    "project config created": lambda s: (
-        s.checkpoints.home / "projects" / "p" / "project.yaml"
-    ).write_text("style: noir\n"),
+    "a declared read created (end: project config)": lambda s: _project_config(s),
 }
+
+
+def _project_config(stores: Stores) -> None:
+    path = stores.checkpoints.home / "projects" / "p" / "project.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("style: noir\n")
 
 
 @pytest.mark.parametrize("change", sorted(CHANGES))
@@ -144,12 +150,21 @@ def test_any_change_to_a_sealed_file_voids_the_seal(stores: Stores, change: str)
     write_input(stores.checkpoints.home, "p/e1", "story.md", "# once\n")
     _settle()
     seed(stores, "p/e1")
-    key = _key("p/e1", "mid")
+    key = _key("p/e1", "end" if "(end:" in change else "mid")
     text = _seal_text(stores, key)
     assert stores.checkpoints.sealed(key, text) is not None
     _settle()
     CHANGES[change](stores)
     assert stores.checkpoints.sealed(key, text) is None
+
+
+def test_an_undeclared_project_config_edit_keeps_the_seal(stores: Stores) -> None:
+    """The judge compares scoped config itself; unrelated keys must not void every seal."""
+    seed(stores, "p/e1")
+    _settle()
+    _project_config(stores)
+    key = _key("p/e1", "mid")
+    assert stores.checkpoints.sealed(key, _seal_text(stores, key)) is not None
 
 
 def test_racily_clean_files_are_hashed_again(tmp_path: Path) -> None:

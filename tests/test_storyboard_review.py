@@ -186,7 +186,15 @@ def test_review_fixes_victims_in_place_and_scene_detail_verifies_clean(env: Env)
         assert env.judge(victim).action is ResumeAction.SKIP
         mutations = env.checkpoint(victim).mutations  # type: ignore[union-attr]
         assert len(mutations) == 1 and mutations[0]["by_step"] == "t2i_review"
-        assert env.row(victim) == rows_before[victim]  # never staled, row untouched
+        row, then = env.row(victim), rows_before[victim]
+        assert row is not None
+        # Never staled; the only change to the row is its seal, which names the edit.
+        assert {k: v for k, v in row.items() if k != "checkpoint_seal"} == {
+            k: v for k, v in then.items() if k != "checkpoint_seal"
+        }
+        sealed = env.checkpoints.sealed(env.key(victim), row["checkpoint_seal"])
+        assert sealed is not None
+        assert sealed.version == env.checkpoint(victim).version  # type: ignore[union-attr]
         assert list((env.step_dir(victim) / "archive").glob("*.json"))  # archived first
     scene_fields = env.checkpoint("scene_detail").mutations[0]["fields"]  # type: ignore[union-attr]
     assert set(scene_fields) == {

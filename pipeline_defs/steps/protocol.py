@@ -13,12 +13,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from pipeline_defs.project import (
-    ProjectConfig,
-    load_project_config,
-    project_config_path,
-    scoped_fingerprints,
-)
+from pipeline_defs.project import ProjectConfig, load_project_config, scoped_fingerprints
 from pipeline_defs.resume.clock import format_timestamp
 from pipeline_defs.resume.completion import (
     CompletionReport,
@@ -184,14 +179,17 @@ class StepRuntime:
 
     def verifier_reads(self, ctx: StepContext) -> tuple[Path, ...]:
         """What a verdict of this step may depend on besides its checkpoint and artifacts:
-        the project config, the episode's input directory and files, ``Step.verify_reads``."""
+        the episode's input directory and files, and ``Step.verify_reads``.
+
+        Not the project config: the judge compares the step's scoped config itself, and an
+        edit of an unrelated key must not void every seal of the project.
+        """
         inputs = ctx.episode_dir
         try:
             files = sorted(p for p in inputs.iterdir() if p.is_file())
         except OSError:
             files = []
-        found = [project_config_path(ctx.home, ctx.key.project_id), inputs, *files]
-        return tuple(dict.fromkeys([*found, *self.step.verify_reads(ctx)]))
+        return tuple(dict.fromkeys([inputs, *files, *self.step.verify_reads(ctx)]))
 
     def load_checkpoint(self, key: StepKey) -> tuple[Checkpoint | None, PipelineError | None]:
         try:
@@ -662,7 +660,8 @@ class StepRuntime:
             ledger=self.ledger,
             checkpoints=self.checkpoints,
         )
-        report = victim_runtime.verify(victim_runtime.context(victim_key), edited)
+        victim_ctx = victim_runtime.context(victim_key)
+        report = victim_runtime.verify(victim_ctx, edited)
         if not report.is_complete:
             raise PipelineError(
                 "step.mutation_rejected",
@@ -672,20 +671,21 @@ class StepRuntime:
             )
         staged = self.checkpoints.stage(edited)  # archives the victim first
         try:
-            self.ledger.with_settled_row(victim_key, staged.commit)
+            # The edit was verified clean: it is sealed like a publish (the old seal named
+            # the replaced file).
+            seal = self.checkpoints.seal(
+                edited, victim_runtime.verifier_reads(victim_ctx), file=staged.temp
+            )
+            self.ledger.with_settled_row(victim_key, staged.commit, reseal=True, seal=seal)
         finally:
             staged.discard()
         # Re-verify what is on disk now; roll back to the archived bytes if it does not hold.
         reloaded = self.checkpoints.load(victim_key)
-        after = (
-            victim_runtime.verify(victim_runtime.context(victim_key), reloaded)
-            if reloaded
-            else None
-        )
+        after = victim_runtime.verify(victim_ctx, reloaded) if reloaded else None
         if after is None or not after.is_complete:
             restore = self.checkpoints.stage(current)
             try:
-                self.ledger.with_settled_row(victim_key, restore.commit)
+                self.ledger.with_settled_row(victim_key, restore.commit, reseal=True, seal=None)
             finally:
                 restore.discard()
             raise PipelineError(

@@ -86,9 +86,10 @@ class Step:
         """Files ``verify_completion`` reads beyond its usual inputs.
 
         Part of the verifier's contract: the seal of a published checkpoint covers the
-        checkpoint, its artifacts, the project config, the episode's input directory and
-        the files in it, plus these (resources.checkpoints.seal); a verifier reading
-        anything else must list it here, or a sealed verdict could outlive a change.
+        checkpoint, its artifacts, the episode's input directory and the files in it, plus
+        these (resources.checkpoints.seal); a verifier reading anything else, including
+        project config keys beyond ``resume_config_keys`` (list ``project_config_path``),
+        must name it here, or a sealed verdict could outlive a change.
         """
         return ()
 

@@ -1,7 +1,8 @@
 """Checkpoint seals: what a run verified when it published, re-checkable with ``stat`` alone.
 
 A run publishes a completed checkpoint only after verifying it: the envelope, every
-artifact's sha256 and the files its verifier reads (``Step.verify_reads``). The seal records
+artifact's sha256 and the files its verifier reads (the episode's inputs and
+``Step.verify_reads``). The seal records
 the stat identity ``(mtime_ns, size, inode)`` of each of those files plus the envelope's
 summary, and is written into the step's ledger row in the same transaction as the status.
 A read-only judge (the resume sensor, ``storyboard decide``) that finds every identity
@@ -15,8 +16,13 @@ in-place write moves mtime, except a write within the same filesystem timestamp 
 the recorded one. So a file written less than ``RACY_NS`` before sealing is "racily clean"
 (git's index has the same problem): its sha256 goes into the seal and the checker hashes
 it again. The staged envelope's mtime is set one second into the past when it is written,
-so the checkpoint file itself is never racy. Not covered, by contract: a verifier reading
-files other than its checkpoint, artifacts and ``verify_reads``; a forged mtime_ns.
+so the checkpoint file itself is never racy.
+
+Not covered, by design: a verifier reading files it does not declare (its contract, see
+``Step.verify_reads``); a rewrite that forges the original mtime_ns; bit rot that changes
+bytes without touching metadata; and a verifier whose code changed without a
+``schema_version`` bump. Runs and the IO manager always verify in full; a sensor built
+with ``trust_seals=False`` does too.
 """
 
 import functools

@@ -501,11 +501,15 @@ class LedgerStore:
                 )
             return fn()
 
-    def with_settled_row(self, key: StepKey, fn: Callable[[], T]) -> T:
+    def with_settled_row(
+        self, key: StepKey, fn: Callable[[], T], *, reseal: bool = False, seal: str | None = None
+    ) -> T:
         """Run ``fn`` under the row lock of a settled (completed/partial) row.
 
         Used by mutators to edit another step's checkpoint: refused while that step is
-        running (its owner would publish over the edit) or has no completed result.
+        running (its owner would publish over the edit) or has no completed result. With
+        ``reseal`` the row's checkpoint seal becomes ``seal`` in the same transaction (a
+        partial row never keeps one).
         """
         with self._write() as conn:
             row = conn.execute(
@@ -520,6 +524,12 @@ class LedgerStore:
                     code,
                     f"{key}: cannot edit its checkpoint while its ledger row is {status}",
                     status=409,
+                )
+            if reseal:
+                conn.execute(
+                    sa.update(step_run)
+                    .where(self._key_clause(key))
+                    .values(checkpoint_seal=seal if row.status == "completed" else None)
                 )
             return fn()
 

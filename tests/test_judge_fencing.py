@@ -119,6 +119,19 @@ def test_a_healthy_running_row_fails_a_later_launch_like_a_lost_race(h: Harness)
     assert h.calls("alpha") == []
 
 
+def test_a_force_never_steals_a_stale_lease_and_says_what_to_do(h: Harness) -> None:
+    key = step_key("alpha")
+    assert h.ledger.claim(key, "dead-worker:0", now=LONG_AGO)
+    before = h.row("alpha")
+    result = h.run("alpha", tags={"resume/mode": "force"})
+    assert not result.success
+    description, meta = failure(result, "alpha")
+    assert meta["error/code"] == "step.already_running"
+    assert "STALE lease" in description and "dead-worker:0" in description
+    assert f"storyboard reset-running --partition {key.partition_key} --step alpha" in description
+    assert h.row("alpha") == before and h.calls("alpha") == []
+
+
 def test_a_stale_lease_is_recovered_and_the_dead_worker_cannot_publish(h: Harness) -> None:
     key = step_key("alpha")
     assert h.ledger.claim(key, "dead-worker:0", now=LONG_AGO)

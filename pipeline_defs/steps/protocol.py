@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline_defs.project import ProjectConfig, load_project_config, scoped_fingerprints
-from pipeline_defs.resume.clock import format_timestamp
+from pipeline_defs.resume.clock import format_timestamp, parse_timestamp
 from pipeline_defs.resume.completion import (
     CompletionReport,
     Origin,
@@ -363,6 +363,30 @@ class StepRuntime:
         )
         return StepOutcome(decision, "not_applicable", checkpoint)
 
+    def _lease_hint(self, key: StepKey, row: Mapping[str, Any] | None) -> str:
+        """What an operator can do about the running row a claim lost to (empty if none).
+
+        An explicit force never steals a lease, not even a stale one: say so, and how.
+        """
+        if row is None or str(row.get("status") or "").lower() != "running":
+            return ""
+        owner, raw = row.get("run_id"), row.get("started_at")
+        started = parse_timestamp(raw)
+        reset = (
+            f"storyboard reset-running --partition {key.partition_key} --step {key.step_id} "
+            f"--expected-started-at {raw}"
+        )
+        if started is None:
+            return f"; run {owner!r} holds it with an unreadable started_at {raw!r}"
+        elapsed = (self.clock() - started).total_seconds()
+        if elapsed >= self.settings.running_timeout_seconds:
+            return (
+                f"; run {owner!r} holds a STALE lease (started {raw}, {elapsed:.0f}s ago, "
+                f"past running_timeout_seconds={self.settings.running_timeout_seconds}): a "
+                f"resume launch recovers it, or if that run is dead: {reset}"
+            )
+        return f"; run {owner!r} has held it for {elapsed:.0f}s (started {raw})"
+
     def _claim_and_finalize(
         self,
         key: StepKey,
@@ -390,7 +414,7 @@ class StepRuntime:
             raise PipelineError(
                 "step.already_running",
                 f"{key}: another run owns this step or changed it since it was judged "
-                f"(claim for {decision.action.value} refused)",
+                f"(claim for {decision.action.value} refused){self._lease_hint(key, row)}",
             )
         attempts = max(
             1, int((row or {}).get("recovery_count") or 0) + (1 if decision.auto_recovery else 0)

@@ -108,6 +108,19 @@ def test_only_a_clean_completed_publish_leaves_a_seal(stores: Stores) -> None:
     assert _seal_text(stores, key2) is None
 
 
+def test_an_adopted_orphan_checkpoint_is_sealed(stores: Stores) -> None:
+    """Row 4: the adopting run verified the orphan clean, so its new row carries a seal."""
+    seed(stores, "p/e1")
+    key = _key("p/e1", "mid")
+    delete_row(stores, key)
+    _settle()
+    seed(stores, "p/e1", "mid", run_id="adopter")
+    row = stores.ledger.get(key)
+    assert row is not None and (row["status"], row["run_id"]) == ("completed", "adopter-mid:0")
+    assert [t["action"] for t in stores.ledger.transitions()][-1] == "adopt"
+    assert stores.checkpoints.sealed(key, row["checkpoint_seal"]) is not None
+
+
 # --------------------------------------------------------------------------- voiding
 def _in_place(path: Path) -> None:
     data = path.read_bytes()

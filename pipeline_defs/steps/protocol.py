@@ -325,7 +325,7 @@ class StepRuntime:
         if decision.action is ResumeAction.NOT_APPLICABLE:
             return self._not_applicable(key, run, decision, prior)
         if decision.action is ResumeAction.SKIP:
-            if decision.adopt and self.ledger.adopt(key, run.run_id, summary=decision.reason):
+            if decision.adopt and self._adopt(key, run, decision, judgement.checkpoint):
                 self.audit(
                     key, run, decision, action="adopt", from_status=None, to_status="completed"
                 )
@@ -341,6 +341,17 @@ class StepRuntime:
                 details={"decision": decision.action.value},
             )
         return self._claim_and_finalize(key, run, decision, prior, row, inputs)
+
+    def _adopt(
+        self, key: StepKey, run: RunInfo, decision: ResumeDecision, checkpoint: Checkpoint | None
+    ) -> bool:
+        """Row 4: the orphan checkpoint was just verified clean; record it, sealed."""
+        seal = (
+            self.checkpoints.seal(checkpoint, self.verifier_reads(self.context(key)))
+            if checkpoint is not None
+            else None
+        )
+        return self.ledger.adopt(key, run.run_id, summary=decision.reason, seal=seal)
 
     def _not_applicable(
         self, key: StepKey, run: RunInfo, decision: ResumeDecision, prior: str | None

@@ -389,12 +389,27 @@ class LedgerStore:
             recovery_count=0,
         )
 
-    def adopt(self, key: StepKey, run_id: str, *, summary: str, now: str | None = None) -> bool:
-        """Record a verified orphan checkpoint as completed; never overwrites an existing row."""
+    def adopt(
+        self,
+        key: StepKey,
+        run_id: str,
+        *,
+        summary: str,
+        seal: str | None = None,
+        now: str | None = None,
+    ) -> bool:
+        """Record a verified orphan checkpoint as completed; never overwrites an existing row.
+
+        ``seal``: the adopting run verified it clean, so the row can carry its seal.
+        """
         statement = self._settled_insert(key, run_id, "completed", summary, now or _now())
-        statement = statement.on_conflict_do_nothing(
-            index_elements=[step_run.c.project_id, step_run.c.episode_id, step_run.c.step_id]
-        ).returning(step_run.c.id)
+        statement = (
+            statement.values(checkpoint_seal=seal)
+            .on_conflict_do_nothing(
+                index_elements=[step_run.c.project_id, step_run.c.episode_id, step_run.c.step_id]
+            )
+            .returning(step_run.c.id)
+        )
         with self._single() as conn:
             return conn.execute(statement).first() is not None
 

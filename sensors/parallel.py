@@ -1,7 +1,7 @@
 """Judging big batches (a cold tick, a full refresh) in worker processes. Dagster-free.
 
-The judge is CPU-bound Python (envelope parsing, content hashes, artifact hashes,
-verifiers), so a batch of thousands of partitions is split into chunks judged by a
+The judge is CPU-bound Python (seal checks; for unsealed steps envelope parsing, content
+and artifact hashes, verifiers), so a batch of thousands of partitions is split into chunks judged by a
 persistent pool of *spawned* processes (no fork: the sensor runs inside a threaded gRPC
 code server). Each worker rebuilds the same :class:`~sensors.evaluation.BatchJudge` from
 a picklable spec for every chunk (a fresh envelope cache per chunk keeps its memory flat).

@@ -24,6 +24,7 @@ from sensor_steps import (
 
 from pipeline_defs.resume.partition import Episode, StepKey
 from resources.checkpoints.seal import ABSENT, Seal, identity_of, make_seal
+from resources.checkpoints.store import CheckpointStore
 from sensors.evaluation import BatchJudge, Stores
 
 STEPS = tuple(s.step_id for s in SENSOR_STEPS)
@@ -289,7 +290,9 @@ def _view(evaluations: list[Any]) -> list[tuple[Any, ...]]:
     ]
 
 
-def test_sealed_and_unsealed_judgements_agree(stores: Stores) -> None:
+def test_sealed_and_unsealed_judgements_agree(
+    stores: Stores, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Random mixes of changes: the sensor's verdicts are the same with and without seals."""
     rng = random.Random(20261130)
     names = sorted(MUTATIONS)
@@ -320,5 +323,10 @@ def test_sealed_and_unsealed_judgements_agree(stores: Stores) -> None:
     assert sealed_calls < full_calls, (sealed_calls, full_calls)
     (untouched,) = [pk for pk, names in applied.items() if names == ["nothing"]]
     VERIFY_CALLS.clear()
+    loads: list[StepKey] = []
+    original = CheckpointStore.load
+    monkeypatch.setattr(
+        CheckpointStore, "load", lambda self, key: loads.append(key) or original(self, key)
+    )
     BatchJudge(SENSOR_STEPS, stores).evaluate([untouched], now, rows)
-    assert sum(VERIFY_CALLS.values()) == 0
+    assert sum(VERIFY_CALLS.values()) == 0 and loads == []  # not even read

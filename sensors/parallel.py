@@ -1,13 +1,13 @@
 """Judging big batches (a cold tick, a full refresh) in worker processes. Dagster-free.
 
 The judge is CPU-bound Python (seal checks; for unsealed steps envelope parsing, content
-and artifact hashes, verifiers), so a batch of thousands of partitions is split into chunks judged by a
-persistent pool of *spawned* processes (no fork: the sensor runs inside a threaded gRPC
-code server). Each worker rebuilds the same :class:`~sensors.evaluation.BatchJudge` from
-a picklable spec for every chunk (a fresh envelope cache per chunk keeps its memory flat).
-Workers return only what the sensor acts on (everything but SKIP, plus the slots it asks
-for), so the result transfer stays small. Any pool failure falls back to judging in the
-calling process.
+and artifact hashes, verifiers), so a batch of thousands of partitions is split into
+chunks judged by a persistent pool of *spawned* processes (no fork: the sensor runs
+inside a threaded gRPC code server). Each worker rebuilds the same
+:class:`~sensors.evaluation.BatchJudge` from a picklable spec for every chunk (a fresh
+envelope cache per chunk keeps its memory flat). Workers return only what the sensor acts
+on (everything but SKIP, plus the slots it asks for), so the result transfer stays small.
+Any pool failure falls back to judging in the calling process.
 """
 
 import multiprocessing

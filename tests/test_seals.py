@@ -122,6 +122,22 @@ def test_an_adopted_orphan_checkpoint_is_sealed(stores: Stores) -> None:
     assert stores.checkpoints.sealed(key, row["checkpoint_seal"]) is not None
 
 
+def test_a_published_envelope_is_sealed_only_as_the_version_that_was_verified(
+    stores: Stores,
+) -> None:
+    seed(stores, "p/e1")
+    key = _key("p/e1", "mid")
+    verified = stores.checkpoints.load(key)
+    assert verified is not None
+    _settle()
+    assert stores.checkpoints.seal(verified) is not None
+    # Rewritten between the verification and the seal: the verdict is not carried over.
+    _recopy(stores.checkpoints.path_for(key))
+    assert stores.checkpoints.seal(verified) is None
+    # A checkpoint object that was never read from this store is not sealed either.
+    assert CheckpointStore(stores.checkpoints.home).seal(verified) is None
+
+
 # --------------------------------------------------------------------------- voiding
 def _in_place(path: Path) -> None:
     data = path.read_bytes()

@@ -229,15 +229,19 @@ def make_seal(
     artifacts: Mapping[str, str],
     reads: Sequence[Path],
     sealed_ns: int,
+    expected: FileIdentity | None = None,
 ) -> Seal | None:
     """Seal of a verified checkpoint; None when a file is missing or the envelope is racy.
 
     ``artifacts`` maps each artifact's path relative to the step directory to its recorded
-    sha256; ``reads`` are the other files and directories the step's verifier may read.
+    sha256; ``reads`` are the other files and directories the step's verifier may read;
+    ``expected``: the envelope's identity when it was read and verified, if not staged.
     """
     identity = identity_of(checkpoint_file)
     if identity is None or is_racy(identity, sealed_ns):
         return None
+    if expected is not None and identity != expected:
+        return None  # the envelope changed since it was verified
     step_dir = checkpoint_file.parent
     files: list[SealedFile] = []
     reads_found: list[SealedFile] = []

@@ -246,12 +246,22 @@ class CheckpointStore:
         """Seal text of a checkpoint its run has just verified clean (None: not sealable).
 
         ``file`` is where the envelope is now (a staged temp file keeps its identity when it
-        is renamed into place); default the published checkpoint. ``reads``: the other files
-        the step's verifier reads.
+        is renamed into place); default the published checkpoint, which must then still be
+        the very file ``checkpoint`` was loaded from (else a concurrent rewrite could get
+        the verdict of the version that was verified). ``reads``: the other files the
+        step's verifier reads.
         """
+        expected: FileIdentity | None = None
+        if file is None:
+            with self._cache_lock:
+                cached = self._cache.get(self.path_for(checkpoint.key))
+            if cached is None or cached[1] is not checkpoint:
+                return None  # not loaded through this store (or evicted): stay unsealed
+            expected = cached[0]
         sealed = make_seal(
             home=self.home,
             checkpoint_file=file or self.path_for(checkpoint.key),
+            expected=expected,
             summary=checkpoint.summary(),
             version=checkpoint.version,
             artifacts={a.path: a.sha256 for a in checkpoint.artifacts},

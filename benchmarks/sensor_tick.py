@@ -207,7 +207,9 @@ def generate(home: Path, ledger: LedgerStore, episodes: int) -> list[str]:
         checkpoint = store.load(key)
         assert checkpoint is not None
         reads = runtime.verifier_reads(runtime.context(key))
-        row["checkpoint_seal"] = store.seal(checkpoint, reads)
+        row["checkpoint_seal"] = store.seal(
+            checkpoint, reads, revision=runtime.step.verify_revision
+        )
         assert row["checkpoint_seal"], key
     with ledger.engine.begin() as conn:  # synthetic bulk load (the benchmark's own SQL)
         for start in range(0, len(rows), 5000):

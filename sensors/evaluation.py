@@ -491,7 +491,12 @@ class BatchJudge:
         if not self.trust_seals or row is None or row.get("status") != "completed":
             return None
         text = row.get("checkpoint_seal")
-        return self.stores.checkpoints.sealed(key, text, self._shared_identity) if text else None
+        if not text:
+            return None
+        seal = self.stores.checkpoints.sealed(key, text, self._shared_identity)
+        if seal is None or seal.revision != self.runtimes[key.step_id].step.verify_revision:
+            return None  # verified by another revision of the step's verifier
+        return seal
 
     def _shared_identity(self, path: str) -> FileIdentity | None:
         """Stat of a project/episode input, once per evaluation (every step shares them)."""

@@ -15,6 +15,7 @@ import pytest
 from sensor_steps import (
     SENSOR_STEPS,
     VERIFY_CALLS,
+    Mid,
     delete_row,
     seed,
     set_row,
@@ -136,6 +137,22 @@ def test_a_published_envelope_is_sealed_only_as_the_version_that_was_verified(
     assert stores.checkpoints.seal(verified) is None
     # A checkpoint object that was never read from this store is not sealed either.
     assert CheckpointStore(stores.checkpoints.home).seal(verified) is None
+
+
+class _MidRevised(Mid):
+    verify_revision = 2  # its verifier changed: old seals must not vouch for it
+
+
+def test_a_new_verifier_revision_voids_old_seals(stores: Stores) -> None:
+    seed(stores, "p/e1")
+    _settle()
+    now = datetime.now(UTC) + timedelta(seconds=1)
+    revised = tuple(_MidRevised() if s.step_id == "mid" else s for s in SENSOR_STEPS)
+    for steps, verified in ((SENSOR_STEPS, 0), (revised, 1)):
+        judge = BatchJudge(steps, stores)
+        VERIFY_CALLS.clear()
+        judge.evaluate(["p/e1"], now, judge.load_rows(["p/e1"]))
+        assert dict(VERIFY_CALLS) == ({"mid": 1} if verified else {})
 
 
 # --------------------------------------------------------------------------- voiding

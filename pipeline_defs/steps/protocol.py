@@ -347,7 +347,11 @@ class StepRuntime:
     ) -> bool:
         """Row 4: the orphan checkpoint was just verified clean; record it, sealed."""
         seal = (
-            self.checkpoints.seal(checkpoint, self.verifier_reads(self.context(key)))
+            self.checkpoints.seal(
+                checkpoint,
+                self.verifier_reads(self.context(key)),
+                revision=self.step.verify_revision,
+            )
             if checkpoint is not None
             else None
         )
@@ -577,12 +581,18 @@ class StepRuntime:
             return self.ledger.transition(key, run.run_id, status, **kwargs)
         if self.checkpoints.is_unchanged(checkpoint):
             kept = self.checkpoints.load(key)  # same content; its provenance stays on disk
-            seal = self.checkpoints.seal(kept, reads) if kept and reads is not None else None
+            seal = (
+                self.checkpoints.seal(kept, reads, revision=self.step.verify_revision)
+                if kept and reads is not None
+                else None
+            )
             return self.ledger.transition(key, run.run_id, status, seal=seal, **kwargs)
         staged = self.checkpoints.stage(checkpoint)
         try:
             seal = (
-                self.checkpoints.seal(checkpoint, reads, file=staged.temp)
+                self.checkpoints.seal(
+                    checkpoint, reads, file=staged.temp, revision=self.step.verify_revision
+                )
                 if reads is not None
                 else None
             )
@@ -709,7 +719,10 @@ class StepRuntime:
             # The edit was verified clean: it is sealed like a publish (the old seal named
             # the replaced file).
             seal = self.checkpoints.seal(
-                edited, victim_runtime.verifier_reads(victim_ctx), file=staged.temp
+                edited,
+                victim_runtime.verifier_reads(victim_ctx),
+                file=staged.temp,
+                revision=victim_step.verify_revision,
             )
             self.ledger.with_settled_row(victim_key, staged.commit, reseal=True, seal=seal)
         finally:

@@ -66,6 +66,10 @@ class Step:
     step_id: ClassVar[str]
     deps: ClassVar[tuple[str, ...]] = ()
     schema_version: ClassVar[int] = 1
+    # Bump when verify_completion / validate_data change what they accept: seals written
+    # under another revision are void, so read-only judges verify old checkpoints again
+    # (a schema_version bump would instead block them as contract drift).
+    verify_revision: ClassVar[int] = 1
     resume_config_keys: ClassVar[tuple[str, ...]] = ()
     allow_auto_rerun_on_schema_bump: ClassVar[bool] = False
     modifies_checkpoints: ClassVar[tuple[str, ...]] = ()

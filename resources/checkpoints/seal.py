@@ -21,8 +21,9 @@ so the checkpoint file itself is never racy.
 Not covered, by design: a verifier reading files it does not declare (its contract, see
 ``Step.verify_reads``); a rewrite that forges the original mtime_ns; bit rot that changes
 bytes without touching metadata; and a verifier whose code changed without a
-``schema_version`` bump. Runs and the IO manager always verify in full; a sensor built
-with ``trust_seals=False`` does too.
+``Step.verify_revision`` bump (the seal records the revision; another one voids it). Runs
+and the IO manager always verify in full; a sensor built with ``trust_seals=False`` does
+too.
 """
 
 import functools
@@ -141,8 +142,9 @@ class Seal:
     version: str  # created_at|run_id|mutations: which version of the envelope (run keys)
     artifacts: tuple[str, ...]  # artifact paths relative to the step directory
     files: tuple[SealedEntry, ...]  # the artifacts' files (SealedFile fields)
-    reads: tuple[SealedEntry, ...]  # project config, episode inputs, Step.verify_reads
+    reads: tuple[SealedEntry, ...]  # episode inputs, Step.verify_reads
     sealed_ns: int
+    revision: int = 1  # the step's verify_revision when it was verified
 
     def paths(self) -> tuple[str, ...]:
         """Every file and directory the seal covers, relative to ``PIPELINE_HOME``."""
@@ -164,6 +166,7 @@ class Seal:
                 "art": list(self.artifacts),
                 "af": [list(f) for f in self.files],
                 "rf": [list(f) for f in self.reads],
+                "vr": self.revision,
             },
             separators=(",", ":"),
             sort_keys=True,
@@ -197,6 +200,7 @@ class Seal:
                 files=_files(raw["af"]),
                 reads=_files(raw["rf"]),
                 sealed_ns=int(raw["at"]),
+                revision=int(raw["vr"]),
             )
         except (ValueError, TypeError, KeyError, IndexError):
             return None
@@ -230,6 +234,7 @@ def make_seal(
     reads: Sequence[Path],
     sealed_ns: int,
     expected: FileIdentity | None = None,
+    revision: int = 1,
 ) -> Seal | None:
     """Seal of a verified checkpoint; None when a file is missing or the envelope is racy.
 
@@ -274,4 +279,5 @@ def make_seal(
         files=tuple(files),
         reads=tuple(reads_found),
         sealed_ns=sealed_ns,
+        revision=revision,
     )

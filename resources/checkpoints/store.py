@@ -242,6 +242,7 @@ class CheckpointStore:
         reads: Iterable[Path] = (),
         *,
         file: Path | None = None,
+        revision: int = 1,
     ) -> str | None:
         """Seal text of a checkpoint its run has just verified clean (None: not sealable).
 
@@ -249,7 +250,7 @@ class CheckpointStore:
         is renamed into place); default the published checkpoint, which must then still be
         the very file ``checkpoint`` was loaded from (else a concurrent rewrite could get
         the verdict of the version that was verified). ``reads``: the other files the
-        step's verifier reads.
+        step's verifier reads; ``revision``: the step's ``verify_revision``.
         """
         expected: FileIdentity | None = None
         if file is None:
@@ -267,6 +268,7 @@ class CheckpointStore:
             artifacts={a.path: a.sha256 for a in checkpoint.artifacts},
             reads=tuple(reads),
             sealed_ns=time.time_ns(),
+            revision=revision,
         )
         return None if sealed is None else sealed.encode()
 

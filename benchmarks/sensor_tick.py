@@ -64,6 +64,7 @@ from resources.ledger.store import LedgerStore  # noqa: E402
 from resources.ledger.tables import step_run  # noqa: E402
 from resources.pipeline import PipelineResource  # noqa: E402
 from sensors.parallel import default_workers  # noqa: E402
+from sensors.report import REPORT_JOB, reported  # noqa: E402
 from sensors.resume_sensor import build_resume_sensor  # noqa: E402
 from sensors.tick import TickConfig, ticker_for  # noqa: E402
 
@@ -321,8 +322,10 @@ def run_size(episodes: int, server_url: str, keep: bool, workers: int | None) ->
                     "partitions_judged": stats.evaluated_partitions,
                     "row_queries": stats.row_queries,
                     "rows": stats.rows_fetched,
-                    "launches": len(result.run_requests or []),
-                    "blocks": len(result.asset_events or []),
+                    "launches": len(
+                        [r for r in result.run_requests or [] if r.job_name != REPORT_JOB]
+                    ),
+                    "blocks": len(reported(result.run_requests or [])),
                     "cursor_bytes": len(result.cursor or ""),
                 }
 

@@ -9,7 +9,7 @@ from pipeline_defs.steps.spec import Step
 from pipeline_defs.storyboard import STORYBOARD_STEPS, default_image_model, default_text_model
 from resources.checkpoints.io_manager import CheckpointIOManager
 from resources.pipeline import PipelineResource
-from sensors.resume_sensor import build_resume_sensor
+from sensors.resume_sensor import DEFAULT_INTERVAL_SECONDS, build_resume_sensor
 
 
 def build_resources(pipeline: PipelineResource | None = None) -> dict[str, object]:
@@ -23,12 +23,15 @@ def build_resources(pipeline: PipelineResource | None = None) -> dict[str, objec
 
 
 def build_defs(
-    steps: Sequence[Step] = STORYBOARD_STEPS, pipeline: PipelineResource | None = None
+    steps: Sequence[Step] = STORYBOARD_STEPS,
+    pipeline: PipelineResource | None = None,
+    *,
+    sensor_interval_seconds: int = DEFAULT_INTERVAL_SECONDS,
 ) -> dg.Definitions:
     assets = build_step_assets(steps)
     return dg.Definitions(
         assets=assets,
-        sensors=[build_resume_sensor(steps)],
+        sensors=[build_resume_sensor(steps, minimum_interval_seconds=sensor_interval_seconds)],
         resources=build_resources(pipeline),
     )
 

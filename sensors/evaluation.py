@@ -42,6 +42,7 @@ from pipeline_defs.project import ProjectConfig, load_project_config, project_co
 from pipeline_defs.resume.clock import as_utc, parse_timestamp
 from pipeline_defs.resume.completion import Origin
 from pipeline_defs.resume.decision import (
+    CODE_ALREADY_RUNNING,
     CODE_RECOVERY_EXHAUSTED,
     CODE_RESUME_BLOCKED,
     CODE_VERIFY_CRASHED,
@@ -264,12 +265,18 @@ class StepEvaluation:
                     f"manual investigation required: is run {facts.run_id!r} alive? "
                     f"If not: {reset} {expected}"
                 )
+            # A healthy lease: nothing to do. A reset hint here invites an operator to reset a
+            # live run; a lease that lapses is recovered by the sensor on its own.
             return (
-                f"wait for run {facts.run_id!r} to finish (recovered automatically after "
-                f"running_timeout_seconds), or if it is dead: {reset} "
-                f"--expected-started-at {facts.started_at}"
+                f"nothing: run {facts.run_id!r} is working on it (a lease that lapses is "
+                "recovered automatically)"
             )
         return force
+
+    @property
+    def running_healthy(self) -> bool:
+        """Another run holds a live lease: not a fault (its own run shows the check running)."""
+        return self.decision.code == CODE_ALREADY_RUNNING and self.facts.status == "running"
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-friendly view (for ``--json`` output and logs)."""

@@ -9,9 +9,12 @@ Per tick (see :mod:`sensors.tick` for what counts as a change and what a tick co
   partition and the state that caused the decision, so Dagster launches it once until that
   state changes. Tags: ``resume/action``, ``resume/origin``, ``resume/reason`` (cut to
   Dagster's 63-character tag-value limit), ``resume/state``.
-- a run-less ``AssetCheckEvaluation`` of ``resume_integrity`` on the asset partition for
-  every block whose state changed (failed, with origin / reason / code / what to do) and
-  once when a blocked partition leaves the block (passed). Blocks are also logged.
+- a ``resume_integrity`` check evaluation on the asset partition for every block whose
+  state changed (failed, with origin / reason / code / what to do) and once when a blocked
+  partition leaves the block (passed), published by a ``resume_report`` run (never as
+  run-less events, which Dagster's storage refuses twice for one asset partition: see
+  :mod:`sensors.report`). A live lease of another run is not reported: its own run shows
+  the check in progress. Blocks are also logged.
 
 The sensor writes nothing to the ledger or the checkpoint tree.
 """
@@ -21,13 +24,15 @@ from datetime import UTC, datetime
 
 import dagster as dg
 
-from pipeline_defs.steps.assets import RESUME_CHECK, episodes
+from pipeline_defs.steps.assets import episodes
 from pipeline_defs.steps.spec import Step
 from resources.pipeline import PipelineResource
 from sensors.evaluation import StepEvaluation, Stores, order_steps
+from sensors.report import report_requests, resume_report
 from sensors.tick import CheckChange, TickConfig, TickResult, ticker_for
 
 SENSOR_NAME = "resume_sensor"
+STEPS_JOB = "resume_steps"
 DEFAULT_INTERVAL_SECONDS = 30
 TAG_VALUE_LIMIT = 63
 LOGGED_CHANGES = 50
@@ -48,6 +53,7 @@ def run_request(ev: StepEvaluation) -> dg.RunRequest:
     decision = ev.decision
     return dg.RunRequest(
         run_key=ev.run_key,
+        job_name=STEPS_JOB,
         asset_selection=[dg.AssetKey(ev.step_id)],
         partition_key=ev.partition_key,
         tags={
@@ -59,8 +65,11 @@ def run_request(ev: StepEvaluation) -> dg.RunRequest:
     )
 
 
-def check_evaluation(change: CheckChange) -> dg.AssetCheckEvaluation:
-    """``resume_integrity`` on the asset partition: failed for a block, passed when cleared."""
+def check_report(change: CheckChange) -> dict[str, object]:
+    """``resume_integrity`` of the asset partition, as a report for the ``resume_report`` run.
+
+    Failed for a block (origin, reason, code, what to do), passed when a block cleared.
+    """
     ev = change.evaluation
     decision = ev.decision
     origin = decision.origin.value if decision.origin else "none"
@@ -79,14 +88,13 @@ def check_evaluation(change: CheckChange) -> dg.AssetCheckEvaluation:
             "what_to_do": ev.what_to_do,
         }
         description = f"blocked ({decision.code}, origin {origin}): {decision.reason}"
-    return dg.AssetCheckEvaluation(
-        asset_key=dg.AssetKey(ev.step_id),
-        check_name=RESUME_CHECK,
-        passed=change.passed,
-        partition=ev.partition_key,
-        metadata=metadata,
-        description=description[:1000],
-    )
+    return {
+        "step_id": ev.step_id,
+        "partition": ev.partition_key,
+        "passed": change.passed,
+        "description": description[:1000],
+        "metadata": metadata,
+    }
 
 
 def _log(context: dg.SensorEvaluationContext, result: TickResult) -> None:
@@ -139,16 +147,22 @@ def build_resume_sensor(
         workers=workers,
         trust_seals=trust_seals,
     )
-    selection = [dg.AssetKey(s.step_id) for s in ordered]
+    steps_job = dg.define_asset_job(
+        STEPS_JOB,
+        selection=[dg.AssetKey(s.step_id) for s in ordered],
+        partitions_def=episodes,
+        description="Self-only re-runs launched by resume_sensor (one asset partition each).",
+    )
 
     @dg.sensor(
         name=name,
         minimum_interval_seconds=minimum_interval_seconds,
         default_status=default_status,
-        asset_selection=selection or None,
+        jobs=[steps_job, resume_report],
         description=(
             "Judges every step of every episode (resume mode) and launches self-only "
-            "re-runs and stale-lease recoveries; reports blocks as resume_integrity checks."
+            "re-runs and stale-lease recoveries; reports blocks and their clearance as "
+            "resume_integrity checks through resume_report runs."
         ),
     )
     def resume_sensor(
@@ -162,13 +176,11 @@ def build_resume_sensor(
         if result.changed:
             _log(context, result)
         requests = [run_request(ev) for ev in result.launches]
-        events = [check_evaluation(change) for change in result.checks]
+        # A live lease is no fault: the owner's run shows the check in progress itself.
+        reports = [check_report(c) for c in result.checks if not c.evaluation.running_healthy]
+        requests += report_requests(reports, context.cursor)
         if requests:
-            return dg.SensorResult(run_requests=requests, asset_events=events, cursor=result.cursor)
-        return dg.SensorResult(
-            asset_events=events,
-            cursor=result.cursor,
-            skip_reason=result.stats.line(),
-        )
+            return dg.SensorResult(run_requests=requests, cursor=result.cursor)
+        return dg.SensorResult(cursor=result.cursor, skip_reason=result.stats.line())
 
     return resume_sensor

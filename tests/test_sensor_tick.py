@@ -34,6 +34,7 @@ from pipeline_defs.steps.assets import RESUME_CHECK, build_step_assets
 from resources.ledger.store import LedgerStore
 from resources.pipeline import PipelineResource
 from sensors.evaluation import Stores
+from sensors.report import REPORT_JOB, reported
 from sensors.resume_sensor import TAG_VALUE_LIMIT, build_resume_sensor
 from sensors.tick import TickConfig, TickStats, forget_tickers, ticker_for
 
@@ -113,17 +114,16 @@ class Rig:
         result = result or self.last
         found = {}
         for request in result.run_requests or []:
+            if request.job_name == REPORT_JOB:
+                continue
             (asset,) = request.asset_selection
             found[(asset.to_user_string(), request.partition_key)] = request
         return found
 
     def checks(self, result: Any = None) -> dict[tuple[str, str], dg.AssetCheckEvaluation]:
         result = result or self.last
-        return {
-            (ev.asset_key.to_user_string(), ev.partition): ev
-            for ev in result.asset_events
-            if isinstance(ev, dg.AssetCheckEvaluation)
-        }
+        evaluations = [r.evaluation() for r in reported(result.run_requests or [])]
+        return {(ev.asset_key.to_user_string(), ev.partition): ev for ev in evaluations}
 
     def key(self, pk: str, step_id: str) -> StepKey:
         return Episode.parse(pk).step(step_id)
@@ -183,7 +183,7 @@ KINDS = {
     "p/pnggone": ("mid frames/f0.png deleted", {"mid": "rerun_self"}, {}),
     "p/failed": ("src failed", {"src": "rerun_self"}, {}),
     "p/backoff": ("src failed, retry in 60s", {}, {}),
-    "p/healthy": ("mid running 10s", {}, {"mid": ("step.already_running", "none")}),
+    "p/healthy": ("mid running 10s", {}, {}),  # a live lease: no launch, not a failed check
     "p/stale": ("mid running past timeout", {"mid": "stale_running_recovery"}, {}),
     "p/nullstart": ("mid running, NULL started_at", {}, {"mid": ("step.resume_blocked", "none")}),
     "p/exhausted": ("src failed 3 times", {}, {"src": ("step.recovery_exhausted", "none")}),
@@ -258,7 +258,7 @@ def test_every_decision_kind_becomes_a_launch_a_wait_or_a_block(rig: Rig) -> Non
         assert check.check_name == RESUME_CHECK and not check.passed
         values = _values(check)
         assert values["reason"] and values["what_to_do"]
-    assert "reset-running" in _values(checks[("mid", "p/healthy")])["what_to_do"]
+    assert "reset-running" in _values(checks[("mid", "p/nullstart")])["what_to_do"]
     assert "resume/mode=force" in _values(checks[("end", "q/config")])["what_to_do"]
     assert "style" in _values(checks[("end", "q/config")])["reason"]
     # Dependency order: nothing downstream of a re-run, running or blocked step launches.
@@ -298,7 +298,7 @@ def test_a_tick_without_changes_judges_nothing(rig: Rig, monkeypatch: pytest.Mon
     result = rig.tick()
     assert sum(VERIFY_CALLS.values()) == 0 and not queries
     assert rig.stats.mode == "unchanged" and rig.stats.judged == 0
-    assert not result.run_requests and not result.asset_events
+    assert not result.run_requests and not rig.checks(result)
     # Even a restarted code server (no memory) skips on an unchanged cursor.
     forget_tickers()
     rig.tick()
@@ -387,7 +387,7 @@ def test_same_state_same_run_key_and_a_new_state_relaunches(rig: Rig) -> None:
     assert again == first  # a lost cursor re-requests the same key: Dagster dedupes it
     # The launched run claims, fails again: a new state, a new launch.
     assert rig.stores.ledger.claim(key, "r2:0", auto_recovery=True, reason="auto")
-    assert rig.tick().asset_events  # running healthy: reported
+    assert not rig.checks(rig.tick())  # running healthy: its own run shows it, not a fault
     assert rig.stores.ledger.transition(key, "r2:0", "failed")
     result = rig.tick()
     second = rig.requests(result)[("src", "p/e1")].run_key
@@ -409,7 +409,7 @@ def test_a_sensor_request_runs_and_the_next_tick_moves_downstream(sqlite_rig: Ri
             assert result.success
     assert order == [{"src"}, {"mid", "side"}, {"end"}]
     rig.tick()
-    assert not rig.last.run_requests and not rig.last.asset_events
+    assert not rig.last.run_requests and not rig.checks()
 
 
 # --------------------------------------------------------------------------- time
@@ -422,7 +422,7 @@ def test_backoff_defers_until_retry_not_before(sqlite_rig: Rig) -> None:
         key, "r1:0", "failed"
     )
     set_row(rig.stores, key, retry_not_before=format_timestamp(rig.now + timedelta(seconds=60)))
-    assert not rig.tick().run_requests
+    assert not rig.requests(rig.tick())
     assert rig.stats.deferred == 1
     rig.now += timedelta(seconds=30)
     rig.tick()
@@ -441,8 +441,8 @@ def test_a_running_row_turns_stale_by_time_alone(sqlite_rig: Rig) -> None:
     started = format_timestamp(rig.now - timedelta(seconds=10))
     assert rig.stores.ledger.claim(key, "w:0", now=started)
     rig.tick()
-    assert not rig.last.run_requests
-    assert _values(rig.checks()[("mid", "p/e1")])["code"] == "step.already_running"
+    assert not rig.requests()
+    assert not rig.checks()  # a live lease is no failure (issue 9 §3)
     rig.now += timedelta(seconds=TIMEOUT)
     request = rig.requests(rig.tick())[("mid", "p/e1")]
     assert request.tags["resume/action"] == "stale_running_recovery"
@@ -461,10 +461,10 @@ def test_exhaustion_is_reported_once_and_a_recovery_passes(sqlite_rig: Rig) -> N
     assert not check.passed and _values(check)["code"] == "step.recovery_exhausted"
     logged = [line for line in rig.log.lines if line.startswith("BLOCK src [p/e1]")]
     assert len(logged) == 1 and "step.recovery_exhausted" in logged[0]  # the tick log
-    assert not rig.last.run_requests
+    assert not rig.requests()
     write_input(rig.home, "p/e1", "unrelated.txt", "x")  # re-judged, same block
     rig.tick()
-    assert rig.stats.evaluated_partitions == 1 and not rig.last.asset_events
+    assert rig.stats.evaluated_partitions == 1 and not rig.checks()
     # An explicit force (a human's decision) rebuilds it; the block clears once.
     assert materialize(
         rig.instance, rig.pipeline, "p/e1", ["src"], tags={"resume/mode": "force"}
@@ -473,20 +473,30 @@ def test_exhaustion_is_reported_once_and_a_recovery_passes(sqlite_rig: Rig) -> N
     assert rig.checks()[("src", "p/e1")].passed
     assert {s for s, _ in rig.requests()} == {"mid", "side"}  # force staled them: self-reruns
     rig.tick()
-    assert not rig.last.asset_events
+    assert not rig.checks()
 
 
-def test_block_evaluations_are_accepted_by_the_instance(sqlite_rig: Rig) -> None:
+def test_reports_are_stored_by_the_instance_again_and_again(sqlite_rig: Rig) -> None:
+    """Block, clear, block the same asset partition: every report run is stored.
+
+    Run-less evaluations (what the sensor returned before) are refused by Dagster's index
+    the second time; the daemon-path test (test_sensor_daemon.py) shows the wedge end to end.
+    """
     rig = sqlite_rig
     seed(rig.stores, "p/e1")
     rig.add("p/e1")
-    write_input(rig.home, "p/e1", "verify.json", {"end": "typed"})
-    rig.tick()
-    for event in rig.last.asset_events:
-        rig.instance.report_runless_asset_event(event)
-    history = rig.instance.event_log_storage.get_asset_check_execution_history(
-        dg.AssetCheckKey(dg.AssetKey("end"), RESUME_CHECK), limit=1
-    )  # the newest record (the module's instance holds earlier runs' checks too)
-    assert [r.status.value for r in history] == ["FAILED"]
-    evaluation = history[0].event.dagster_event.event_specific_data
-    assert evaluation.partition == "p/e1" and evaluation.metadata["code"].value
+    statuses = []
+    for verdict in ({"end": "typed"}, {}, {"end": "typed"}):
+        write_input(rig.home, "p/e1", "verify.json", verdict)
+        rig.tick()
+        (request,) = [r for r in rig.last.run_requests if r.job_name == REPORT_JOB]
+        job = rig.defs.get_job_def(REPORT_JOB)
+        assert job.execute_in_process(run_config=request.run_config, instance=rig.instance).success
+        history = rig.instance.event_log_storage.get_asset_check_execution_history(
+            dg.AssetCheckKey(dg.AssetKey("end"), RESUME_CHECK), limit=1
+        )  # the newest record (the module's instance holds earlier runs' checks too)
+        statuses.append(history[0].status.value)
+        evaluation = history[0].event.dagster_event.event_specific_data
+        assert evaluation.partition == "p/e1"
+    assert statuses == ["FAILED", "SUCCEEDED", "FAILED"]
+    assert evaluation.metadata["code"].value

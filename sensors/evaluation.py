@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
 from pipeline_defs.project import ProjectConfig, load_project_config, project_config_path
-from pipeline_defs.resume.clock import as_utc, parse_timestamp
+from pipeline_defs.resume.clock import MAX_CLOCK_SKEW, as_utc, parse_timestamp
 from pipeline_defs.resume.completion import Origin
 from pipeline_defs.resume.decision import (
     CODE_ALREADY_RUNNING,
@@ -637,8 +637,11 @@ def next_wake(
 ) -> datetime | None:
     """Earliest future moment at which time alone can change a decision of these rows.
 
-    A running row becomes stale at ``started_at + running_timeout_seconds``; a backoff
-    ends at ``retry_not_before``. Nothing else in the table depends on the clock.
+    A running row becomes stale at ``started_at + running_timeout_seconds``, and a lease
+    from beyond the allowed clock skew in the future turns from "investigate" to healthy
+    at ``started_at - MAX_CLOCK_SKEW``; a backoff ends at ``retry_not_before``. Nothing
+    else in the table depends on the clock. Moments past ``datetime.max`` (a year-9999
+    ``started_at``) never come.
     """
     now = as_utc(now)
     timeout = timedelta(seconds=settings.running_timeout_seconds)
@@ -647,7 +650,10 @@ def next_wake(
         if str(row.get("status") or "").strip().lower() == "running":
             started = parse_timestamp(row.get("started_at"))
             if started is not None:
-                found.append(started + timeout)
+                with contextlib.suppress(OverflowError):
+                    found.append(started + timeout)
+                with contextlib.suppress(OverflowError):
+                    found.append(started - MAX_CLOCK_SKEW)
         retry = parse_timestamp(row.get("retry_not_before"))
         if retry is not None:
             found.append(retry)

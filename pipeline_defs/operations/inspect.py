@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from pipeline_defs.operations.workspace import Workspace
-from pipeline_defs.resume.clock import parse_timestamp
+from pipeline_defs.resume.clock import MAX_CLOCK_SKEW, beyond_clock_skew, parse_timestamp
 from pipeline_defs.resume.partition import Episode, StepKey
 
 # Audit actions that record a judge's verdict (the rest are follow-up transitions).
@@ -219,14 +219,17 @@ def _sensor_episodes(ws: Workspace) -> list[Episode]:
 
 
 # --------------------------------------------------------------------------- running audit
-RUNNING_BUCKETS = ("healthy", "stale", "unparseable", "null_started_at")
+# "future": started_at lies beyond the allowed clock skew ahead of now. The judge blocks
+# such a row like an unparseable one (it would otherwise never time out), so it is not
+# counted as healthy here either.
+RUNNING_BUCKETS = ("healthy", "stale", "unparseable", "null_started_at", "future")
 
 
 @dataclass
 class RunningRow:
     partition: str
     step: str
-    bucket: str  # healthy / stale / unparseable / null_started_at
+    bucket: str  # healthy / stale / unparseable / null_started_at / future
     started_at: str | None
     elapsed_seconds: float | None
     run_id: str | None
@@ -254,6 +257,14 @@ def audit_running(ws: Workspace, now: datetime | None = None) -> list[RunningRow
         elif started is None:
             bucket = "unparseable"
             hint = f"investigate, then: {reset} --expected-started-at {raw!r}"
+        elif beyond_clock_skew(started, now):
+            bucket = "future"
+            hint = (
+                f"started_at is {-(elapsed or 0):.0f}s in the future (more than the "
+                f"{MAX_CLOCK_SKEW.total_seconds():.0f}s allowed clock skew; check the owner "
+                f"host's clock); the judge blocks it: investigate, then: {reset} "
+                f"--expected-started-at {raw!r}"
+            )
         elif elapsed is not None and elapsed < timeout:
             bucket, hint = "healthy", f"owner has {timeout - elapsed:.0f}s left before the timeout"
         else:

@@ -14,7 +14,13 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, Protocol
 
-from pipeline_defs.resume.clock import as_utc, format_timestamp, parse_timestamp
+from pipeline_defs.resume.clock import (
+    MAX_CLOCK_SKEW,
+    as_utc,
+    beyond_clock_skew,
+    format_timestamp,
+    parse_timestamp,
+)
 from pipeline_defs.resume.completion import CompletionReport, Origin, report_from_exception
 from pipeline_defs.resume.settings import ResumeSettings
 
@@ -218,6 +224,16 @@ def _judge_running(
     if started is None:
         return _block(
             f"ledger row is running but started_at {raw_started!r} is missing or unparseable "
+            f"(owner run {run_id!r}); manual investigation required",
+            None,
+        )
+    # Row 5 too: a started_at far in the future never times out, so it would count as a
+    # healthy lease forever. It is as untrustworthy as an unparseable one.
+    if beyond_clock_skew(started, now):
+        ahead = (started - now).total_seconds()
+        return _block(
+            f"ledger row is running but started_at {raw_started!r} is {ahead:.0f}s in the "
+            f"future, beyond the {MAX_CLOCK_SKEW.total_seconds():.0f}s allowed clock skew "
             f"(owner run {run_id!r}); manual investigation required",
             None,
         )

@@ -18,6 +18,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "step.provider_outside_run": 500,
     "io.integrity_violation": 422,
     "io.checkpoint_missing": 404,
+    "checkpoint.invalid": 422,  # a checkpoint.json field of the wrong JSON shape
     "settings.invalid": 400,
     "input.invalid_id": 400,
     "input.invalid": 400,

@@ -23,7 +23,16 @@ ENV_NAMES: dict[str, str] = {
     "running_timeout_seconds": "PIPELINE_RUNNING_TIMEOUT_SECONDS",
     "max_recovery_attempts": "PIPELINE_MAX_RECOVERY_ATTEMPTS",
     "retry_backoff_seconds": "PIPELINE_RETRY_BACKOFF_SECONDS",
+    "offline_latency_ms": "PIPELINE_OFFLINE_LATENCY_MS",
 }
+
+# Upper bounds. Without them a value validated and broke later instead: a timeout of
+# 10**22 s raised OverflowError in the judge (``timedelta``), and a huge backoff overflowed
+# ``now + attempts * backoff``. The bounds are far above any sane setting and keep that
+# arithmetic (at most 1000 x 30 days after now) well inside ``datetime``'s range.
+MAX_SETTING_SECONDS = 30 * 24 * 3600  # 30 days
+MAX_RECOVERY_ATTEMPTS = 1000
+MAX_OFFLINE_LATENCY_MS = 600_000  # 10 minutes per simulated call
 
 
 class ResumeSettings(BaseModel):
@@ -33,9 +42,14 @@ class ResumeSettings(BaseModel):
 
     home: Path = Path(".pipeline")
     db_url: str | None = None
-    running_timeout_seconds: int = Field(default=3600, gt=0)
-    max_recovery_attempts: int = Field(default=3, ge=1)
-    retry_backoff_seconds: int = Field(default=30, ge=0)
+    running_timeout_seconds: int = Field(default=3600, gt=0, le=MAX_SETTING_SECONDS)
+    max_recovery_attempts: int = Field(default=3, ge=1, le=MAX_RECOVERY_ATTEMPTS)
+    retry_backoff_seconds: int = Field(default=30, ge=0, le=MAX_SETTING_SECONDS)
+    # The offline models read PIPELINE_OFFLINE_LATENCY_MS again at each call (so a changed
+    # value applies without a reload); it is validated here too so that a bad value refuses
+    # when settings are read (start of a run, sensor tick, CLI command), not only at the
+    # first provider call deep inside a run.
+    offline_latency_ms: int = Field(default=0, ge=0, le=MAX_OFFLINE_LATENCY_MS)
 
     @field_validator("db_url")
     @classmethod

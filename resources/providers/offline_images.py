@@ -13,6 +13,8 @@ import time
 from PIL import Image, ImageDraw, ImageFont
 from pydantic import Field
 
+from pipeline_defs.resume.settings import MAX_OFFLINE_LATENCY_MS
+
 from .base import ImageCall, ImageModel, ImageReply, check_image_size, simulated_latency_ms
 
 OFFLINE_IMAGE_MODEL = "offline-image-v1"
@@ -157,6 +159,7 @@ class OfflineImageModel(ImageModel):
     latency_ms: int | None = Field(
         default=None,
         ge=0,
+        le=MAX_OFFLINE_LATENCY_MS,  # the bound PIPELINE_OFFLINE_LATENCY_MS has in the settings
         description="Simulated latency per call; None = PIPELINE_OFFLINE_LATENCY_MS at call time",
     )
 

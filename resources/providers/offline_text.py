@@ -21,6 +21,8 @@ from typing import Any
 
 from pydantic import Field
 
+from pipeline_defs.resume.settings import MAX_OFFLINE_LATENCY_MS
+
 from .base import (
     CONFIG_ERROR,
     INVALID_INPUT,
@@ -473,6 +475,7 @@ class OfflineTextModel(TextModel):
     latency_ms: int | None = Field(
         default=None,
         ge=0,
+        le=MAX_OFFLINE_LATENCY_MS,  # the bound PIPELINE_OFFLINE_LATENCY_MS has in the settings
         description="Simulated latency per call; None = PIPELINE_OFFLINE_LATENCY_MS at call time",
     )
 

@@ -150,7 +150,6 @@ def build_resume_sensor(
     steps_job = dg.define_asset_job(
         STEPS_JOB,
         selection=[dg.AssetKey(s.step_id) for s in ordered],
-        partitions_def=episodes,
         description="Self-only re-runs launched by resume_sensor (one asset partition each).",
     )
 

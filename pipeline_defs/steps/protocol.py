@@ -6,6 +6,7 @@ fenced publish, recovery bookkeeping, mutator hook. Any failure after the claim 
 owner-aware ``failed`` and re-raises. Dagster-free: the asset factory adapts it.
 """
 
+import dataclasses
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +36,16 @@ from pipeline_defs.resume.errors import PipelineError
 from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.resume.settings import ResumeSettings
 from pipeline_defs.steps.context import ProviderMeter, StepContext
+from pipeline_defs.steps.faults import crash_point
+from pipeline_defs.steps.mutations import (
+    Intent,
+    PreparedEdit,
+    intent_report,
+    intents_data,
+    intents_of,
+    settle,
+    write_ahead,
+)
 from pipeline_defs.steps.spec import Mutation, Step, StepResult
 from resources.checkpoints.envelope import Checkpoint, mask_secrets
 from resources.checkpoints.seal import Seal
@@ -189,7 +200,11 @@ class StepRuntime:
             files = sorted(p for p in inputs.iterdir() if p.is_file())
         except OSError:
             files = []
-        return tuple(dict.fromkeys([inputs, *files, *self.step.verify_reads(ctx)]))
+        victims = [
+            self.checkpoints.path_for(StepKey(ctx.key.project_id, ctx.key.episode_id, v))
+            for v in self.step.modifies_checkpoints
+        ]
+        return tuple(dict.fromkeys([inputs, *files, *self.step.verify_reads(ctx), *victims]))
 
     def load_checkpoint(self, key: StepKey) -> tuple[Checkpoint | None, PipelineError | None]:
         try:
@@ -260,6 +275,14 @@ class StepRuntime:
 
             return None, CheckpointSummary.absent(), absent
         found = checkpoint
+        if self.step.modifies_checkpoints:  # and whether its victims hold its edits
+            return (
+                found,
+                found.summary(),
+                lambda: merge_reports(
+                    self.verify(ctx, found), intent_report(self.checkpoints, ctx.key, found)
+                ),
+            )
         return found, found.summary(), lambda: self.verify(ctx, found)
 
     # ------------------------------------------------------------------ running
@@ -445,6 +468,7 @@ class StepRuntime:
                 from_status=prior,
                 to_status="running",
             )
+            crash_point("claimed", key.step_id)
             if decision.action is ResumeAction.FORCE_EXPLICIT:
                 cleanup = self.step.cleanup_artifacts(self.context(key, run_id=run.run_id))
                 self.log.info("%s: force cleanup: %s", key, cleanup.note)
@@ -490,11 +514,24 @@ class StepRuntime:
         attempts: int,
         state: dict[str, bool],
     ) -> StepOutcome:
+        # (0) a mutator whose published edits were cut short settles them, no provider call
+        if self.step.modifies_checkpoints and decision.action is not ResumeAction.FORCE_EXPLICIT:
+            resumed = self._settle_published(key, run, decision, state)
+            if resumed is not None:
+                return resumed
         # (1) execute with metered providers
         meter = ProviderMeter(self.ledger, key, run.run_id, self.text_model, self.image_model)
         ctx = self.context(key, run_id=run.run_id, meter=meter)
         started = self.clock()
         result = self.step.execute(ctx, {dep: cp for dep, cp in inputs.items() if cp is not None})
+        crash_point("executed", key.step_id)
+        # (1b) a mutator's edits: prepared and verified now, written ahead before it publishes
+        edits: list[PreparedEdit] = []
+        if self.step.modifies_checkpoints:
+            edits = self._prepare_edits(key, run, result.mutations, inputs)
+            result = dataclasses.replace(
+                result, data=intents_data(result.data, [e.intent for e in edits])
+            )
         # (2) final status from the counts
         status = result.status
         checkpoint = self._envelope(key, result, status, run, ctx.project, started)
@@ -528,7 +565,10 @@ class StepRuntime:
             if status == "completed" and report is not None and report.is_complete
             else None
         )
+        if edits and status != "failed":
+            write_ahead(self.checkpoints, key, edits)
         published = self._publish(key, run, status, checkpoint, result.summary, counts, reads)
+        crash_point("published", key.step_id)
         if not published:
             raise PipelineError(
                 "step.ownership_lost", f"{key}: run {run.run_id} lost its claim; nothing published"
@@ -551,16 +591,20 @@ class StepRuntime:
             raise PipelineError(
                 "step.execute_failed", f"{key}: every item failed ({result.summary})"
             )
-        # (7) mutator hook: a failed edit fails the mutator (recorded by the caller)
-        state["recorded"] = False
-        mutated = tuple(self.apply_mutation(key, run, m) for m in result.mutations)
-        state["recorded"] = True
+        # (7) a mutator settles its victims: a failed edit fails it (recorded by the caller)
+        mutated: tuple[str, ...] = ()
+        if edits:
+            state["recorded"] = False
+            intents = [e.intent for e in edits]
+            mutated = self._settle(key, run, intents, checkpoint, ctx, reseal=status == "completed")
+            state["recorded"] = True
+        crash_point("finished", key.step_id)
         return StepOutcome(
             decision,
             status,
             checkpoint,
             provider_calls=meter.calls,
-            mutated=tuple(m for m in mutated if m),
+            mutated=mutated,
             report=report,
             metadata=dict(result.metadata),
         )
@@ -662,22 +706,54 @@ class StepRuntime:
             )
         return cleared
 
-    def apply_mutation(self, key: StepKey, run: RunInfo, mutation: Mutation) -> str | None:
-        """Edit a victim checkpoint in place (SPEC §7). Returns the victim id if written."""
-        if mutation.victim not in self.step.modifies_checkpoints:
-            raise PipelineError(
-                "step.mutation_rejected",
-                f"{key}: {mutation.victim} is not declared in modifies_checkpoints",
-            )
-        victim_step = self.steps[mutation.victim]
-        victim_key = StepKey(key.project_id, key.episode_id, mutation.victim)
-        current = self.checkpoints.load(victim_key)
-        if current is None:
-            raise PipelineError(
-                "step.mutation_rejected", f"{key}: victim {victim_key} has no checkpoint"
-            )
-        if dict(current.data) == dict(mutation.data):
-            return None  # zero fixes = zero writes
+    def _victim_runtime(self, victim: str) -> "StepRuntime":
+        return StepRuntime(
+            self.steps[victim],
+            steps=self.steps,
+            settings=self.settings,
+            ledger=self.ledger,
+            checkpoints=self.checkpoints,
+        )
+
+    def _prepare_edits(
+        self,
+        key: StepKey,
+        run: RunInfo,
+        mutations: Sequence[Mutation],
+        inputs: Mapping[str, Checkpoint | None],
+    ) -> list[PreparedEdit]:
+        """Every declared victim's intent, each edit built on the victim the mutator read,
+        validated and verified. Writes nothing (SPEC §7: zero fixes = zero writes)."""
+        by_victim: dict[str, Mutation] = {}
+        for mutation in mutations:
+            if mutation.victim not in self.step.modifies_checkpoints:
+                raise PipelineError(
+                    "step.mutation_rejected",
+                    f"{key}: {mutation.victim} is not declared in modifies_checkpoints",
+                )
+            by_victim[mutation.victim] = mutation
+        edits = []
+        for victim in self.step.modifies_checkpoints:
+            victim_key = StepKey(key.project_id, key.episode_id, victim)
+            read = inputs.get(victim) or self.checkpoints.load(victim_key)
+            mutation = by_victim.get(victim)
+            if read is None:
+                if mutation is not None:
+                    raise PipelineError(
+                        "step.mutation_rejected", f"{key}: victim {victim_key} has no checkpoint"
+                    )
+                continue
+            edited = read
+            if mutation is not None and dict(read.data) != dict(mutation.data):
+                edited = self._edited_victim(key, run, mutation, read)
+            intent = Intent(victim, read.content_hash, edited.content_hash)
+            edits.append(PreparedEdit(intent, edited))
+        return edits
+
+    def _edited_victim(
+        self, key: StepKey, run: RunInfo, mutation: Mutation, read: Checkpoint
+    ) -> Checkpoint:
+        victim_key = read.key
         record = {
             "by_step": key.step_id,
             "run_id": run.run_id,
@@ -685,28 +761,19 @@ class StepRuntime:
             "fields": list(mutation.fields),
             "origin": mutation.note,
         }
-        edited = current.with_changes(
-            data=dict(mutation.data), mutations=(*current.mutations, record)
-        )
-        source = str(self.checkpoints.path_for(victim_key))
+        edited = read.with_changes(data=dict(mutation.data), mutations=(*read.mutations, record))
+        victim = self._victim_runtime(mutation.victim)
         try:
-            victim_step.validate_data(edited.data, source=source)
+            victim.step.validate_data(
+                edited.data, source=str(self.checkpoints.path_for(victim_key))
+            )
         except PipelineError as exc:
             raise PipelineError(
                 "step.mutation_rejected",
                 f"{key}: edit of {victim_key} rejected: {exc.message}",
                 origin=exc.origin,
             ) from exc
-
-        victim_runtime = StepRuntime(
-            victim_step,
-            steps=self.steps,
-            settings=self.settings,
-            ledger=self.ledger,
-            checkpoints=self.checkpoints,
-        )
-        victim_ctx = victim_runtime.context(victim_key)
-        report = victim_runtime.verify(victim_ctx, edited)
+        report = victim.verify(victim.context(victim_key), edited)
         if not report.is_complete:
             raise PipelineError(
                 "step.mutation_rejected",
@@ -714,39 +781,111 @@ class StepRuntime:
                 f"({report.origin}: {list(report.missing)[:3]}); left unchanged",
                 origin=report.origin.value if report.origin else None,
             )
-        staged = self.checkpoints.stage(edited)  # archives the victim first
-        try:
-            # The edit was verified clean: it is sealed like a publish (the old seal named
-            # the replaced file).
-            seal = self.checkpoints.seal(
+        return edited
+
+    def _settle(
+        self,
+        key: StepKey,
+        run: RunInfo,
+        intents: Sequence[Intent],
+        checkpoint: Checkpoint,
+        ctx: StepContext,
+        *,
+        reseal: bool,
+    ) -> tuple[str, ...]:
+        """Apply the written-ahead edits (compare-and-set), audit them; ``reseal`` the
+        mutator's published row (its seal names the victims' files)."""
+
+        def seal_for(edited: Checkpoint, temp: str) -> str | None:
+            # The edit was verified clean: sealed like a publish (the old seal named the
+            # replaced file).
+            victim = self._victim_runtime(edited.step_id)
+            return self.checkpoints.seal(
                 edited,
-                victim_runtime.verifier_reads(victim_ctx),
-                file=staged.temp,
-                revision=victim_step.verify_revision,
+                victim.verifier_reads(victim.context(edited.key)),
+                file=Path(temp),
+                revision=victim.step.verify_revision,
             )
-            self.ledger.with_settled_row(victim_key, staged.commit, reseal=True, seal=seal)
-        finally:
-            staged.discard()
-        # Re-verify what is on disk now; roll back to the archived bytes if it does not hold.
-        reloaded = self.checkpoints.load(victim_key)
-        after = victim_runtime.verify(victim_ctx, reloaded) if reloaded else None
-        if after is None or not after.is_complete:
-            restore = self.checkpoints.stage(current)
-            try:
-                self.ledger.with_settled_row(victim_key, restore.commit, reseal=True, seal=None)
-            finally:
-                restore.discard()
-            raise PipelineError(
-                "step.mutation_rejected",
-                f"{key}: {victim_key} failed re-verification after the edit; rolled back",
+
+        def applied(intent: Intent, before: Checkpoint, after: Checkpoint) -> None:
+            self._reverify_victim(key, before, after)
+            fields = list(after.mutations[-1].get("fields", [])) if after.mutations else []
+            note = after.mutations[-1].get("origin") if after.mutations else None
+            self.ledger.append_transition(
+                after.key,
+                action="mutated",
+                from_status=None,
+                to_status=None,
+                reason=f"{note or 'edited'} by {key.step_id}: fields {fields}",
+                run_id=run.run_id,
+                launch_path=run.launch_path,
             )
-        self.ledger.append_transition(
-            victim_key,
-            action="mutated",
-            from_status=None,
-            to_status=None,
-            reason=f"{mutation.note or 'edited'} by {key.step_id}: fields {list(mutation.fields)}",
-            run_id=run.run_id,
-            launch_path=run.launch_path,
+
+        written = settle(
+            self.checkpoints, self.ledger, key, intents, seal_for=seal_for, on_applied=applied
         )
-        return mutation.victim
+        if reseal and written:
+            # The mutator's seal covers its victims' files: renew it now they hold the edits.
+            seal = self.checkpoints.seal(
+                checkpoint, self.verifier_reads(ctx), revision=self.step.verify_revision
+            )
+            self.ledger.with_settled_row(key, lambda: None, reseal=True, seal=seal)
+        return tuple(written)
+
+    def _reverify_victim(self, key: StepKey, before: Checkpoint, after: Checkpoint) -> None:
+        """Re-verify what is on disk now; roll back to the version read if it does not hold."""
+        victim = self._victim_runtime(after.step_id)
+        reloaded = self.checkpoints.load(after.key)
+        report = victim.verify(victim.context(after.key), reloaded) if reloaded else None
+        if report is not None and report.is_complete:
+            return
+        restore = self.checkpoints.stage(before)
+        try:
+            self.ledger.with_settled_row(after.key, restore.commit, reseal=True, seal=None)
+        finally:
+            restore.discard()
+        raise PipelineError(
+            "step.mutation_rejected",
+            f"{key}: {after.key} failed re-verification after the edit; rolled back",
+        )
+
+    def _settle_published(
+        self, key: StepKey, run: RunInfo, decision: ResumeDecision, state: dict[str, bool]
+    ) -> StepOutcome | None:
+        """A published mutator checkpoint whose edits are written ahead but not all applied
+        (the process died while settling): apply them instead of reviewing again. None when
+        that is not possible (no intents, or a victim changed since): review again."""
+        existing, broken = self.load_checkpoint(key)
+        if existing is None or broken is not None or existing.status != "completed":
+            return None
+        intents = intents_of(existing, source=str(self.checkpoints.path_for(key)))
+        for intent in intents:
+            victim_key = StepKey(key.project_id, key.episode_id, intent.victim)
+            current, _ = self.load_checkpoint(victim_key)
+            found = current.content_hash if current is not None else None
+            pending = self.checkpoints.load_pending(key, intent.victim)
+            ready = pending is not None and pending.content_hash == intent.result
+            if found != intent.result and not (found == intent.base and ready):
+                return None
+        if not intents:
+            return None
+        ctx = self.context(key, run_id=run.run_id)
+        report = self.verify(ctx, existing)
+        if not report.is_complete:
+            return None
+        state["recorded"] = False
+        mutated = self._settle(key, run, intents, existing, ctx, reseal=False)
+        reads = self.verifier_reads(ctx)
+        summary = f"settled the written-ahead edits of {', '.join(mutated) or 'no victim'}"
+        if not self._publish(key, run, "completed", existing, summary, {}, reads):
+            raise PipelineError(
+                "step.ownership_lost", f"{key}: run {run.run_id} lost its claim; nothing published"
+            )
+        state["recorded"] = True
+        self.audit(
+            key, run, decision, action="finish", from_status="running", to_status="completed",
+            reason=summary,
+        )  # fmt: skip
+        self.ledger.reset_recovery(key, run.run_id)
+        crash_point("finished", key.step_id)
+        return StepOutcome(decision, "completed", existing, mutated=mutated, report=report)

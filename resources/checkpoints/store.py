@@ -29,6 +29,7 @@ from resources.checkpoints.seal import BACKDATE_NS, FileIdentity, Seal, identity
 CHECKPOINT_FILE = "checkpoint.json"
 FORCE_MARKER = ".force_cleared"
 ARCHIVE_DIR = "archive"
+PENDING_DIR = "pending"  # a mutator's write-ahead edits of its victims (steps.mutations)
 # Envelopes kept in memory per store (about 13 KB each for the storyboard steps).
 MAX_CACHED_ENVELOPES = 20_000
 
@@ -234,6 +235,31 @@ class CheckpointStore:
         if target.is_file():  # even an unreadable one: it is evidence, never destroyed
             self.archive(checkpoint.key, "replaced")
         return StagedCheckpoint(Path(temp), target, after_commit)
+
+    # ------------------------------------------------------------------ pending mutations
+    def pending_path(self, mutator: StepKey, victim: str) -> Path:
+        return self.step_dir(mutator) / PENDING_DIR / f"{victim}.json"
+
+    def write_pending(self, mutator: StepKey, edited: Checkpoint) -> Path:
+        """Write ahead an edited victim envelope (durable before the mutator publishes)."""
+        path = self.pending_path(mutator, edited.step_id)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(path, edited.to_json().encode("utf-8"))
+        return path
+
+    def load_pending(self, mutator: StepKey, victim: str) -> Checkpoint | None:
+        """The written-ahead edit of ``victim``; None if absent or unreadable (never trusted
+        beyond its content hash, which the caller compares with the published intent)."""
+        path = self.pending_path(mutator, victim)
+        try:
+            raw = json.loads(path.read_bytes())
+            return Checkpoint.from_dict(raw, source=str(path))
+        except (OSError, ValueError, PipelineError):
+            return None
+
+    def drop_pending(self, mutator: StepKey, victim: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.pending_path(mutator, victim).unlink()
 
     # ------------------------------------------------------------------ seals
     def seal(

@@ -1,0 +1,28 @@
+"""Named crash points of the run protocol, for crash tests that kill a real process.
+
+``PIPELINE_CRASH_AT=<step>:<stage>`` (or just ``<stage>``, for any step) makes the process
+SIGKILL itself when the run protocol of that step reaches that stage: no exception
+handler, ``finally`` or atexit runs, exactly as when the machine or the OOM killer stops a
+worker. Read per call (never at import) and a no-op unless set. The stages, in order:
+``claimed``, ``executed``, ``mutation.pending_written``, ``published``,
+``mutation.victim_written`` (after each victim edit), ``finished``.
+"""
+
+import os
+import signal
+
+CRASH_ENV = "PIPELINE_CRASH_AT"
+STAGES = (
+    "claimed",
+    "executed",
+    "mutation.pending_written",
+    "published",
+    "mutation.victim_written",
+    "finished",
+)
+
+
+def crash_point(stage: str, step_id: str) -> None:
+    wanted = os.environ.get(CRASH_ENV)
+    if wanted and wanted in (stage, f"{step_id}:{stage}"):
+        os.kill(os.getpid(), signal.SIGKILL)

@@ -27,14 +27,7 @@ import dagster as dg
 import pytest
 import yaml
 from cli_helpers import TESTS_DIR
-from dagster_dev import (
-    create_database,
-    drop_database,
-    free_port,
-    graphql,
-    stop,
-    wait_until_loaded,
-)
+from dagster_dev import create_database, dagster_dev, drop_database, graphql, write_workspace
 from dagster_graphql import DagsterGraphQLClient
 from storyboard_fakes import BARRIER_DIR_ENV
 
@@ -290,22 +283,8 @@ def deployment(
     config["run_coordinator"]["config"]["max_concurrent_runs"] = MAX_CONCURRENT_RUNS
     config["run_coordinator"]["config"]["dequeue_interval_seconds"] = 1
     (dagster_home / "dagster.yaml").write_text(yaml.safe_dump(config))
-    workspace = root / "workspace.yaml"
-    workspace.write_text(
-        yaml.safe_dump(
-            {
-                "load_from": [
-                    {
-                        "python_module": {
-                            "module_name": "launch_location",
-                            "attribute": "defs",
-                            "location_name": LOCATION,
-                            "working_directory": str(TESTS_DIR),
-                        }
-                    }
-                ]
-            }
-        )
+    workspace = write_workspace(
+        root / "workspace.yaml", "launch_location", "defs", LOCATION, TESTS_DIR
     )
     python_path = os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")]).rstrip(":")
     overrides = {
@@ -328,26 +307,12 @@ def deployment(
         ws = load_workspace("launch_location:sensor_defs")
         ws.ledger.migrate()
         instance = dg.DagsterInstance.from_config(str(dagster_home))
-        port = free_port()
-        dagster = str(Path(sys.executable).with_name("dagster"))
-        with log.open("wb") as sink:
-            process = subprocess.Popen(
-                [dagster, "dev", "-w", str(workspace), "-h", "127.0.0.1", "-p", str(port)],
-                cwd=root,
-                env=env,
-                stdout=sink,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # its own process group: stopped as one below
-            )
-        deployment = Deployment(
-            root, f"http://127.0.0.1:{port}", env, instance, ws, process, log, barrier
-        )
-        deployment.sensor_defs = ws.defs
         try:
-            wait_until_loaded(deployment.url, deployment.process, deployment.log)
-            yield deployment
+            with dagster_dev(workspace, env, root, log) as (url, process):
+                deployment = Deployment(root, url, env, instance, ws, process, log, barrier)
+                deployment.sensor_defs = ws.defs
+                yield deployment
         finally:
-            stop(process)
             instance.dispose()
             ws.ledger.engine.dispose()
             drop_database(pg_server_url, ledger_db)

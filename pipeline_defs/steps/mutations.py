@@ -33,7 +33,7 @@ from pipeline_defs.resume.errors import PipelineError
 from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.steps.faults import crash_point
 from resources.checkpoints.envelope import Checkpoint
-from resources.checkpoints.store import CheckpointStore
+from resources.checkpoints.store import CheckpointStore, StagedCheckpoint
 from resources.ledger.store import LedgerStore
 
 INTENTS_KEY = "mutation_intents"
@@ -158,7 +158,9 @@ def settle(
             seal = seal_for(pending, str(staged.temp))
 
             def compare_and_set(
-                base: str = intent.base, key: StepKey = victim_key, staged: Any = staged
+                base: str = intent.base,
+                key: StepKey = victim_key,
+                staged: StagedCheckpoint = staged,
             ) -> None:
                 # Under the victim's row lock: apply only to the version the mutator read.
                 now = checkpoints.load(key)

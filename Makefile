@@ -33,10 +33,10 @@ lint: $(STAMP)
 dev: $(STAMP) $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/dagster dev -w workspace.yaml
 
-## A local Dagster home: SQLite storage, no telemetry (kept if it already exists).
+## A local Dagster home: SQLite storage, no telemetry, no community pop-up (kept if it exists).
 $(DAGSTER_HOME)/dagster.yaml:
 	mkdir -p $(DAGSTER_HOME)
-	printf 'telemetry:\n  enabled: false\n' > $@
+	printf 'telemetry:\n  enabled: false\nnux:\n  enabled: false\n' > $@
 
 clean-demo:
 	rm -rf .pipeline .dagster_home

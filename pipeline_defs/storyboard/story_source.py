@@ -129,7 +129,10 @@ class StorySource(Step):
     deps = ()
     schema_version = 1
     resume_config_keys = ("story.segment_chars",)
-    description = "Reads projects/<p>/episodes/<e>/story.md; normalized text, scenes, segments."
+    # No angle brackets: the Dagster UI renders descriptions as Markdown (HTML tags vanish).
+    description = (
+        "Reads projects/{project}/episodes/{episode}/story.md; normalized text, scenes, segments."
+    )
 
     def execute(self, ctx: StepContext, inputs: Mapping[str, Checkpoint]) -> StepResult:
         path = story_path(ctx)

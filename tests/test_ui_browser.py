@@ -1,0 +1,159 @@
+"""The Dagster UI in a real browser (issue 9 §4): a block is explained, a force launches.
+
+``dagster dev`` runs the shipped code location (``workspace.yaml``) on a home made by
+``storyboard demo``; the story of ``demo/ep01`` is then edited, so ``story_source`` is blocked
+(contract drift) and the resume sensor reports it through a ``resume_report`` run. Chromium
+(Debian's package, driven by Playwright for Python) then:
+
+1. opens the asset graph (no community pop-up: ``nux`` is off, as ``make dev`` sets it);
+2. opens ``story_source``'s ``resume_integrity`` check and finds the partition, the reason
+   and the command to run;
+3. opens the materialize dialog, picks ``demo/ep01``, adds the tag ``resume/mode=force`` and
+   launches; the forced run must succeed.
+
+Screenshots of each page are written to the test's tmp dir (``-rP`` prints where).
+``PIPELINE_REQUIRE_BROWSER=1`` (set by ``.ci/run``) makes a missing browser a failure.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import dagster as dg
+import pytest
+from cli_helpers import TESTS_DIR
+from dagster_dev import dagster_dev, log_tail
+
+pytestmark = [pytest.mark.webserver, pytest.mark.xdist_group("ui_browser")]
+
+ROOT = TESTS_DIR.parent
+CHROMIUM = "/usr/bin/chromium"
+PARTITION = "demo/ep01"
+TIMEOUT_MS = 60_000
+DAGSTER_YAML = "telemetry:\n  enabled: false\nnux:\n  enabled: false\n"  # as `make dev`
+
+
+def _require_browser() -> bool:
+    return os.environ.get("PIPELINE_REQUIRE_BROWSER", "") not in ("", "0", "false")
+
+
+@dataclass
+class Ui:
+    url: str
+    home: Path
+    instance: dg.DagsterInstance
+    shots: Path
+    log: Path
+
+
+@pytest.fixture(scope="module")
+def ui(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ui]:
+    if not Path(CHROMIUM).exists() or shutil.which("chromium") is None:
+        message = f"the browser tests need Debian's chromium at {CHROMIUM}"
+        if _require_browser():
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    root = tmp_path_factory.mktemp("ui")
+    home, dagster_home, shots = root / "home", root / "dagster_home", root / "screenshots"
+    for folder in (dagster_home, shots):
+        folder.mkdir()
+    (dagster_home / "dagster.yaml").write_text(
+        "telemetry:\n  enabled: false\nnux:\n  enabled: false\n"
+    )
+    env = {**os.environ, "PIPELINE_HOME": str(home), "DAGSTER_HOME": str(dagster_home)}
+    for name in ("PIPELINE_DB_URL", "STORYBOARD_DEFS"):
+        env.pop(name, None)
+    storyboard = str(Path(sys.executable).with_name("storyboard"))
+    demo = subprocess.run(
+        [storyboard, "demo"], env=env, capture_output=True, text=True, timeout=600, cwd=root
+    )
+    assert demo.returncode == 0, demo.stdout[-2000:] + demo.stderr[-2000:]
+    story = home / "projects" / "demo" / "episodes" / "ep01" / "story.md"
+    story.write_text(story.read_text() + "\nA late edit by a writer.\n")
+    instance = dg.DagsterInstance.from_config(str(dagster_home))
+    log = root / "dagster_dev.log"
+    try:
+        with dagster_dev(ROOT / "workspace.yaml", env, ROOT, log) as (url, _process):
+            yield Ui(url, home, instance, shots, log)
+    finally:
+        instance.dispose()
+    print(f"screenshots: {shots}")
+
+
+def _wait_for(ui: Ui, what: str, predicate: object, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return
+        time.sleep(1)
+    raise AssertionError(f"timed out waiting for {what}\n{log_tail(ui.log)}")
+
+
+def _block_reported(ui: Ui) -> bool:
+    runs = ui.instance.get_runs(dg.RunsFilter(job_name="resume_report"))
+    return any(r.status == dg.DagsterRunStatus.SUCCESS for r in runs)
+
+
+def test_a_block_is_explained_and_a_force_launches_from_the_ui(ui: Ui) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    _wait_for(ui, "the sensor's block report", lambda: _block_reported(ui))
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1500, "height": 1000})  # a fresh profile
+        page.set_default_timeout(TIMEOUT_MS)
+        try:
+            # 1. The asset graph, with no community pop-up over it.
+            page.goto(f"{ui.url}/asset-groups")
+            expect(page.get_by_text("scene_image_pipeline").first).to_be_visible()
+            page.wait_for_timeout(2000)  # let the graph finish its layout for the screenshot
+            assert page.get_by_text("Join the Dagster community").count() == 0
+            page.screenshot(path=str(ui.shots / "1-asset-graph.png"))
+
+            # 2. The blocked partition: reason and the command to run.
+            page.goto(f"{ui.url}/assets/story_source?view=checks")
+            expect(page.get_by_text("what_to_do")).to_be_visible()
+            body = page.inner_text("body")
+            assert PARTITION in body
+            assert "story.md changed after its checkpoint" in body
+            assert f"storyboard force --partition {PARTITION} --step story_source" in body
+            page.screenshot(path=str(ui.shots / "2-blocked-check.png"))
+
+            # The asset's description renders its path placeholders.
+            page.goto(f"{ui.url}/assets/story_source")
+            expect(
+                page.get_by_text("projects/{project}/episodes/{episode}/story.md")
+            ).to_be_visible()
+
+            # 3. A force from the materialize dialog: partition demo/ep01, tag resume/mode=force.
+            page.get_by_text("Materialize…").click()
+            page.locator("[aria-haspopup=dialog]").filter(has_text="Select a partition").click()
+            page.get_by_placeholder("Filter partitions").fill(PARTITION)
+            page.locator("[role=menuitem]").filter(has_text=PARTITION).last.click()
+            page.keyboard.press("Escape")
+            page.get_by_text("Tags", exact=True).click()
+            page.get_by_role("button", name="Add tags").click()
+            page.get_by_placeholder("Tag Key").fill("resume/mode")
+            page.get_by_placeholder("Tag Value").fill("force")
+            page.get_by_role("button", name="Apply").click()
+            page.screenshot(path=str(ui.shots / "3-force-dialog.png"))
+            page.get_by_role("button", name="Launch 1 run").click()
+            page.wait_for_timeout(2000)
+            page.screenshot(path=str(ui.shots / "4-launched.png"))
+        finally:
+            browser.close()
+
+    def forced() -> list[dg.DagsterRun]:
+        runs = ui.instance.get_runs(dg.RunsFilter(tags={"resume/mode": "force"}))
+        return [r for r in runs if r.tags.get("dagster/partition") == PARTITION]
+
+    _wait_for(ui, "the forced run", lambda: forced() and forced()[0].is_finished)
+    (run,) = forced()
+    assert run.status == dg.DagsterRunStatus.SUCCESS, log_tail(ui.log)
+    assert run.asset_selection == {dg.AssetKey("story_source")}
+    assert run.tags.get("dagster/from_ui") == "true"

@@ -74,3 +74,19 @@ def test_dagster_validates_the_workspace(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     assert "Validation successful for code location storyboard" in result.stdout + result.stderr
+
+
+def test_dagster_finds_the_definitions_with_the_module_loader(tmp_path: Path) -> None:
+    """``dagster dev -m pipeline_defs`` (issue 11 §5): the module loader lists the package's
+    members, so the lazily imported ``defs`` must be among them."""
+    dagster = Path(sys.executable).with_name("dagster")
+    result = subprocess.run(
+        [str(dagster), "definitions", "validate", "-m", "pipeline_defs"],
+        cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin", "DAGSTER_HOME": str(tmp_path), "HOME": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    assert "Validation successful for code location pipeline_defs" in result.stdout + result.stderr

@@ -68,6 +68,7 @@ JUDGED_COLUMNS = (
     "run_id",
     "started_at",
     "updated_at",
+    "heartbeat_at",
     "recovery_count",
     "last_recovery_reason",
     "retry_not_before",
@@ -204,6 +205,7 @@ class StepEvaluation:
             decision.action.value,
             decision.expected_started_at,
             decision.expected_run_id,
+            decision.expected_heartbeat_at,  # a lease that lapses again is a new state
             *(facts.digest() for facts in self.upstream),
         )
 
@@ -637,7 +639,8 @@ def next_wake(
 ) -> datetime | None:
     """Earliest future moment at which time alone can change a decision of these rows.
 
-    A running row becomes stale at ``started_at + running_timeout_seconds``, and a lease
+    A running row becomes stale at ``heartbeat_at + lease_seconds`` (without a heartbeat:
+    ``started_at + running_timeout_seconds``), and a lease
     from beyond the allowed clock skew in the future turns from "investigate" to healthy
     at ``started_at - MAX_CLOCK_SKEW``; a backoff ends at ``retry_not_before``. Nothing
     else in the table depends on the clock. Moments past ``datetime.max`` (a year-9999
@@ -645,13 +648,19 @@ def next_wake(
     """
     now = as_utc(now)
     timeout = timedelta(seconds=settings.running_timeout_seconds)
+    lease = timedelta(seconds=settings.lease_seconds)
     found: list[datetime] = []
     for row in rows:
         if str(row.get("status") or "").strip().lower() == "running":
             started = parse_timestamp(row.get("started_at"))
-            if started is not None:
+            beat = parse_timestamp(row.get("heartbeat_at"))
+            if beat is not None:  # the lease lapses unless renewed (re-read at that time)
+                with contextlib.suppress(OverflowError):
+                    found.append(beat + lease)
+            elif started is not None:
                 with contextlib.suppress(OverflowError):
                     found.append(started + timeout)
+            if started is not None:
                 with contextlib.suppress(OverflowError):
                     found.append(started - MAX_CLOCK_SKEW)
         retry = parse_timestamp(row.get("retry_not_before"))

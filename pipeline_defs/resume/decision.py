@@ -130,6 +130,9 @@ class ResumeDecision:
     code: str | None = None
     expected_started_at: str | None = None
     expected_run_id: str | None = None
+    # A lease steal is also a compare-and-set on the heartbeat the judge saw: an owner
+    # that renewed since is alive and keeps its row.
+    expected_heartbeat_at: str | None = None
     first_run: bool = False
     adopt: bool = False
     auto_recovery: bool = False
@@ -146,7 +149,8 @@ class ResumeDecision:
         elif self.code is not None:
             raise ValueError(f"only a BLOCK carries a code, got {self.code!r} on {action.value}")
         if action not in CLAIMING_ACTIONS:
-            if self.expected_started_at is not None or self.expected_run_id is not None:
+            expected = (self.expected_started_at, self.expected_run_id, self.expected_heartbeat_at)
+            if any(e is not None for e in expected):
                 raise ValueError(f"{action.value} claims nothing and carries no expected_* fields")
             if self.auto_recovery or self.deferred_until is not None:
                 raise ValueError(f"{action.value} is not an automatic recovery")
@@ -217,7 +221,11 @@ def _run_verify(verify: Callable[[], CompletionReport]) -> CompletionReport:
 def _judge_running(
     row: Mapping[str, Any], settings: ResumeSettings, now: datetime
 ) -> ResumeDecision:
-    """Rows 5, 6 and 6b: another run holds the step; only a timed-out lease may be stolen."""
+    """Rows 5, 6 and 6b: another run holds the step; only a lapsed lease may be stolen.
+
+    A row with a heartbeat is stale when the heartbeat is older than ``lease_seconds``
+    (SPEC §10); a row without one when it started ``running_timeout_seconds`` ago.
+    """
     raw_started = row.get("started_at")
     run_id = row.get("run_id")
     started = parse_timestamp(raw_started)
@@ -237,6 +245,27 @@ def _judge_running(
             f"(owner run {run_id!r}); manual investigation required",
             None,
         )
+    raw_beat = row.get("heartbeat_at")
+    beat = parse_timestamp(raw_beat)
+    if beat is not None:  # a renewed lease: its age decides, however long the step runs
+        age = (now - beat).total_seconds()
+        if age < settings.lease_seconds:
+            return _block(
+                f"running healthy: owned by run {run_id!r}, last heartbeat {max(age, 0):.0f}s "
+                f"ago (lease {settings.lease_seconds:g}s)",
+                None,
+                CODE_ALREADY_RUNNING,
+            )
+        return ResumeDecision(
+            ResumeAction.STALE_RUNNING_RECOVERY,
+            f"run {run_id!r} last renewed its lease {age:.0f}s ago, at or past the "
+            f"{settings.lease_seconds:g}s lease; recovering the stale lease",
+            expected_started_at=raw_started,
+            expected_run_id=run_id,
+            expected_heartbeat_at=raw_beat,
+            auto_recovery=True,
+        )
+    # No (readable) heartbeat: a row written before leases; the running timeout applies.
     elapsed = now - started
     timeout = timedelta(seconds=settings.running_timeout_seconds)
     if elapsed < timeout:

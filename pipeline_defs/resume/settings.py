@@ -4,7 +4,14 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from pipeline_defs.resume.errors import PipelineError
 
@@ -24,6 +31,8 @@ ENV_NAMES: dict[str, str] = {
     "max_recovery_attempts": "PIPELINE_MAX_RECOVERY_ATTEMPTS",
     "retry_backoff_seconds": "PIPELINE_RETRY_BACKOFF_SECONDS",
     "offline_latency_ms": "PIPELINE_OFFLINE_LATENCY_MS",
+    "heartbeat_seconds": "PIPELINE_HEARTBEAT_SECONDS",
+    "lease_seconds": "PIPELINE_LEASE_SECONDS",
 }
 
 # Upper bounds. Without them a value validated and broke later instead: a timeout of
@@ -50,6 +59,22 @@ class ResumeSettings(BaseModel):
     # when settings are read (start of a run, sensor tick, CLI command), not only at the
     # first provider call deep inside a run.
     offline_latency_ms: int = Field(default=0, ge=0, le=MAX_OFFLINE_LATENCY_MS)
+    # Leases (issue 11 §2): a running step renews its row's heartbeat_at every
+    # heartbeat_seconds; a running row whose heartbeat is older than lease_seconds is stale,
+    # however long the step has run. running_timeout_seconds then applies only to rows that
+    # carry no heartbeat.
+    heartbeat_seconds: float = Field(default=10, gt=0, le=3600)
+    lease_seconds: float = Field(default=60, gt=0, le=MAX_SETTING_SECONDS)
+
+    @model_validator(mode="after")
+    def _lease_outlives_heartbeats(self) -> "ResumeSettings":
+        # Two missed renewals must not be enough to lose a live lease.
+        if self.lease_seconds < 2 * self.heartbeat_seconds:
+            raise ValueError(
+                f"lease_seconds ({self.lease_seconds}) must be at least twice "
+                f"heartbeat_seconds ({self.heartbeat_seconds})"
+            )
+        return self
 
     @field_validator("db_url")
     @classmethod
@@ -76,7 +101,7 @@ class ResumeSettings(BaseModel):
             return cls(**clean)  # type: ignore[arg-type]
         except ValidationError as exc:
             first = exc.errors()[0]
-            name = ".".join(str(p) for p in first["loc"]) or "settings"
+            name = ".".join(str(p) for p in first["loc"]) or "lease_seconds"
             env = ENV_NAMES.get(name, name)
             raise PipelineError(
                 "settings.invalid",

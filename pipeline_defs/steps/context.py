@@ -1,6 +1,7 @@
 """What a step body and its verifier see: its key, config, files and metered providers."""
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,8 +25,13 @@ class ProviderMeter:
     image_model: ImageModel | None
     text_calls: int = 0
     image_calls: int = 0
+    # Raises when the owner may no longer spend (its lease was lost): checked before every
+    # call, so a worker whose row was taken over makes no further paid call.
+    guard: Callable[[], None] | None = None
 
     def text(self, call: TextCall) -> TextReply:
+        if self.guard is not None:
+            self.guard()
         if self.text_model is None:
             raise PipelineError("provider.config", f"{self.key}: no text model configured")
         reply = self.text_model.complete(call)
@@ -36,6 +42,8 @@ class ProviderMeter:
         return reply
 
     def image(self, call: ImageCall) -> ImageReply:
+        if self.guard is not None:
+            self.guard()
         if self.image_model is None:
             raise PipelineError("provider.config", f"{self.key}: no image model configured")
         reply = self.image_model.generate(call)

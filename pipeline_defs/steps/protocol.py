@@ -37,6 +37,7 @@ from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.resume.settings import ResumeSettings
 from pipeline_defs.steps.context import ProviderMeter, StepContext
 from pipeline_defs.steps.faults import crash_point
+from pipeline_defs.steps.lease import OWNERSHIP_LOST, Lease
 from pipeline_defs.steps.mutations import (
     Intent,
     PreparedEdit,
@@ -441,6 +442,7 @@ class StepRuntime:
             allow_stale_steal=stale,
             expected_started_at=decision.expected_started_at,
             expected_run_id=decision.expected_run_id,
+            expected_heartbeat_at=decision.expected_heartbeat_at,
             auto_recovery=decision.auto_recovery,
             reason=decision.reason,
             seen=row,
@@ -459,26 +461,34 @@ class StepRuntime:
         )
         # "recorded" is True while the ledger already holds this run's final word.
         state = {"recorded": False}
-        try:  # from here on the row is ours: any failure must be recorded, never left running
-            self.audit(
-                key,
-                run,
-                decision,
-                action=decision.action.value,
-                from_status=prior,
-                to_status="running",
-            )
-            crash_point("claimed", key.step_id)
-            if decision.action is ResumeAction.FORCE_EXPLICIT:
-                cleanup = self.step.cleanup_artifacts(self.context(key, run_id=run.run_id))
-                self.log.info("%s: force cleanup: %s", key, cleanup.note)
-                self.invalidate_downstream(key, run, decision)
-            return self._finalize(key, run, decision, inputs, attempts, state)
-        except BaseException as exc:
-            lost = isinstance(exc, PipelineError) and exc.code == "step.ownership_lost"
-            if not state["recorded"] and not lost:
-                self._record_failure(key, run, decision, exc, attempts)
-            raise
+        lease = Lease(
+            self.ledger,
+            key,
+            run.run_id,
+            interval_seconds=self.settings.heartbeat_seconds,
+            log=self.log,
+        )
+        with lease:
+            try:  # from here on the row is ours: any failure must be recorded, never left running
+                self.audit(
+                    key,
+                    run,
+                    decision,
+                    action=decision.action.value,
+                    from_status=prior,
+                    to_status="running",
+                )
+                crash_point("claimed", key.step_id)
+                if decision.action is ResumeAction.FORCE_EXPLICIT:
+                    cleanup = self.step.cleanup_artifacts(self.context(key, run_id=run.run_id))
+                    self.log.info("%s: force cleanup: %s", key, cleanup.note)
+                    self.invalidate_downstream(key, run, decision)
+                return self._finalize(key, run, decision, inputs, attempts, state, lease)
+            except BaseException as exc:
+                lost = isinstance(exc, PipelineError) and exc.code == OWNERSHIP_LOST
+                if not state["recorded"] and not lost:
+                    self._record_failure(key, run, decision, exc, attempts)
+                raise
 
     def _record_failure(
         self,
@@ -513,6 +523,7 @@ class StepRuntime:
         inputs: Mapping[str, Checkpoint | None],
         attempts: int,
         state: dict[str, bool],
+        lease: Lease,
     ) -> StepOutcome:
         # (0) a mutator whose published edits were cut short settles them, no provider call
         if self.step.modifies_checkpoints and decision.action is not ResumeAction.FORCE_EXPLICIT:
@@ -520,7 +531,9 @@ class StepRuntime:
             if resumed is not None:
                 return resumed
         # (1) execute with metered providers
-        meter = ProviderMeter(self.ledger, key, run.run_id, self.text_model, self.image_model)
+        meter = ProviderMeter(
+            self.ledger, key, run.run_id, self.text_model, self.image_model, guard=lease.check
+        )
         ctx = self.context(key, run_id=run.run_id, meter=meter)
         started = self.clock()
         result = self.step.execute(ctx, {dep: cp for dep, cp in inputs.items() if cp is not None})
@@ -565,6 +578,7 @@ class StepRuntime:
             if status == "completed" and report is not None and report.is_complete
             else None
         )
+        lease.check()  # a lost lease publishes nothing (the owner-aware update would refuse)
         if edits and status != "failed":
             write_ahead(self.checkpoints, key, edits)
         published = self._publish(key, run, status, checkpoint, result.summary, counts, reads)

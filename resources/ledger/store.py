@@ -124,13 +124,15 @@ _OWNED_WHERE = sa.and_(_KEY_WHERE, step_run.c.run_id == _B("k_mine"))
 
 
 @functools.cache
-def _claim_statement(on_sqlite: bool, seen: str, steal: bool, auto: bool) -> Any:
+def _claim_statement(on_sqlite: bool, seen: str, steal: bool, auto: bool, beat: bool) -> Any:
     """The claim upsert of SPEC §5 for one shape.
 
     ``seen``: "any" (no compare-and-set), "none" (the judge saw no row: only the insert may
     win) or "row" (the row must still have the run_id / updated_at the judge read);
     ``steal``: a stale running row may be taken over if started_at and run_id are still the
-    texts the judge read; ``auto``: an automatic recovery (counted, reason recorded).
+    texts the judge read; ``auto``: an automatic recovery (counted, reason recorded);
+    ``beat``: the steal also needs heartbeat_at to be the text the judge read (an owner
+    that renewed its lease since is alive).
     """
     insert = (sqlite.insert if on_sqlite else postgresql.insert)(step_run).values(
         id=_B("c_id"),
@@ -163,6 +165,9 @@ def _claim_statement(on_sqlite: bool, seen: str, steal: bool, auto: bool) -> Any
                 step_run.c.status == "running",
                 step_run.c.started_at == _B("c_expected_started_at", type_=sa.Text),
                 step_run.c.run_id == _B("c_expected_run_id", type_=sa.String),
+                step_run.c.heartbeat_at == _B("c_expected_heartbeat_at", type_=sa.Text)
+                if beat
+                else sa.true(),
             ),
         )
     update: dict[str, Any] = {
@@ -419,6 +424,7 @@ class LedgerStore:
         allow_stale_steal: bool = False,
         expected_started_at: str | None = None,
         expected_run_id: str | None = None,
+        expected_heartbeat_at: str | None = None,
         auto_recovery: bool = False,
         reason: str | None = None,
         now: str | None = None,
@@ -427,7 +433,8 @@ class LedgerStore:
         """One atomic upsert: take the row unless another owner is running it.
 
         A running row is only taken over (``allow_stale_steal``) when its started_at and
-        run_id are still exactly the texts the judge read. With ``seen`` (the row the judge
+        run_id (and, when given, heartbeat_at) are still exactly the texts the judge read.
+        With ``seen`` (the row the judge
         read, or None for "no row") the claim is also a compare-and-set on that state: a
         run that judged a row which another run has since claimed, finished or failed
         wins nothing, so a step never executes twice for one judgement.
@@ -451,10 +458,13 @@ class LedgerStore:
             assert isinstance(seen, Mapping)
             params["c_seen_run_id"] = seen.get("run_id")
             params["c_seen_updated_at"] = seen.get("updated_at")
+        beat = steal and expected_heartbeat_at is not None
         if steal:
             params["c_expected_started_at"] = expected_started_at
             params["c_expected_run_id"] = expected_run_id
-        statement = _claim_statement(self.is_sqlite, shape, steal, auto_recovery)
+        if beat:
+            params["c_expected_heartbeat_at"] = expected_heartbeat_at
+        statement = _claim_statement(self.is_sqlite, shape, steal, auto_recovery, beat)
         with self._single() as conn:
             won = conn.execute(statement, params).first()
         return won is not None and won[0] == run_id

@@ -1,0 +1,82 @@
+"""The owner's lease on a claimed step: renewed while the step runs (issue 11 §2).
+
+A claimed row carries ``heartbeat_at``. While the owner works on it, a daemon thread renews
+it every ``heartbeat_seconds`` with an owner-aware update (``WHERE run_id = :mine``); the
+judge calls a running row stale only when its heartbeat is older than ``lease_seconds``, so
+a step may run as long as it takes and is never stolen while its owner lives. A renewal that
+matches no row means another run took the row over: the lease is lost, and :meth:`check`
+(called by the provider meter before every model call, and by the protocol before it
+publishes) raises ``step.ownership_lost`` — at most the calls already in flight are spent
+twice. A renewal that fails with an error (the database is unreachable) is retried at the
+next beat: if the outage outlasts the lease, the row becomes stealable and the next
+successful renewal finds it lost.
+"""
+
+import logging
+import threading
+from types import TracebackType
+
+from pipeline_defs.resume.errors import PipelineError
+from pipeline_defs.resume.partition import StepKey
+from resources.ledger.store import LedgerStore
+
+OWNERSHIP_LOST = "step.ownership_lost"
+
+
+class Lease:
+    def __init__(
+        self,
+        ledger: LedgerStore,
+        key: StepKey,
+        run_id: str,
+        *,
+        interval_seconds: float,
+        log: logging.Logger | logging.LoggerAdapter,  # type: ignore[type-arg]
+    ) -> None:
+        self.ledger = ledger
+        self.key = key
+        self.run_id = run_id
+        self.interval = interval_seconds
+        self.log = log
+        self.renewals = 0
+        self._lost = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name=f"lease-{key.step_id}", daemon=True)
+
+    @property
+    def lost(self) -> bool:
+        return self._lost.is_set()
+
+    def check(self) -> None:
+        if self._lost.is_set():
+            raise PipelineError(
+                OWNERSHIP_LOST,
+                f"{self.key}: run {self.run_id} lost its lease (another run took the row "
+                "over); no further provider call, nothing published",
+            )
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                renewed = self.ledger.heartbeat(self.key, self.run_id)
+            except Exception as exc:  # an outage: try again at the next beat
+                self.log.warning("%s: lease renewal failed (%s); retrying", self.key, exc)
+                continue
+            if not renewed:
+                self._lost.set()
+                self.log.warning("%s: lease of run %s lost", self.key, self.run_id)
+                return
+            self.renewals += 1
+
+    def __enter__(self) -> "Lease":
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        self._stop.set()
+        self._thread.join(timeout=max(5.0, self.interval))

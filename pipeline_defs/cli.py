@@ -7,7 +7,10 @@ Errors exit non-zero with one line naming the culprit and the typed error code:
 import functools
 import json
 import os
+import re
+import shutil
 import sys
+import textwrap
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -23,6 +26,7 @@ from pipeline_defs.operations.workspace import (
     quiet_dagster_notices,
     safe_url,
 )
+from pipeline_defs.resume.causes import root_cause
 from pipeline_defs.resume.errors import PipelineError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -30,18 +34,94 @@ DEBUG_ENV = "STORYBOARD_DEBUG"
 
 
 # --------------------------------------------------------------------------- output
-def render_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
-    """A plain aligned text table; None shows as '-'."""
+def render_table(
+    headers: Sequence[str], rows: Iterable[Sequence[Any]], width: int | None = None
+) -> str:
+    """A plain aligned text table; None shows as '-'.
+
+    With ``width`` the last column (the free text: a reason, a block) is wrapped to fit it,
+    never cut; when the other columns leave it too little room, it goes on indented lines
+    under its row instead.
+    """
+    head, groups = table_lines(headers, rows, width)
+    return "\n".join([*head, *(line for group in groups for line in group)])
+
+
+def table_lines(
+    headers: Sequence[str], rows: Iterable[Sequence[Any]], width: int | None = None
+) -> tuple[list[str], list[list[str]]]:
+    """:func:`render_table` as its header lines and, per row, that row's lines."""
     cells = [[("-" if v is None else str(v)) for v in row] for row in rows]
     widths = [len(h) for h in headers]
     for row in cells:
         widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
-    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))
-    out = [line.rstrip(), "  ".join("-" * w for w in widths)]
-    out += [
-        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells
-    ]
-    return "\n".join(out)
+    if width is None or not headers:
+        return _aligned(headers, widths), [[_row(row, widths)] for row in cells]
+    fixed = sum(w + 2 for w in widths[:-1])
+    room = width - fixed
+    groups: list[list[str]] = []
+    if room >= MIN_TEXT_WIDTH:
+        last = min(widths[-1], room)
+        for row in cells:
+            lines = _wrap(row[-1], last) or [""]
+            groups.append([_row([*row[:-1], lines[0]], [*widths[:-1], last])])
+            groups[-1] += [" " * fixed + line for line in lines[1:]]
+        return _aligned(headers, [*widths[:-1], last]), groups
+    label = f"    {headers[-1]}: "
+    for row in cells:
+        groups.append([_row(row[:-1], widths[:-1])])
+        if row[-1] != "-":
+            wrapped = _wrap(row[-1], width - len(label))
+            groups[-1] += [
+                (label if i == 0 else " " * len(label)) + w for i, w in enumerate(wrapped)
+            ]
+    return _aligned(headers[:-1], widths[:-1]), groups
+
+
+MIN_TEXT_WIDTH = 30
+
+
+def _aligned(headers: Sequence[str], widths: Sequence[int]) -> list[str]:
+    return [_row(headers, widths), "  ".join("-" * w for w in widths)]
+
+
+def _row(cells: Sequence[str], widths: Sequence[int]) -> str:
+    return "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
+
+
+def _wrap(text: str, width: int, indent: str = "") -> list[str]:
+    """Wrapped at spaces only: a path or an id in the text stays whole (and copyable)."""
+    return textwrap.wrap(
+        text,
+        max(MIN_TEXT_WIDTH, width),
+        initial_indent=indent,
+        subsequent_indent=indent,
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
+
+
+def terminal_width() -> int:
+    """Columns of the terminal (``COLUMNS`` first); 100 when not attached to one."""
+    return shutil.get_terminal_size((100, 24)).columns
+
+
+# A storyboard command inside an operator hint, e.g. "... (storyboard force --partition p/e
+# --step s); ..." or "If not: storyboard reset-running ... --expected-started-at 'T'".
+_COMMAND = re.compile(
+    r"storyboard [a-z-]+(?: --[a-z-]+(?: (?!--)(?:'[^']*'|\"[^\"]*\"|[^\s;)'\"]+))?)*"
+)
+
+
+def commands_in(hint: str) -> list[str]:
+    """The commands a hint tells the operator to run, each whole (to print on its own line)."""
+    return _COMMAND.findall(hint or "")
+
+
+def _advice(lines: list[str], hint: str, width: int, indent: str = "    ") -> None:
+    """A hint wrapped to the terminal, then each command in it whole on its own line."""
+    lines += _wrap(f"next: {hint}", width - len(indent), indent)
+    lines += [f"{indent}  {command}" for command in commands_in(hint)]
 
 
 def _clip(text: Any, width: int = 60) -> str | None:
@@ -102,18 +182,13 @@ def operation(name: str) -> Callable[[F], F]:
             except Exception as exc:
                 if os.environ.get(DEBUG_ENV):
                     raise
-                message = " ".join(f"{type(exc).__name__}: {exc}".split())[:400]
+                # A full disk or a read-only home is named as such (typed), anything else
+                # keeps its type and message: never a bare "OSError: [Errno 30]".
+                cause = root_cause(exc)
                 if as_json:
-                    emit_json(
-                        {
-                            "ok": False,
-                            "command": name,
-                            "error": {"code": "internal", "message": message},
-                        }
-                    )
-                click.echo(
-                    f"error: [internal] {message} (set {DEBUG_ENV}=1 for a traceback)", err=True
-                )
+                    emit_json({"ok": False, "command": name, "error": _error_payload(cause)})
+                hint = f" (set {DEBUG_ENV}=1 for a traceback)" if cause.code == "internal" else ""
+                click.echo(f"error: {cause}{hint}", err=True)
                 sys.exit(1)
 
         return run  # type: ignore[return-value]
@@ -134,14 +209,15 @@ def _run_failure(report: launch.RunReport) -> PipelineError:
         )
     return PipelineError(
         failed.error_code or "launch.run_failed",
-        f"run {report.run_id} of {report.partition}: {failed.step} failed: "
-        f"{_clip(failed.error, 300)}",
+        # the cause first: it is what the operator acts on; the run is for looking it up
+        f"{failed.step} failed: {_clip(failed.error, 600)} "
+        f"(run {report.run_id} of {report.partition})",
     )
 
 
 def _run_table(report: launch.RunReport) -> str:
     return render_table(
-        ["step", "decision", "status", "provider calls", "duration", "note"],
+        ["step", "decision", "status", "calls this run", "duration", "note"],
         [
             (
                 s.step,
@@ -149,10 +225,11 @@ def _run_table(report: launch.RunReport) -> str:
                 s.status,
                 s.provider_calls,
                 _seconds(s.duration_seconds),
-                _clip(f"[{s.error_code}] {s.error}" if s.error_code else s.error, 70),
+                f"[{s.error_code}] {s.error}" if s.error_code else s.error,
             )
             for s in report.steps
         ],
+        terminal_width(),
     )
 
 
@@ -160,12 +237,25 @@ def _progress_line(progress: launch.Progress, prefix: str = "") -> str:
     mark = "ok  " if progress.ok else "FAIL"
     calls = "-" if progress.provider_calls is None else str(progress.provider_calls)
     took = _seconds(progress.duration_seconds) or "-"
+    code = f"[{progress.error_code}] " if progress.error_code else ""
     detail = (
-        f"{progress.decision or '-':<22} calls={calls:<4} {took}"
+        f"{progress.decision or '-':<22} calls this run={calls:<4} {took}"
         if progress.ok
-        else _clip(progress.error, 90)
+        else f"{code}{progress.error}"  # whole: it may be the only place the cause shows
     )
     return f"  {prefix}{mark} {progress.step:<22} {detail}"
+
+
+def _report_invalid_partitions(ws: Workspace) -> list[str]:
+    """Warn once per malformed registered partition key (skipped by the command)."""
+    for key, error in ws.invalid_partitions.items():
+        click.echo(
+            f"warning: [{error.code}] registered partition {key!r} skipped: {error.message}; "
+            f"delete it from the Dagster instance (the UI's partitions page, or "
+            f"instance.delete_dynamic_partition('episodes', {key!r}))",
+            err=True,
+        )
+    return list(ws.invalid_partitions)
 
 
 # --------------------------------------------------------------------------- commands
@@ -240,7 +330,7 @@ def _finish_run(report: launch.RunReport, as_json: bool, command: str, **extra: 
     else:
         click.echo(f"run {report.run_id} ({report.partition}, launch path {report.launch_path})")
         click.echo(_run_table(report))
-        click.echo(f"provider calls: {report.provider_calls}")
+        click.echo(f"provider calls this run: {report.provider_calls}")
     if not report.success:
         raise CommandFailed(_run_failure(report))
 
@@ -290,33 +380,49 @@ def force(
 )
 @operation("status")
 def status(*, partitions: tuple[str, ...], as_json: bool) -> dict[str, Any] | None:
-    """Per partition and step: state, last decision, blocks, recoveries, costs, durations."""
-    report = views.status_report(_workspace(), partitions)
+    """Per partition and step: state, what the sensor does now, blocks, costs, durations.
+
+    "now" and the blocks are the judgement `storyboard decide` and the resume sensor make;
+    "last decision" is the last one a run recorded.
+    """
+    ws = _workspace()
+    report = views.status_report(ws, partitions)
+    invalid = _report_invalid_partitions(ws)
     if as_json:
-        return report.as_dict()
+        return {**report.as_dict(), "invalid_partitions": invalid}
+    width = terminal_width()
     rows = [
         (
             s.partition,
             s.step,
             s.status,
+            s.verdict,
             s.last_decision,
-            _clip(f"{s.block_origin or '-'}: {s.block_reason}", 50) if s.block_reason else None,
             s.recovery_count,
             s.retry_not_before,
             s.provider_calls,
             _seconds(s.last_duration_seconds),
+            f"{s.block_origin}: {s.block_reason}" if s.block_origin else s.block_reason,
         )
         for s in report.steps
     ]
-    headers = ["partition", "step", "status", "last decision", "block", "recov", "retry not before"]
-    click.echo(render_table([*headers, "calls", "last dur"], rows) if rows else "no partitions")
+    headers = ["partition", "step", "status", "sensor now", "last decision", "recov"]
+    headers += ["retry not before", "calls total", "last dur", "block"]
+    click.echo(render_table(headers, rows, width) if rows else "no partitions")
+    blocks = [s for s in report.steps if s.verdict == "blocked" and s.what_to_do]
+    if blocks:
+        lines: list[str] = ["", "blocked — what to do:"]
+        for s in blocks:
+            lines.append(f"  {s.partition} {s.step}:")
+            _advice(lines, s.what_to_do or "", width)
+        click.echo("\n".join(lines))
     t = report.totals
     click.echo(
         f"\nrunning {t['running']}  blocked {t['blocked']}  failed {t['failed']}  "
         f"partial {t['partial']}  pending {t['pending']}  never run {t['never_run']}  "
         f"oldest pending {_seconds(t['oldest_pending_age_seconds']) or '-'}  "
         f"queued runs {t['queued_runs'] if t['queued_runs'] is not None else '-'}  "
-        f"provider calls {t['provider_calls']}"
+        f"provider calls total {t['provider_calls']}"
     )
     p95 = ", ".join(f"{k} {_seconds(v)}" for k, v in report.p95_duration_seconds.items() if v)
     click.echo(f"p95 duration per step: {p95 or '-'}")
@@ -331,30 +437,30 @@ def status(*, partitions: tuple[str, ...], as_json: bool) -> dict[str, Any] | No
 @operation("decide")
 def decide(*, partitions: tuple[str, ...], show_all: bool, as_json: bool) -> dict[str, Any] | None:
     """Shadow mode: what the resume sensor would do now. Writes nothing."""
-    decisions = views.shadow_decisions(_workspace(), partitions)
-    counts: dict[str, int] = {}
-    for d in decisions:
-        counts[d["verdict"]] = counts.get(d["verdict"], 0) + 1
+    ws = _workspace()
+    decisions = views.shadow_decisions(ws, partitions)
+    invalid = _report_invalid_partitions(ws)
+    counts = views.verdict_counts(decisions)
     if as_json:
-        return {"decisions": decisions, "counts": counts}
+        return {"decisions": decisions, "counts": counts, "invalid_partitions": invalid}
+    width = terminal_width()
     shown = [d for d in decisions if show_all or d["verdict"] != "skip"]
-    rows = [
-        (
-            d["partition"],
-            d["step"],
-            d["verdict"],
-            d["action"],
-            d["origin"],
-            _clip(d["reason"], 70),
-            _clip(d["detail"] if not d["what_to_do"] else d["what_to_do"], 70),
-        )
-        for d in shown
-    ]
+    rows = []
+    for d in shown:
+        # waiting / deferred say why in their detail; a block says what to do below its row
+        waits = d["verdict"] not in ("blocked", "launch", "skip", "not_applicable")
+        text = f"{d['reason']} — {d['detail']}" if waits else d["reason"]
+        rows.append((d["partition"], d["step"], d["verdict"], d["action"], d["origin"], text))
     if rows:
-        headers = ["partition", "step", "would", "action", "origin", "reason", "next"]
-        click.echo(render_table(headers, rows))
-    summary = "  ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "nothing to evaluate"
-    click.echo(f"{chr(10) if rows else ''}shadow decision (no writes): {summary}")
+        headers = ["partition", "step", "would", "action", "origin", "reason"]
+        lines, groups = table_lines(headers, rows, width)
+        for d, group in zip(shown, groups, strict=True):
+            lines += group
+            if d["what_to_do"]:
+                _advice(lines, d["what_to_do"], width)
+        click.echo("\n".join(lines))
+    summary = "  ".join(f"{k} {v}" for k, v in counts.items()) or "nothing to evaluate"
+    click.echo(f"{chr(10) if shown else ''}shadow decision (no writes): {summary}")
     return {}
 
 

@@ -8,7 +8,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 PROBE = (
     "import pipeline_defs.resume.decision, pipeline_defs.resume.completion, "
-    "pipeline_defs.resume.clock, pipeline_defs.resume.settings, pipeline_defs.resume.errors, sys; "
+    "pipeline_defs.resume.clock, pipeline_defs.resume.settings, pipeline_defs.resume.errors, "
+    "pipeline_defs.resume.causes, sys; "
     "bad=[m for m in sys.modules if m.split('.')[0] in ('dagster','sqlalchemy')]; "
     "assert not bad, bad"
 )

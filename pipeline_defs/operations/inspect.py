@@ -11,7 +11,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from pipeline_defs.operations.workspace import Workspace
+from pipeline_defs.project import load_project_config
 from pipeline_defs.resume.clock import MAX_CLOCK_SKEW, beyond_clock_skew, parse_timestamp
+from pipeline_defs.resume.decision import CODE_RESUME_BLOCKED
+from pipeline_defs.resume.errors import PipelineError
 from pipeline_defs.resume.partition import Episode, StepKey
 
 # Audit actions that record a judge's verdict (the rest are follow-up transitions).
@@ -55,11 +58,17 @@ class StepState:
     partition: str
     step: str
     status: str
+    # What the resume sensor (and ``decide``) does with it now: the same judgement, so a
+    # block shows here as soon as the sensor and the UI show it, before any run records it.
+    verdict: str | None = None
+    block_code: str | None = None
+    block_origin: str | None = None
+    block_reason: str | None = None
+    what_to_do: str | None = None
+    # The last recorded decision of a run (history, from the audit rows).
     last_decision: str | None = None
     decided_at: str | None = None
     launch_path: str | None = None
-    block_origin: str | None = None
-    block_reason: str | None = None
     recovery_count: int = 0
     last_recovery_reason: str | None = None
     retry_not_before: str | None = None
@@ -113,15 +122,24 @@ def _queue(ws: Workspace, now: datetime) -> dict[str, Any]:
 def status_report(
     ws: Workspace, partitions: tuple[str, ...] = (), now: datetime | None = None
 ) -> StatusReport:
-    """Per partition and step: ledger state, last decision, blocks, costs, durations."""
+    """Per partition and step: ledger state, the sensor's verdict now, blocks, costs, durations.
+
+    Blocks come from the same batch judgement as ``decide`` and the sensor
+    (:func:`judge_now`), not from the last recorded decision: a change made since the last
+    run (an edited story, a config change) blocks here exactly when it blocks there.
+    """
     now = now or utc_now()
     ws.require_migrated_ledger()
-    episodes = ws.known_episodes(partitions)
+    if partitions:
+        episodes = ws.require_partitions(partitions, registration_required=False)
+    else:
+        episodes = ws.known_episodes()
     wanted = {e.partition_key for e in episodes}
     rows = ws.ledger.get_many(episodes=episodes) if episodes else {}
     decisions = _last_decisions(
         t for t in ws.ledger.transitions() if f"{t['project_id']}/{t['episode_id']}" in wanted
     )
+    judged = {(d["partition"], d["step"]): d for d in judge_now(ws, episodes, now)}
     calls: dict[StepKey, int] = defaultdict(int)
     for call in ws.ledger.provider_calls():
         key = StepKey(call["project_id"], call["episode_id"], call["step_id"])
@@ -145,13 +163,18 @@ def status_report(
                 status=row["status"] if row else "none",
                 provider_calls=calls.get(key, 0),
             )
+            now_judged = judged.get((episode.partition_key, step_id))
+            if now_judged is not None:
+                state.verdict = now_judged["verdict"]
+                if now_judged["verdict"] == "blocked":
+                    state.block_code = now_judged["code"]
+                    state.block_origin = now_judged["origin"]
+                    state.block_reason = now_judged["reason"]
+                    state.what_to_do = now_judged["what_to_do"]
             if decision is not None:
                 state.last_decision = decision["action"]
                 state.decided_at = decision["at"]
                 state.launch_path = decision["launch_path"]
-                if decision["action"] == "block":
-                    state.block_origin = decision["origin"]
-                    state.block_reason = decision["reason"]
             if row is not None:
                 state.recovery_count = int(row.get("recovery_count") or 0)
                 state.last_recovery_reason = row.get("last_recovery_reason")
@@ -171,18 +194,20 @@ def status_report(
                         pending_ages.append((now - updated).total_seconds())
             states.append(state)
     count = lambda pred: sum(1 for s in states if pred(s))  # noqa: E731
+    verdicts = verdict_counts(judged.values())
     totals: dict[str, Any] = {
         "partitions": len(episodes),
         "steps": len(states),
         "completed": count(lambda s: s.status == "completed"),
         "running": count(lambda s: s.status == "running"),
-        "blocked": count(lambda s: s.last_decision == "block"),
+        "blocked": verdicts.get("blocked", 0),
         "failed": count(lambda s: s.status == "failed"),
         "partial": count(lambda s: s.status == "partial"),
         "pending": count(lambda s: s.status in ("pending", "stale")),
         "never_run": count(lambda s: s.status == "none"),
         "oldest_pending_age_seconds": round(max(pending_ages), 1) if pending_ages else None,
         "provider_calls": sum(s.provider_calls for s in states),
+        "verdicts": verdicts,
         **_queue(ws, now),
     }
     p95 = {step_id: percentile(durations.get(step_id, []), 95) for step_id in step_ids}
@@ -190,32 +215,84 @@ def status_report(
 
 
 # --------------------------------------------------------------------------- shadow decide
-def shadow_decisions(
-    ws: Workspace, partitions: tuple[str, ...] = (), now: datetime | None = None
-) -> list[dict[str, Any]]:
+def judge_now(ws: Workspace, episodes: Sequence[Episode], now: datetime) -> list[dict[str, Any]]:
     """What the resume sensor would do now, per partition and step. Writes nothing.
 
     The sensor's own batch evaluator (``sensors.evaluation``): one ledger query, the judge
     in resume mode, launches only RERUN_SELF / STALE_RUNNING_RECOVERY whose upstream is
-    settled, honoring backoff and recovery exhaustion. Without ``partitions`` it evaluates
-    what the sensor does: the partitions registered in the Dagster instance.
+    settled, honoring backoff and recovery exhaustion. ``status`` and ``decide`` both read
+    it, so they cannot disagree with each other or with the sensor.
     """
     from sensors.evaluation import Stores, evaluate_partitions
 
-    now = now or utc_now()
-    ws.require_migrated_ledger()
-    episodes = ws.known_episodes(partitions) if partitions else _sensor_episodes(ws)
     stores = Stores(ws.settings, ws.ledger, ws.checkpoints)
     keys = [e.partition_key for e in episodes]
-    return [ev.as_dict() for ev in evaluate_partitions(ws.steps, stores, keys, now)]
+    judged = [ev.as_dict() for ev in evaluate_partitions(ws.steps, stores, keys, now)]
+    return _advise_config_fixes(ws, judged)
+
+
+def _advise_config_fixes(ws: Workspace, judged: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A block caused by an invalid project file says which file and field to fix.
+
+    The sensor's hint for a block is an explicit force; with an unreadable project file
+    every run of that project, forced or not, fails on the same file, so that hint could
+    only fail again.
+    """
+    errors: dict[str, PipelineError | None] = {}
+    for item in judged:
+        if item["verdict"] != "blocked" or item["code"] != CODE_RESUME_BLOCKED:
+            continue
+        project_id = Episode.parse(item["partition"]).project_id
+        if project_id not in errors:
+            try:
+                load_project_config(ws.home, project_id)
+                errors[project_id] = None
+            except PipelineError as exc:
+                errors[project_id] = exc if exc.code == "config.invalid" else None
+        error = errors[project_id]
+        if error is None:
+            continue
+        # the message names the file and the field (``<path>: <field>: <problem>``)
+        item["what_to_do"] = (
+            f"fix the project file: {error.message}. The next sensor tick judges it again; "
+            f"a force cannot help (every run of project {project_id} reads this file)"
+        )
+    return judged
+
+
+def verdict_counts(judged: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    """How many (step, partition) get each verdict: the one tally of status and decide."""
+    counts: dict[str, int] = {}
+    for item in judged:
+        counts[item["verdict"]] = counts.get(item["verdict"], 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def shadow_decisions(
+    ws: Workspace, partitions: tuple[str, ...] = (), now: datetime | None = None
+) -> list[dict[str, Any]]:
+    """What the resume sensor would do now (:func:`judge_now`). Writes nothing.
+
+    Without ``partitions`` it evaluates what the sensor does: the partitions registered in
+    the Dagster instance (every known one without an instance). A named partition must be
+    one the sensor evaluates, or one the ledger knows when there is no instance.
+    """
+    now = now or utc_now()
+    ws.require_migrated_ledger()
+    if partitions:
+        has_instance = ws.instance(required=False) is not None
+        episodes = ws.require_partitions(partitions, registration_required=has_instance)
+    else:
+        episodes = _sensor_episodes(ws)
+    return judge_now(ws, episodes, now)
 
 
 def _sensor_episodes(ws: Workspace) -> list[Episode]:
     """The sensor evaluates registered partitions; without an instance, every known one."""
-    registered = ws.registered_partitions()
+    registered = ws.registered_episodes()
     if registered is None:
         return ws.known_episodes()
-    return sorted(Episode.parse(p) for p in registered)
+    return sorted(registered)
 
 
 # --------------------------------------------------------------------------- running audit

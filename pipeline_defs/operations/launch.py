@@ -26,6 +26,7 @@ from pipeline_defs.project import (
     project_config_path,
     project_dir,
 )
+from pipeline_defs.resume.causes import root_cause_of_text
 from pipeline_defs.resume.errors import PipelineError
 from pipeline_defs.resume.partition import Episode, StepKey, validate_id
 from pipeline_defs.steps.assets import LAUNCH_PATH_TAG, MODE_TAG
@@ -179,13 +180,36 @@ def _metadata_value(entry: Any) -> Any:
 
 
 def _failure_info(event: dg.DagsterEvent) -> tuple[str | None, str]:
+    """Code and one-line message of a step failure, naming its root cause.
+
+    A typed failure (``dg.Failure`` from the asset or the IO manager) carries both in its
+    metadata. Anything else reaches the event log as Dagster's wrapper ("Error occurred
+    while executing op ...") with the real error as its cause: that cause is reported.
+    """
     data = event.step_failure_data
     metadata = (data.user_failure_data.metadata if data and data.user_failure_data else {}) or {}
     code = _metadata_value(metadata.get("error/code")) if metadata else None
     message = _metadata_value(metadata.get("error/message")) if metadata else None
-    if not message and data is not None and data.error is not None:
-        message = data.error.message.strip().splitlines()[-1]
-    return (str(code) if code else None), str(message or "failed")
+    if message:
+        return (str(code) if code else None), str(message)
+    if data is None or data.error is None:
+        return None, "failed"
+    cause = _root_cause_of(data.error)
+    return cause.code, cause.message
+
+
+def _root_cause_of(error: Any) -> PipelineError:
+    """The typed cause of a serialized error (``SerializableErrorInfo``): Dagster's wrappers
+    are skipped, a storage fault anywhere in the chain wins, else the first error raised
+    outside Dagster keeps its type and message."""
+    chain: list[Any] = []
+    current = error
+    while current is not None and len(chain) < 20:  # a bound, not a cycle guard: it is data
+        chain.append(current)
+        current = current.cause or current.context
+    own = [e for e in chain if not str(e.cls_name or "").startswith("Dagster")] or chain
+    causes = [root_cause_of_text(e.message) for e in own]
+    return next((c for c in causes if c.code != "internal"), causes[0])
 
 
 class _Timeline:
@@ -336,15 +360,10 @@ def summarize_run(
 
 # --------------------------------------------------------------------------- running assets
 def _check_partition(ws: Workspace, partition_key: str) -> dg.DagsterInstance:
-    Episode.parse(partition_key)
+    """A run needs the partition registered in the instance (as the UI and sensor do)."""
+    ws.require_partitions([partition_key])
     instance = ws.instance()
     assert instance is not None
-    if not instance.has_dynamic_partition(PARTITIONS_NAME, partition_key):
-        raise PipelineError(
-            "input.invalid",
-            f"partition {partition_key!r} is not registered in the Dagster instance "
-            f"({instance.root_directory}); add it with `storyboard add-episode`",
-        )
     return instance
 
 
@@ -505,19 +524,30 @@ def reset_running(
     expected_started_at: str | None,
     reason: str,
 ) -> dict[str, Any]:
-    """Expected-match reset of a running row to failed; refuses if the row changed."""
-    key: StepKey = Episode.parse(partition_key).step(validate_id(step_id, "step_id"))
+    """Expected-match reset of a running row to failed; refuses if the row changed.
+
+    The step and the partition are checked first, so a typo is named as one instead of
+    being reported as a row that does not exist. A step the code location no longer has
+    is accepted while the ledger still holds a row of it (that row may be stuck too).
+    """
+    validate_id(step_id, "step_id")
+    if step_id not in ws.catalog and not (
+        ws.ledger_ready() and ws.ledger.get(Episode.parse(partition_key).step(step_id))
+    ):
+        ws.step(step_id)  # raises, listing the steps the code location has
+    episode = ws.require_partitions([partition_key], registration_required=False)[0]
+    key: StepKey = episode.step(step_id)
     ws.require_migrated_ledger()
     before = ws.ledger.get(key)
     if not ws.ledger.reset_running(key, expected_started_at, reason):
-        now = (
-            "has no ledger row"
+        found = (
+            "there is no ledger row for it"
             if before is None
-            else f"is {before['status']} with started_at {before.get('started_at')!r}"
+            else f"the row is {before['status']} with started_at {before.get('started_at')!r}"
         )
         raise PipelineError(
             "step.reset_refused",
-            f"{key}: refused: the row {now}, expected running with started_at "
+            f"{key}: refused: {found}, expected running with started_at "
             f"{expected_started_at!r}; nothing changed",
             status=409,
         )

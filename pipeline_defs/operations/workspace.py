@@ -10,7 +10,7 @@ import importlib
 import logging
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -19,9 +19,10 @@ from typing import Any
 import dagster as dg
 import sqlalchemy as sa
 
+from pipeline_defs.project import project_dir
 from pipeline_defs.resume.errors import PipelineError
 from pipeline_defs.resume.partition import Episode, validate_id
-from pipeline_defs.resume.settings import ResumeSettings
+from pipeline_defs.resume.settings import ENV_NAMES, ResumeSettings
 from pipeline_defs.steps.assets import episodes
 from pipeline_defs.steps.protocol import StepRuntime
 from pipeline_defs.steps.spec import Step, load_step, order_steps
@@ -127,6 +128,8 @@ class Workspace:
     steps: tuple[Step, ...]
     pipeline: PipelineResource
     _instance: dg.DagsterInstance | None = field(default=None, repr=False)
+    # Malformed keys found among the registered partitions (key -> why), reported once.
+    invalid_partitions: dict[str, PipelineError] = field(default_factory=dict, repr=False)
 
     @cached_property
     def settings(self) -> ResumeSettings:
@@ -181,9 +184,7 @@ class Workspace:
         if parsed.get_backend_name() == "sqlite":
             database = parsed.database or ""
             if database in ("", ":memory:") or not Path(database).is_file():
-                raise PipelineError(
-                    "ledger.not_migrated", f"ledger database {database!r} does not exist; {hint}"
-                )
+                raise PipelineError("ledger.not_migrated", self._missing_ledger(database))
         with self.ledger.engine.connect() as conn:
             current = MigrationContext.configure(conn).get_current_revision()
         head = ledger_head()
@@ -192,6 +193,49 @@ class Workspace:
                 "ledger.not_migrated",
                 f"ledger {safe_url(url)} is at revision {current!r}, not {head!r}; {hint}",
             )
+
+    def ledger_ready(self) -> bool:
+        """Whether the ledger exists at the head revision (checked without writing to it)."""
+        try:
+            self.require_migrated_ledger()
+        except PipelineError as exc:
+            if exc.code != "ledger.not_migrated":
+                raise
+            return False
+        return True
+
+    def home_source(self) -> str | None:
+        """Who set the data root (None: nobody, it is the default ``./.pipeline``)."""
+        if self.pipeline.home:
+            return "set by the code location's pipeline resource"
+        if os.environ.get(ENV_NAMES["home"], "").strip():
+            return "from the environment"
+        return None
+
+    def _missing_ledger(self, database: str) -> str:
+        """Why an embedded ledger file is missing, and what to do, without guessing wrong.
+
+        Run from another directory, the default data root is a fresh ``./.pipeline`` there:
+        suggesting ``storyboard migrate`` would create an empty ledger in a place nobody
+        meant, so the message names the data root used and how to point at the real one.
+        """
+        found = f"ledger database {database!r} does not exist"
+        migrate = "or run `storyboard migrate` to create a new, empty ledger there"
+        if self.pipeline.db_url or os.environ.get(ENV_NAMES["db_url"], "").strip():
+            return f"{found} ({ENV_NAMES['db_url']}); check {ENV_NAMES['db_url']}, {migrate}"
+        home = Path(self.settings.home).resolve()
+        source = self.home_source()
+        origin = source or (
+            f"not set: defaults to ./.pipeline relative to the current directory {Path.cwd()}"
+        )
+        where = f"PIPELINE_HOME={home} ({origin})"
+        point = "export PIPELINE_HOME=/absolute/path/to/the/project/.pipeline"
+        if source is None and not home.is_dir():
+            return (
+                f"{found}: {where}; run storyboard from the project directory, or point it "
+                f"at the existing data root: {point}"
+            )
+        return f"{found}: {where}; if that is the wrong data root: {point}; {migrate}"
 
     def instance(self, *, required: bool = True) -> dg.DagsterInstance | None:
         if self._instance is None:
@@ -202,28 +246,67 @@ class Workspace:
         """The implicit asset job (``__ASSET_JOB``) with the code location's resources."""
         return self.defs.resolve_implicit_global_asset_job_def()
 
-    def registered_partitions(self) -> list[str] | None:
-        """Partitions registered in the Dagster instance; None without an instance."""
+    def registered_episodes(self) -> list[Episode] | None:
+        """Partitions registered in the Dagster instance; None without an instance.
+
+        A malformed key (``oops no slash``, ``demo/ep01/x``: Dagster's API and UI accept any
+        text) is skipped and kept in ``invalid_partitions`` for the command to report once:
+        one bad key must not make a command fail for every partition.
+        """
         instance = self.instance(required=False)
         if instance is None:
             return None
-        return list(instance.get_dynamic_partitions(PARTITIONS_NAME))
+        found: list[Episode] = []
+        for key in instance.get_dynamic_partitions(PARTITIONS_NAME):
+            try:
+                found.append(Episode.parse(key))
+            except PipelineError as exc:
+                self.invalid_partitions.setdefault(key, exc)
+        return found
 
-    def known_episodes(self, only: tuple[str, ...] = ()) -> list[Episode]:
-        """``only`` if given, else registered partitions, ledger rows and episode folders."""
-        if only:
-            return [Episode.parse(p) for p in dict.fromkeys(only)]
-        keys: set[str] = set(self.registered_partitions() or ())
-        keys.update(k.partition_key for k in self.ledger.get_many())
+    def known_episodes(self) -> list[Episode]:
+        """Registered partitions, partitions with ledger rows and episode folders."""
+        keys: set[Episode] = set(self.registered_episodes() or ())
+        keys.update(k.episode for k in self.ledger.get_many())
         projects = self.home / "projects"
         for story in projects.glob("*/episodes/*/story.md"):
-            with contextlib.suppress(PipelineError):
-                keys.add(Episode(story.parent.parent.parent.name, story.parent.name).partition_key)
-        episodes_: list[Episode] = []
-        for key in keys:
-            with contextlib.suppress(PipelineError):
-                episodes_.append(Episode.parse(key))
-        return sorted(episodes_)
+            with contextlib.suppress(PipelineError):  # a folder name that is no id
+                keys.add(Episode(story.parent.parent.parent.name, story.parent.name))
+        return sorted(keys)
+
+    def require_partitions(
+        self, partition_keys: Iterable[str], *, registration_required: bool = True
+    ) -> list[Episode]:
+        """The episodes of ``partition_keys``; a key the instance does not know is refused.
+
+        Every command taking ``--partition`` calls this, so each refuses an unknown
+        partition with the same message and exit code (instead of showing ten ``none``
+        rows, or a launch the sensor would never make). With ``registration_required=False``
+        (read-only views, ledger repairs) a partition the ledger or the episode folders
+        still know is accepted too: a ledger outlives a wiped Dagster instance.
+        """
+        episodes = [Episode.parse(k) for k in dict.fromkeys(partition_keys)]
+        instance = self.instance(required=registration_required)
+        for episode in episodes:
+            key = episode.partition_key
+            if instance is not None and instance.has_dynamic_partition(PARTITIONS_NAME, key):
+                continue
+            if not registration_required and self._has_traces(episode):
+                continue
+            where = instance.root_directory if instance is not None else "DAGSTER_HOME not set"
+            raise PipelineError(
+                "input.invalid",
+                f"partition {key!r} is not registered in the Dagster instance ({where}); "
+                "add it with `storyboard add-episode`",
+            )
+        return episodes
+
+    def _has_traces(self, episode: Episode) -> bool:
+        """Ledger rows or an episode folder (read-only: an unmigrated ledger has no rows)."""
+        folder = project_dir(self.home, episode.project_id) / "episodes" / episode.episode_id
+        if (folder / "story.md").is_file():
+            return True
+        return self.ledger_ready() and bool(self.ledger.get_many(episodes=[episode]))
 
 
 def ledger_head() -> str:

@@ -6,6 +6,7 @@ from typing import Any
 
 import dagster as dg
 
+from pipeline_defs.resume.causes import root_cause
 from pipeline_defs.resume.decision import LaunchMode
 from pipeline_defs.resume.errors import PipelineError
 from pipeline_defs.steps.protocol import RunInfo, StepOutcome, StepRuntime
@@ -52,6 +53,24 @@ def owner_token(context: dg.AssetExecutionContext) -> str:
     return f"{context.run.run_id}:{context.retry_number}"
 
 
+def _failure(
+    error: PipelineError,
+    runtime: StepRuntime | None,
+    partition_key: str,
+    *,
+    allow_retries: bool,
+) -> dg.Failure:
+    """A typed error as the step's Dagster failure: the UI shows its one line first."""
+    metadata = {**error.as_metadata(), "resume/partition": partition_key}
+    try:  # name the file the failure is about (the key is valid once parsed)
+        if runtime is not None:
+            key = runtime.key(partition_key)
+            metadata["checkpoint/path"] = str(runtime.checkpoints.path_for(key))
+    except PipelineError:
+        pass
+    return dg.Failure(description=str(error), metadata=metadata, allow_retries=allow_retries)
+
+
 def _outcome_metadata(step: Step, outcome: StepOutcome, path: str) -> dict[str, Any]:
     decision = outcome.decision
     metadata: dict[str, Any] = {
@@ -95,30 +114,34 @@ def build_step_asset(step: Step, catalog: Mapping[str, Step]) -> dg.AssetsDefini
         context: dg.AssetExecutionContext, **inputs: Checkpoint | None
     ) -> Iterator[Any]:
         pipeline = context.resources.pipeline
-        runtime = StepRuntime(
-            step,
-            steps=catalog,
-            settings=pipeline.settings(),
-            ledger=pipeline.ledger(),
-            checkpoints=pipeline.checkpoints(),
-            text_model=context.resources.text_model,
-            image_model=context.resources.image_model,
-            log=context.log,
-        )
         tags = context.run.tags
         run = RunInfo(owner_token(context), launch_mode(tags), launch_path(tags))
-        try:
+        runtime: StepRuntime | None = None
+        try:  # settings are read here too: an invalid one fails typed like the rest
+            runtime = StepRuntime(
+                step,
+                steps=catalog,
+                settings=pipeline.settings(),
+                ledger=pipeline.ledger(),
+                checkpoints=pipeline.checkpoints(),
+                text_model=context.resources.text_model,
+                image_model=context.resources.image_model,
+                log=context.log,
+            )
             outcome = runtime.run(context.partition_key, run, inputs)
+        except (dg.DagsterError, dg.Failure, dg.RetryRequested):
+            raise  # Dagster's own control flow
         except PipelineError as error:
-            metadata = {**error.as_metadata(), "resume/partition": context.partition_key}
-            try:  # name the file the failure is about (the key is valid once parsed)
-                key = runtime.key(context.partition_key)
-                metadata["checkpoint/path"] = str(runtime.checkpoints.path_for(key))
-            except PipelineError:
-                pass
-            raise dg.Failure(
-                description=str(error), metadata=metadata, allow_retries=False
-            ) from error
+            raise _failure(error, runtime, context.partition_key, allow_retries=False) from error
+        except Exception as exc:
+            # Raised bare, Dagster describes it as its own wrapper ("Error occurred while
+            # executing op ...") and the cause sits in a stack trace below. Typed here, the
+            # failure's first line names it: a storage fault by its code, anything else as
+            # ``internal`` with its type and message. The traceback stays (raised from it),
+            # and so does any retry policy, as for the bare exception.
+            ledger = runtime.ledger.engine.url.render_as_string() if runtime else None
+            cause = root_cause(exc, ledger=ledger)
+            raise _failure(cause, runtime, context.partition_key, allow_retries=True) from exc
         assert outcome.checkpoint is not None
         path = str(runtime.checkpoints.path_for(runtime.key(context.partition_key)))
         metadata = _outcome_metadata(step, outcome, path)

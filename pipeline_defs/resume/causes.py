@@ -1,0 +1,138 @@
+"""The root cause of a failure, as one typed line an operator can act on (issue 10 §5).
+
+Dagster describes an exception raised by an op as its own wrapper ("Error occurred while
+executing op ...") with the cause in a stack trace below; the CLI printed just that. These
+helpers find the cause instead: a ``PipelineError`` as it is, a fault of the storage (a
+full disk, a read-only file system or database, a permission) by a ``storage.*`` code and
+the path, anything else as ``internal`` with its own type and message. No Dagster here:
+used by the asset wiring, the CLI and the run-failure reader alike.
+"""
+
+import errno
+import os
+import re
+from collections.abc import Iterator
+
+from pipeline_defs.resume.errors import PipelineError
+
+# A fault of the storage under the data root or the ledger: no re-run or force can fix it, an
+# operator must (free space, remount read-write, fix permissions).
+# errno -> (code, what happened, how it names the path).
+STORAGE_ERRNOS: dict[int, tuple[str, str, str]] = {
+    errno.ENOSPC: ("storage.full", "no space left on device", "writing"),
+    errno.EDQUOT: ("storage.full", "disk quota exceeded", "writing"),
+    errno.EROFS: ("storage.read_only", "read-only file system", "writing"),
+    errno.EACCES: ("storage.permission_denied", "permission denied", "on"),
+    errno.EPERM: ("storage.permission_denied", "operation not permitted", "on"),
+}
+# The same faults as the ledger's drivers word them: (code, marker, wording). SQLite says
+# "database or disk is full" / "attempt to write a readonly database"; PostgreSQL "could not
+# extend file ...: No space left on device" / "cannot execute ... in a read-only transaction".
+STORAGE_DB_MARKERS: tuple[tuple[str, str, str], ...] = (
+    ("storage.full", "database or disk is full", "the ledger database is full"),
+    ("storage.full", "no space left on device", "the ledger database is full"),
+    ("storage.read_only", "readonly database", "the ledger database is read-only"),
+    ("storage.read_only", "read-only transaction", "the ledger database is read-only"),
+)
+DB_MODULES = frozenset({"sqlite3", "sqlalchemy", "psycopg", "psycopg2"})
+_ERRNO_TEXT = re.compile(r"\[Errno (\d+)\]")
+
+
+def one_line(text: object, limit: int = 1000) -> str:
+    """Whitespace collapsed: a failure description is read as one line."""
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+def exception_chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc``, then what it was raised from or while handling (cycle-safe).
+
+    A failure while recording a failure (the ledger write after a full disk) carries the
+    first one as ``__context__``: both are looked at for the cause.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or (
+            None if current.__suppress_context__ else current.__context__
+        )
+
+
+# Locals that name the file being written in the writers of the stores (``target`` in
+# ``atomic_write_bytes`` and ``CheckpointStore.stage``, ``path`` elsewhere).
+PATH_LOCALS = ("target", "path")
+
+
+def _paths(error: OSError) -> str:
+    names = [repr(str(n)) for n in (error.filename, error.filename2) if n is not None]
+    return " -> ".join(names) or _written_path(error)
+
+
+def _written_path(error: OSError) -> str:
+    """The file a write through a descriptor was for (the OS does not say: no filename).
+
+    A full disk fails in ``handle.write`` on a temp file's descriptor; the writer's frame
+    still holds the path it was writing, innermost frame first. Diagnostics only.
+    """
+    frames = []
+    tb = error.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    for frame in reversed(frames):
+        for name in PATH_LOCALS:
+            value = frame.f_locals.get(name)
+            if isinstance(value, os.PathLike):
+                return repr(os.fspath(value))
+    return "(the file is not named)"
+
+
+def storage_fault(exc: BaseException, *, ledger: str | None = None) -> PipelineError | None:
+    """The typed storage fault behind ``exc`` (anywhere in its chain), or None.
+
+    ``ledger``: how to name the ledger database (a URL without password) in the message.
+    """
+    for item in exception_chain(exc):
+        if isinstance(item, OSError) and item.errno in STORAGE_ERRNOS:
+            code, what, verb = STORAGE_ERRNOS[item.errno]
+            return PipelineError(
+                code,
+                f"{what} {verb} {_paths(item)} ({errno.errorcode[item.errno]})",
+                details={"path": str(item.filename)} if item.filename else None,
+            )
+        if type(item).__module__.split(".")[0] in DB_MODULES:
+            driver = getattr(item, "orig", None) or item  # sqlalchemy wraps the driver's error
+            text = one_line(str(driver).split("\n", 1)[0], 300)  # not the SQL that follows
+            for code, marker, wording in STORAGE_DB_MARKERS:
+                if marker in text.lower():
+                    where = f" ({ledger})" if ledger else ""
+                    return PipelineError(code, f"{wording}{where}: {text}")
+    return None
+
+
+def root_cause(exc: BaseException, *, ledger: str | None = None) -> PipelineError:
+    """One typed error naming what went wrong: a PipelineError as it is, a storage fault by
+    its code, anything else as ``internal`` with its own type and message."""
+    if isinstance(exc, PipelineError):
+        return exc
+    fault = storage_fault(exc, ledger=ledger)
+    if fault is not None:
+        return fault
+    return PipelineError(
+        "internal", one_line(f"{type(exc).__name__}: {exc}"), details={"type": type(exc).__name__}
+    )
+
+
+def root_cause_of_text(text: str) -> PipelineError:
+    """The same, for a failure known only as text (``OverflowError: ...`` from an event log)."""
+    flat = one_line(text)
+    found = _ERRNO_TEXT.search(flat)
+    if found is not None and int(found.group(1)) in STORAGE_ERRNOS:
+        code, what, _verb = STORAGE_ERRNOS[int(found.group(1))]
+        return PipelineError(code, f"{what}: {flat}")
+    for code, marker, wording in STORAGE_DB_MARKERS:
+        if marker in flat.lower():
+            return PipelineError(code, f"{wording}: {flat}")
+    return PipelineError("internal", flat)

@@ -19,10 +19,20 @@ STATUS_BY_CODE: dict[str, int] = {
     "io.integrity_violation": 422,
     "io.checkpoint_missing": 404,
     "checkpoint.invalid": 422,  # a checkpoint.json field of the wrong JSON shape
+    # A symlink where a file or directory of ours should be (SPEC §11): a conflict with
+    # whoever planted it, resolved by hand; the link is never followed nor removed.
+    "checkpoint.symlink": 409,
     "settings.invalid": 400,
     "input.invalid_id": 400,
     "input.invalid": 400,
     "config.invalid": 400,
+    # The storage under the data root or the ledger refused a write: no step can fix that,
+    # an operator must (free space, remount read-write, fix permissions).
+    "storage.full": 507,
+    "storage.read_only": 503,
+    "storage.permission_denied": 503,
+    # An exception nobody typed (a bug or an unforeseen fault): kept with its type and text.
+    "internal": 500,
 }
 
 

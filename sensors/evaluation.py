@@ -250,6 +250,14 @@ class StepEvaluation:
         facts = self.facts
         if decision.code == CODE_RECOVERY_EXHAUSTED:
             return f"fix the cause of the repeated failures, then {force}"
+        if decision.reason.startswith(UNJUDGEABLE):
+            # An invalid project.yaml or the like: every run, forced or not, fails the same way.
+            _, code, message = [*decision.reason.split(": ", 2), "", ""][:3]
+            what = "the project file" if code == "config.invalid" else "what the reason names"
+            return (
+                f"fix {what}: {message}. The next sensor tick judges it again; a force cannot "
+                "help (every run reads the same input)"
+            )
         if decision.code == CODE_VERIFY_CRASHED:
             return (
                 f"fix the crashing verifier of {self.step_id} (a code bug); the next tick "
@@ -401,6 +409,9 @@ class _HashedScopedConfig(ScopedConfig):
         return config_hash(self.fingerprints)
 
 
+UNJUDGEABLE = "cannot be judged"
+
+
 def _unjudgeable(exc: BaseException) -> ResumeDecision:
     """The judge itself could not run (bad project file, bad partition key, a bug).
 
@@ -410,7 +421,7 @@ def _unjudgeable(exc: BaseException) -> ResumeDecision:
     if isinstance(exc, PipelineError):
         return ResumeDecision(
             ResumeAction.BLOCK,
-            f"cannot be judged: {exc.code}: {exc.message}",
+            f"{UNJUDGEABLE}: {exc.code}: {exc.message}",
             origin=Origin.CONTRACT_DRIFT,
             code=CODE_RESUME_BLOCKED,
         )

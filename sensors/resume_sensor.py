@@ -24,6 +24,8 @@ from datetime import UTC, datetime
 
 import dagster as dg
 
+from pipeline_defs.resume.errors import PipelineError
+from pipeline_defs.resume.partition import Episode
 from pipeline_defs.steps.assets import episodes
 from pipeline_defs.steps.spec import Step
 from resources.pipeline import PipelineResource
@@ -36,6 +38,25 @@ STEPS_JOB = "resume_steps"
 DEFAULT_INTERVAL_SECONDS = 30
 TAG_VALUE_LIMIT = 63
 LOGGED_CHANGES = 50
+
+
+# Malformed keys last logged, per sensor (the code server is long-lived).
+_INVALID_LOGGED: dict[str, frozenset[str]] = {}
+
+
+def split_partition_keys(keys: Sequence[str]) -> tuple[list[str], frozenset[str]]:
+    """Valid ``PROJECT/EPISODE`` keys, and the malformed ones (e.g. added by hand in the UI):
+    those are reported once and never judged (a block per step with a ``force`` hint for a
+    partition that cannot exist would only mislead)."""
+    valid, invalid = [], set()
+    for key in keys:
+        try:
+            Episode.parse(key)
+        except PipelineError:
+            invalid.add(key)
+        else:
+            valid.append(key)
+    return valid, frozenset(invalid)
 
 
 def utc_now() -> datetime:
@@ -169,7 +190,14 @@ def build_resume_sensor(
     ) -> dg.SensorResult:
         if not ordered:
             return dg.SensorResult(skip_reason="no judged steps", cursor=context.cursor)
-        partition_keys = context.instance.get_dynamic_partitions(str(episodes.name))
+        registered = context.instance.get_dynamic_partitions(str(episodes.name))
+        partition_keys, invalid = split_partition_keys(registered)
+        if invalid and _INVALID_LOGGED.get(name) != invalid:  # once per change, not per tick
+            context.log.warning(
+                f"ignoring {len(invalid)} malformed episodes partition key(s) "
+                f"(expected PROJECT/EPISODE of [A-Za-z0-9_-]): {sorted(invalid)[:10]}"
+            )
+        _INVALID_LOGGED[name] = invalid
         ticker = ticker_for(name, ordered, Stores.of(pipeline), config)
         result = ticker.tick(partition_keys, clock(), context.cursor)
         if result.changed:

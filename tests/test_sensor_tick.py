@@ -500,3 +500,35 @@ def test_reports_are_stored_by_the_instance_again_and_again(sqlite_rig: Rig) -> 
         assert evaluation.partition == "p/e1"
     assert statuses == ["FAILED", "SUCCEEDED", "FAILED"]
     assert evaluation.metadata["code"].value
+
+
+def test_malformed_partition_keys_are_reported_once_and_never_judged(sqlite_rig: Rig) -> None:
+    """Issue 9 §3: a key added by hand in the UI ("oops no slash") used to become a block
+    per step with a force hint for a partition that cannot exist."""
+    rig = sqlite_rig
+    seed(rig.stores, "p/e1")
+    rig.add("p/e1", "oops no slash", "p/e1/x")
+    rig.tick()
+    assert not rig.requests() and not rig.checks()
+    warned = [line for line in rig.log.lines if "malformed episodes partition" in line]
+    assert len(warned) == 1 and "oops no slash" in warned[0] and "p/e1/x" in warned[0]
+    write_input(rig.home, "p/e1", "unrelated.txt", "x")
+    rig.tick()
+    assert len([line for line in rig.log.lines if "malformed" in line]) == 1  # once
+
+
+def test_an_invalid_project_file_asks_for_a_fix_not_a_force(sqlite_rig: Rig) -> None:
+    rig = sqlite_rig
+    seed(rig.stores, "p/e1")
+    rig.add("p/e1")
+    config = rig.home / "projects" / "p" / "project.yaml"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text("no_such_key: 1\n")
+    rig.tick()
+    checks = rig.checks()
+    assert checks and all(not c.passed for c in checks.values())
+    for check in checks.values():
+        values = _values(check)
+        assert "config.invalid" in values["reason"]
+        assert "resume/mode=force" not in values["what_to_do"]
+        assert "fix the project file" in values["what_to_do"]

@@ -11,10 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from pipeline_defs.operations.workspace import Workspace
-from pipeline_defs.project import load_project_config
 from pipeline_defs.resume.clock import MAX_CLOCK_SKEW, beyond_clock_skew, parse_timestamp
-from pipeline_defs.resume.decision import CODE_RESUME_BLOCKED
-from pipeline_defs.resume.errors import PipelineError
 from pipeline_defs.resume.partition import Episode, StepKey
 
 # Audit actions that record a judge's verdict (the rest are follow-up transitions).
@@ -227,37 +224,7 @@ def judge_now(ws: Workspace, episodes: Sequence[Episode], now: datetime) -> list
 
     stores = Stores(ws.settings, ws.ledger, ws.checkpoints)
     keys = [e.partition_key for e in episodes]
-    judged = [ev.as_dict() for ev in evaluate_partitions(ws.steps, stores, keys, now)]
-    return _advise_config_fixes(ws, judged)
-
-
-def _advise_config_fixes(ws: Workspace, judged: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """A block caused by an invalid project file says which file and field to fix.
-
-    The sensor's hint for a block is an explicit force; with an unreadable project file
-    every run of that project, forced or not, fails on the same file, so that hint could
-    only fail again.
-    """
-    errors: dict[str, PipelineError | None] = {}
-    for item in judged:
-        if item["verdict"] != "blocked" or item["code"] != CODE_RESUME_BLOCKED:
-            continue
-        project_id = Episode.parse(item["partition"]).project_id
-        if project_id not in errors:
-            try:
-                load_project_config(ws.home, project_id)
-                errors[project_id] = None
-            except PipelineError as exc:
-                errors[project_id] = exc if exc.code == "config.invalid" else None
-        error = errors[project_id]
-        if error is None:
-            continue
-        # the message names the file and the field (``<path>: <field>: <problem>``)
-        item["what_to_do"] = (
-            f"fix the project file: {error.message}. The next sensor tick judges it again; "
-            f"a force cannot help (every run of project {project_id} reads this file)"
-        )
-    return judged
+    return [ev.as_dict() for ev in evaluate_partitions(ws.steps, stores, keys, now)]
 
 
 def verdict_counts(judged: Iterable[Mapping[str, Any]]) -> dict[str, int]:

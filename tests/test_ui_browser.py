@@ -118,6 +118,8 @@ def test_a_block_is_explained_and_a_force_launches_from_the_ui(ui: Ui) -> None:
             # 2. The blocked partition: reason and the command to run.
             page.goto(f"{ui.url}/assets/story_source?view=checks")
             expect(page.get_by_text("what_to_do")).to_be_visible()
+            # The check's description (it said "No description provided").
+            expect(page.get_by_text("Fails when the resume judge blocks it")).to_be_visible()
             body = page.inner_text("body")
             assert PARTITION in body
             assert "story.md changed after its checkpoint" in body

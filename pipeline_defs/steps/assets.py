@@ -17,6 +17,11 @@ from resources.checkpoints.io_manager import STEP_METADATA_KEY
 episodes = dg.DynamicPartitionsDefinition(name="episodes")
 
 RESUME_CHECK = "resume_integrity"
+RESUME_CHECK_HELP = (
+    "Whether this episode's step can resume as it is. Fails when the resume judge blocks it "
+    "(origin, reason and the command to run are in the metadata; reported by resume_sensor "
+    "through resume_report runs); passes when the step's run completes or the block clears."
+)
 MODE_TAG = "resume/mode"
 LAUNCH_PATH_TAG = "resume/launch_path"
 LAUNCH_PATH_MAX = 16  # width of step_transition.launch_path
@@ -99,7 +104,9 @@ def build_step_asset(step: Step, catalog: Mapping[str, Step]) -> dg.AssetsDefini
         partitions_def=episodes,
         ins={dep: dg.AssetIn(key=dep) for dep in step.deps},
         io_manager_key=IO_MANAGER_KEY,
-        check_specs=[dg.AssetCheckSpec(RESUME_CHECK, asset=step.step_id)],
+        check_specs=[
+            dg.AssetCheckSpec(RESUME_CHECK, asset=step.step_id, description=RESUME_CHECK_HELP)
+        ],
         metadata={
             STEP_METADATA_KEY: step_import_path(step),
             "resume/schema_version": step.schema_version,

@@ -24,10 +24,12 @@ from datetime import UTC, datetime
 
 import dagster as dg
 
+from pipeline_defs.resume.decision import ResumeAction
 from pipeline_defs.resume.errors import PipelineError
 from pipeline_defs.resume.partition import Episode
-from pipeline_defs.steps.assets import episodes
+from pipeline_defs.steps.assets import episodes, owner_ended_in
 from pipeline_defs.steps.spec import Step
+from resources.ledger.store import LedgerStore
 from resources.pipeline import PipelineResource
 from sensors.evaluation import StepEvaluation, Stores, order_steps
 from sensors.report import report_requests, resume_report
@@ -69,12 +71,12 @@ def tag_value(text: str, limit: int = TAG_VALUE_LIMIT) -> str:
     return flat if len(flat) <= limit else flat[: limit - 3].rstrip() + "..."
 
 
-def run_request(ev: StepEvaluation) -> dg.RunRequest:
+def run_request(ev: StepEvaluation, job_name: str = STEPS_JOB) -> dg.RunRequest:
     """A self-only materialization of one asset partition, deduped by its run key."""
     decision = ev.decision
     return dg.RunRequest(
         run_key=ev.run_key,
-        job_name=STEPS_JOB,
+        job_name=job_name,
         asset_selection=[dg.AssetKey(ev.step_id)],
         partition_key=ev.partition_key,
         tags={
@@ -84,6 +86,45 @@ def run_request(ev: StepEvaluation) -> dg.RunRequest:
             "resume/state": ev.state,
         },
     )
+
+
+def dead_owner_requests(
+    ledger: LedgerStore,
+    owner_ended: Callable[[str], str | None],
+    partitions: set[str],
+    launching: set[tuple[str, str]],
+    job_name: str = STEPS_JOB,
+) -> list[dg.RunRequest]:
+    """A launch for every running row whose owner run has ended in Dagster (SPEC §11).
+
+    The tick judges leases by time (a lapsed heartbeat); a run that run monitoring marked
+    FAILURE is dead now. The launched run's own judge sees the ended owner and takes the row
+    over (an expected-match steal); the sensor only saves the wait for the lease to lapse.
+    One query of the running rows per tick (there are few).
+    """
+    requests = []
+    for row in ledger.running_rows():
+        pk = f"{row['project_id']}/{row['episode_id']}"
+        slot = (str(row["step_id"]), pk)
+        if pk not in partitions or slot in launching:
+            continue
+        ended = owner_ended(str(row.get("run_id")))
+        if ended is None:
+            continue
+        requests.append(
+            dg.RunRequest(
+                run_key=f"resume:{slot[0]}:{pk}:owner-ended:{row.get('run_id')}",
+                job_name=job_name,
+                asset_selection=[dg.AssetKey(slot[0])],
+                partition_key=pk,
+                tags={
+                    "resume/action": ResumeAction.STALE_RUNNING_RECOVERY.value,
+                    "resume/origin": "none",
+                    "resume/reason": tag_value(f"owner run ended ({ended})"),
+                },
+            )
+        )
+    return requests
 
 
 def check_report(change: CheckChange) -> dict[str, object]:
@@ -168,8 +209,11 @@ def build_resume_sensor(
         workers=workers,
         trust_seals=trust_seals,
     )
+    steps_job_name = STEPS_JOB if name == SENSOR_NAME else f"{name}_steps"
     steps_job = dg.define_asset_job(
-        STEPS_JOB,
+        # One job per sensor: two sensors in one Definitions (e.g. with and without seals in
+        # benchmarks/sensor_tick.py) must not declare the same job twice.
+        steps_job_name,
         selection=[dg.AssetKey(s.step_id) for s in ordered],
         description="Self-only re-runs launched by resume_sensor (one asset partition each).",
     )
@@ -198,11 +242,20 @@ def build_resume_sensor(
                 f"(expected PROJECT/EPISODE of [A-Za-z0-9_-]): {sorted(invalid)[:10]}"
             )
         _INVALID_LOGGED[name] = invalid
-        ticker = ticker_for(name, ordered, Stores.of(pipeline), config)
+        stores = Stores.of(pipeline)
+        ticker = ticker_for(name, ordered, stores, config)
         result = ticker.tick(partition_keys, clock(), context.cursor)
         if result.changed:
             _log(context, result)
-        requests = [run_request(ev) for ev in result.launches]
+        requests = [run_request(ev, steps_job_name) for ev in result.launches]
+        launching = {(ev.step_id, ev.partition_key) for ev in result.launches}
+        requests += dead_owner_requests(
+            stores.ledger,
+            owner_ended_in(context.instance),
+            set(partition_keys),
+            launching,
+            steps_job_name,
+        )
         # A live lease is no fault: the owner's run shows the check in progress itself.
         reports = [check_report(c) for c in result.checks if not c.evaluation.running_healthy]
         requests += report_requests(reports, context.cursor)

@@ -304,7 +304,7 @@ def test_audit_running_buckets_every_running_row(cli_db: CliEnv) -> None:
     assert rows["p1/e3"]["elapsed_seconds"] is None
     assert rows["p1/e3"]["started_at"] == "yesterday at noon"
     assert rows["p1/e4"]["started_at"] is None
-    assert payload["counts"] == {**dict.fromkeys(keys, 1), "future": 0}
+    assert payload["counts"] == {**dict.fromkeys(keys, 1), "future": 0, "dead_owner": 0}
     text = cli.ok("audit-running").stdout
     assert "null_started_at" in text and "yesterday at noon" in text
 

@@ -294,6 +294,9 @@ def deployment(
         "DAGSTER_PG_URL": dagster_url,
         "PYTHONPATH": python_path,
         BARRIER_DIR_ENV: str(barrier),
+        # The "healthy" case is a claim by a fake owner that never renews its heartbeat: a
+        # lease longer than the batch keeps it healthy (the lease rules: tests/test_leases.py).
+        "PIPELINE_LEASE_SECONDS": "3600",
     }
     # Runs launched by the daemon get a simulated provider latency (sleep, no CPU), so the
     # queued runs last long enough to overlap as real ones would.

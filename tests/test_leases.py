@@ -233,3 +233,33 @@ def test_a_paused_worker_past_its_lease_loses_it_and_spends_nothing_more(home: C
     assert spent_after <= 1, "at most the call in flight at the steal"
     assert _row(cli, "ref_image_gen")["run_id"] == "thief:0"  # the new owner's row untouched
     assert _row(cli, "ref_image_gen")["status"] == "running"
+
+
+# --------------------------------------------------------------------------- dead owners
+def test_a_launch_recovers_a_row_whose_owner_run_has_ended(db_url: str, tmp_path: Path) -> None:
+    """SPEC §11 "dead owners": the row's owner run is FAILURE in the Dagster instance, its
+    heartbeat still fresh: a launch takes the row over at once instead of reporting
+    "running healthy" until the lease lapses."""
+    import dagster as dg
+    from sensor_steps import materialize, seed, stores_for
+
+    from resources.pipeline import PipelineResource
+
+    home = tmp_path / "home"
+    home.mkdir()
+    stores = stores_for(home, db_url)
+    pipeline = PipelineResource(home=str(home), db_url=db_url)
+    with dg.instance_for_test() as instance:
+        seed(stores, "p/e1", "src")
+        # A run that died: FAILURE in the instance (as run monitoring marks a dead worker).
+        failed = materialize(instance, pipeline, "p/e1", ["src"])
+        dead = f"{failed.run_id}:0"
+        instance.report_run_failed(instance.get_run_by_id(failed.run_id))  # type: ignore[arg-type]
+        key = StepKey("p", "e1", "mid")
+        assert stores.ledger.claim(key, dead)  # fresh heartbeat: a live-looking lease
+        result = materialize(instance, pipeline, "p/e1", ["mid"])
+        assert result.success
+        row = stores.ledger.get(key)
+        assert row is not None and row["status"] == "completed" and row["run_id"] != dead
+        audit = stores.ledger.transitions(key)
+        assert any("has ended (FAILURE)" in (t.get("reason") or "") for t in audit), audit

@@ -532,3 +532,23 @@ def test_an_invalid_project_file_asks_for_a_fix_not_a_force(sqlite_rig: Rig) -> 
         assert "config.invalid" in values["reason"]
         assert "resume/mode=force" not in values["what_to_do"]
         assert "fix the project file" in values["what_to_do"]
+
+
+def test_a_row_whose_owner_run_ended_is_relaunched_without_waiting(sqlite_rig: Rig) -> None:
+    """SPEC §11 dead owners: the owner run is FAILURE in the instance while its heartbeat is
+    fresh; the sensor launches the step at once (its run's judge takes the row over)."""
+    rig = sqlite_rig
+    seed(rig.stores, "p/e1")
+    rig.add("p/e1")
+    ended = materialize(rig.instance, rig.pipeline, "p/e1", ["src"])
+    rig.instance.report_run_failed(rig.instance.get_run_by_id(ended.run_id))  # type: ignore[arg-type]
+    key = rig.key("p/e1", "mid")
+    assert rig.stores.ledger.claim(key, f"{ended.run_id}:0")  # a fresh, live-looking lease
+    rig.tick()
+    request = rig.requests()[("mid", "p/e1")]
+    assert "owner-ended" in str(request.run_key)
+    assert request.tags["resume/action"] == "stale_running_recovery"
+    result = materialize(rig.instance, rig.pipeline, "p/e1", ["mid"], tags=request.tags)
+    assert result.success
+    row = rig.stores.ledger.get(key)
+    assert row is not None and row["status"] == "completed"

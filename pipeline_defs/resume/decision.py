@@ -219,7 +219,7 @@ def _run_verify(verify: Callable[[], CompletionReport]) -> CompletionReport:
 
 
 def _judge_running(
-    row: Mapping[str, Any], settings: ResumeSettings, now: datetime
+    row: Mapping[str, Any], settings: ResumeSettings, now: datetime, owner_ended: str | None
 ) -> ResumeDecision:
     """Rows 5, 6 and 6b: another run holds the step; only a lapsed lease may be stolen.
 
@@ -246,6 +246,16 @@ def _judge_running(
             None,
         )
     raw_beat = row.get("heartbeat_at")
+    if owner_ended:  # whatever the heartbeat says, nobody renews it any more
+        return ResumeDecision(
+            ResumeAction.STALE_RUNNING_RECOVERY,
+            f"owner run {run_id!r} has ended ({owner_ended}) while its ledger row is still "
+            "running; recovering the dead lease",
+            expected_started_at=raw_started,
+            expected_run_id=run_id,
+            expected_heartbeat_at=raw_beat,
+            auto_recovery=True,
+        )
     beat = parse_timestamp(raw_beat)
     if beat is not None:  # a renewed lease: its age decides, however long the step runs
         age = (now - beat).total_seconds()
@@ -377,8 +387,12 @@ def decide(
     config: ScopedConfig,
     settings: ResumeSettings,
     now: datetime,
+    owner_ended: str | None = None,
 ) -> ResumeDecision:
     """Apply the SPEC §4 table (first match wins). Pure: no I/O, no writes, no wall clock.
+
+    ``owner_ended``: for a running row, the terminal state (e.g. ``FAILURE``) of the Dagster
+    run that owns it, when the caller knows it has ended: its lease is dead at once (SPEC §11).
 
     ``verify`` is called at most once, and only for a completed step whose contract and
     scoped config still match (row 10, also reached through row 4).
@@ -408,7 +422,7 @@ def decide(
     else:
         status = _status_of(row.get("status"))
         if status == "running":
-            decision = _judge_running(row, settings, now)  # rows 5, 6, 6b
+            decision = _judge_running(row, settings, now, owner_ended)  # rows 5, 6, 6b
         elif status == "completed" and not checkpoint.present:
             decision = _rerun(  # row 7
                 "ledger says completed but the checkpoint is absent", Origin.ARTIFACT_MISSING

@@ -1,7 +1,8 @@
 """Turns step declarations into judged Dagster assets on the ``episodes`` partitions."""
 
+import uuid
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import dagster as dg
@@ -51,6 +52,33 @@ def launch_path(tags: Mapping[str, str]) -> str:
     if tags.get("dagster/from_ui") == "true":
         return "ui"
     return "api"
+
+
+ENDED_RUN_STATUSES = frozenset(
+    {dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED, dg.DagsterRunStatus.SUCCESS}
+)
+
+
+def owner_ended_in(instance: dg.DagsterInstance) -> Callable[[str], str | None]:
+    """Owner token (``<run id>:<attempt>``) -> its run's terminal status in ``instance``.
+
+    Run monitoring marks a run whose worker died FAILURE; a run that ended while its row
+    still says running holds a dead lease. A run this instance does not know is no
+    evidence (another deployment, a test owner): None, and the lease rules apply.
+    """
+
+    def ended(owner: str) -> str | None:
+        run_id = owner.split(":", 1)[0]
+        try:
+            uuid.UUID(run_id)
+        except ValueError:
+            return None
+        run = instance.get_run_by_id(run_id)
+        if run is None or run.status not in ENDED_RUN_STATUSES:
+            return None
+        return str(run.status.value)
+
+    return ended
 
 
 def owner_token(context: dg.AssetExecutionContext) -> str:
@@ -134,6 +162,7 @@ def build_step_asset(step: Step, catalog: Mapping[str, Step]) -> dg.AssetsDefini
                 text_model=context.resources.text_model,
                 image_model=context.resources.image_model,
                 log=context.log,
+                owner_ended=owner_ended_in(context.instance),
             )
             outcome = runtime.run(context.partition_key, run, inputs)
         except (dg.DagsterError, dg.Failure, dg.RetryRequested):

@@ -115,6 +115,7 @@ class StepRuntime:
         image_model: ImageModel | None = None,
         log: logging.Logger | None = None,
         clock: Callable[[], datetime] = utc_now,
+        owner_ended: Callable[[str], str | None] | None = None,
     ) -> None:
         self.step = step
         self.steps = steps
@@ -125,6 +126,9 @@ class StepRuntime:
         self.image_model = image_model
         self.log = log or logging.getLogger(f"storyboard.{step.step_id}")
         self.clock = clock
+        # Owner token -> the terminal state of its Dagster run, if it has ended (evidence of
+        # a dead lease that needs no waiting; None where no Dagster instance is at hand).
+        self.owner_ended = owner_ended
 
     # ------------------------------------------------------------------ helpers
     def key(self, partition_key: str) -> StepKey:
@@ -231,10 +235,16 @@ class StepRuntime:
         ctx = self.context(key)
         config = self.scoped_config(ctx.project)
         checkpoint, summary, verify = self._evidence(ctx, config, loaded, sealed)
+        ended = (
+            self.owner_ended(str(row.get("run_id")))
+            if self.owner_ended is not None and row and row.get("status") == "running"
+            else None
+        )
         decision = decide(
             mode=mode,
             applicable=self.step.is_applicable(ctx),
             row=row,
+            owner_ended=ended,
             checkpoint=summary,
             verify=verify,
             step=self.step,

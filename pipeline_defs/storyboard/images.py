@@ -5,11 +5,14 @@ still match the previous checkpoint's record for the same job (same seed = same 
 and references), and calls the image model only for what is missing or invalid, so one
 lost PNG costs one call. A job whose references are missing is never drawn (no default
 or wrong reference): it is counted failed and the step ends partial. ``cleanup_artifacts``
-stays the base no-op: regenerating one entity must never delete another's image.
+deletes nothing: regenerating one entity must never delete another's image.
+
+Every file is reached through the checkpoint store (``artifact_path``, ``archive_artifact``,
+``write_artifact``), which refuses a symlink on the way or in place (``checkpoint.symlink``,
+SPEC §11); a step directory holding a link fails before any provider call.
 """
 
 import json
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,9 +22,14 @@ from pipeline_defs.resume.completion import CompletionReport, Origin, Severity
 from pipeline_defs.resume.errors import PipelineError
 from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.steps.context import StepContext
-from pipeline_defs.steps.spec import Step, StepResult
+from pipeline_defs.steps.spec import CleanupReport, Step, StepResult
 from resources.checkpoints.envelope import Artifact, Checkpoint, canonical_json, sha256_text
-from resources.checkpoints.store import atomic_write_bytes, file_sha256
+from resources.checkpoints.store import (
+    SYMLINK_CODE,
+    atomic_write_bytes,
+    file_sha256,
+    read_nofollow,
+)
 from resources.providers import PNG_SIGNATURE, ImageCall
 
 MAX_LISTED = 20
@@ -79,17 +87,21 @@ class ImageStep(Step):
     def _previous(self, ctx: StepContext) -> Checkpoint | None:
         try:
             return ctx.upstream(self.step_id)
-        except PipelineError:
+        except PipelineError as exc:
+            if exc.code == SYMLINK_CODE:
+                raise  # not "corrupt": a link in our directory stops the step
             return None  # a corrupt previous checkpoint offers nothing to reuse
+
+    def cleanup_artifacts(self, ctx: StepContext) -> CleanupReport:
+        """Deletes nothing (see the module doc); refuses a link anywhere in the step's
+        directory before an explicit force invalidates anything downstream."""
+        ctx.checkpoints.refuse_links_in_tree(ctx.key)
+        return CleanupReport(note="nothing deleted: images are upserted, never cleaned")
 
     @staticmethod
     def _archive_invalid(ctx: StepContext, job: ImageJob) -> None:
         """Move a present-but-invalid PNG aside before redrawing: nothing is lost."""
-        path = ctx.artifact_path(job.path)
-        if path.is_file():
-            target = ctx.step_dir / "archive" / f"{file_sha256(path)[:16]}-{path.name}"
-            target.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(path, target)
+        ctx.checkpoints.archive_artifact(ctx.key, job.path)
 
     @staticmethod
     def _receipt_path(ctx: StepContext, job: ImageJob) -> Path:
@@ -103,7 +115,7 @@ class ImageStep(Step):
 
     def _reuse_receipt(self, ctx: StepContext, job: ImageJob) -> Artifact | None:
         try:
-            receipt = json.loads(self._receipt_path(ctx, job).read_bytes())
+            receipt = json.loads(read_nofollow(self._receipt_path(ctx, job)))
         except (OSError, ValueError):
             return None
         if not isinstance(receipt, dict) or receipt.get("seed") != job.seed:
@@ -139,6 +151,9 @@ class ImageStep(Step):
         return artifact if file_sha256(path) == artifact.sha256 else None
 
     def execute(self, ctx: StepContext, inputs: Mapping[str, Checkpoint]) -> StepResult:
+        # Before any provider call: a link in our directory would fail the run only after
+        # paying for images (when the first PNG or receipt is written).
+        ctx.checkpoints.refuse_links_in_tree(ctx.key)
         plan = self.plan(ctx, inputs)
         previous = self._previous(ctx)
         size = ctx.project.image

@@ -18,6 +18,11 @@ the recorded one. So a file written less than ``RACY_NS`` before sealing is "rac
 it again. The staged envelope's mtime is set one second into the past when it is written,
 so the checkpoint file itself is never racy.
 
+The envelope and artifact identities are taken with ``lstat``: for a regular file they are
+the ``stat`` values, and a symlink put in a sealed file's place (even to the very file,
+moved elsewhere) has its own inode, so it never matches. A link in a directory on the way
+is the store's to catch (``CheckpointStore.sealed``); a file that is a link is never sealed.
+
 Not covered, by design: a verifier reading files it does not declare (its contract, see
 ``Step.verify_reads``); a rewrite that forges the original mtime_ns; bit rot that changes
 bytes without touching metadata; and a verifier whose code changed without a
@@ -30,6 +35,7 @@ import functools
 import hashlib
 import json
 import os
+import stat
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,6 +63,24 @@ def identity_of(path: str | os.PathLike[str]) -> FileIdentity | None:
     except OSError:
         return None
     return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+
+def own_identity_of(path: str | os.PathLike[str]) -> FileIdentity | None:
+    """Like :func:`identity_of` but of the entry itself (``lstat``): a symlink has its own
+    identity, never the one of the file it points to. Used for the files of ours a seal
+    covers (the envelope, the artifacts), where a link is never legitimate."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+
+def _is_link(path: Path) -> bool:
+    try:
+        return stat.S_ISLNK(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def is_racy(identity: FileIdentity, sealed_ns: int) -> bool:
@@ -218,8 +242,8 @@ class Seal:
         a memo, so the inputs all its steps share are stat'ed once).
         """
         return (
-            identity_of(checkpoint_path) == self.checkpoint
-            and _matches(home, self.files, identity_of)
+            own_identity_of(checkpoint_path) == self.checkpoint
+            and _matches(home, self.files, own_identity_of)
             and _matches(home, self.reads, shared)
         )
 
@@ -242,7 +266,9 @@ def make_seal(
     sha256; ``reads`` are the other files and directories the step's verifier may read;
     ``expected``: the envelope's identity when it was read and verified, if not staged.
     """
-    identity = identity_of(checkpoint_file)
+    if _is_link(checkpoint_file):
+        return None  # never seal a link (the store refuses it as checkpoint.symlink)
+    identity = own_identity_of(checkpoint_file)
     if identity is None or is_racy(identity, sealed_ns):
         return None
     if expected is not None and identity != expected:
@@ -257,7 +283,9 @@ def make_seal(
             relative = path.resolve().relative_to(home.resolve()).as_posix()
         except ValueError:
             return None  # outside PIPELINE_HOME: not sealable, judged the long way
-        found = identity_of(path)
+        if required and _is_link(path):
+            return None  # an artifact of ours that is a link is not sealable
+        found = own_identity_of(path) if required else identity_of(path)
         if found is None:
             if required:
                 return None

@@ -3,17 +3,33 @@
 Layout: ``<home>/checkpoints/<project>/<episode>/<step>/checkpoint.json`` with the step's
 artifacts beside it and ``archive/`` below it. Nothing here deletes data: a replaced or
 force-cleared checkpoint is moved into the archive first.
+
+No escape from the home (SPEC §11): every path below ``PIPELINE_HOME`` that this module
+reads, writes, archives, prunes or deletes is checked without following symlinks — each
+directory from the home down is ``lstat``-ed, files are opened with ``O_NOFOLLOW``, and the
+entries of the directories we work in are scanned. A symlink where a file or directory of
+ours should be raises ``checkpoint.symlink`` (origin contract drift, naming the link): the
+judge turns that into a visible block, and the link is never followed, replaced or deleted.
+The home itself may be a link (an operator's choice of where the data lives).
+
+Cost on the judge's hot path (``load``/``sealed``): one ``lstat`` per directory from the home
+to the step (4) instead of one ``stat``; the entries of the step directory and of artifact
+directories are scanned once and then trusted while that directory's own ``(mtime_ns,
+inode)`` stays the same (creating, renaming or replacing an entry moves its mtime).
 """
 
 import contextlib
+import errno
+import functools
 import hashlib
 import json
 import os
+import posixpath
 import stat as stat_module
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -24,24 +40,82 @@ from pipeline_defs.resume.decision import CheckpointSummary
 from pipeline_defs.resume.errors import PipelineError
 from pipeline_defs.resume.partition import StepKey
 from resources.checkpoints.envelope import Artifact, Checkpoint
-from resources.checkpoints.seal import BACKDATE_NS, FileIdentity, Seal, identity_of, make_seal
+from resources.checkpoints.seal import (
+    BACKDATE_NS,
+    FileIdentity,
+    Seal,
+    identity_of,
+    is_racy,
+    make_seal,
+)
 
 CHECKPOINT_FILE = "checkpoint.json"
 FORCE_MARKER = ".force_cleared"
 ARCHIVE_DIR = "archive"
 PENDING_DIR = "pending"  # a mutator's write-ahead edits of its victims (steps.mutations)
+SYMLINK_CODE = "checkpoint.symlink"
 # Envelopes kept in memory per store (about 13 KB each for the storyboard steps).
 MAX_CACHED_ENVELOPES = 20_000
+# Directories whose entries were found free of links (one per step and artifact directory).
+MAX_CLEAN_DIRS = 400_000
+# Not on every platform (Windows): there a link is still caught by the lstat before opening.
+O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 Fence = Callable[[Callable[[], None]], Any]
 
 
+def symlink_error(path: str | os.PathLike[str], what: str = "a file or directory") -> PipelineError:
+    """The typed refusal of a symlink where ``what`` of the pipeline should be."""
+    try:
+        target = os.readlink(path)
+    except OSError:
+        target = "?"
+    return PipelineError(
+        SYMLINK_CODE,
+        f"{path} is a symbolic link (to {target}) where {what} of the pipeline should be "
+        f"[{SYMLINK_CODE}]: nothing is read or written through it and it is left in place; "
+        "replace it by the real directory or file (or remove it) to go on",
+        origin=Origin.CONTRACT_DRIFT.value,
+        details={"path": str(path), "target": target},
+    )
+
+
+def open_nofollow(path: str | os.PathLike[str]) -> int:
+    """A read-only descriptor of ``path``; a link in its place is ``checkpoint.symlink``.
+
+    ``O_NOFOLLOW`` closes the gap between an ``lstat`` check and the open.
+    """
+    try:
+        return os.open(path, os.O_RDONLY | O_NOFOLLOW)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise symlink_error(path, "a file") from None
+        raise
+
+
+def read_nofollow(path: str | os.PathLike[str]) -> bytes:
+    with os.fdopen(open_nofollow(path), "rb") as handle:
+        return handle.read()
+
+
 def file_sha256(path: Path) -> str:
+    """sha256 of a file of ours (never read through a link)."""
     digest = hashlib.sha256()
-    with path.open("rb") as handle:
+    with os.fdopen(open_nofollow(path), "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+@functools.lru_cache(maxsize=4096)
+def _artifact_dirs(artifacts: tuple[str, ...]) -> tuple[str, ...]:
+    """The directories (relative to the step directory, parents first) holding artifacts."""
+    found: dict[str, None] = {}
+    for relative in artifacts:
+        parts = posixpath.normpath(relative).split("/")[:-1]
+        for depth in range(1, len(parts) + 1):
+            found.setdefault("/".join(parts[:depth]))
+    return tuple(found)
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -79,6 +153,10 @@ class StagedCheckpoint:
         self.committed = False
 
     def commit(self) -> None:
+        # A link planted since staging would be replaced (deleted) by the rename: refuse it.
+        with contextlib.suppress(FileNotFoundError):
+            if stat_module.S_ISLNK(os.lstat(self.target).st_mode):
+                raise symlink_error(self.target, "a checkpoint file")
         os.replace(self.temp, self.target)
         _fsync_dir(self.target.parent)
         self.committed = True
@@ -102,6 +180,11 @@ class CheckpointStore:
         self._cache_lock = threading.Lock()
         # (step dir, checkpoint path) per key: pathlib joins are slow when judging in bulk.
         self._paths: dict[StepKey, tuple[Path, Path]] = {}
+        # The directories from the home down to each key's step dir, as plain strings: the
+        # judge lstats them for every step of every episode (no pathlib on that path).
+        self._chains: dict[StepKey, tuple[str, str, str, str]] = {}
+        # directory -> its (mtime_ns, inode) when its entries were last found free of links.
+        self._clean_dirs: dict[str, tuple[int, int]] = {}
 
     # ------------------------------------------------------------------ paths
     def _paths_of(self, key: StepKey) -> tuple[Path, Path]:
@@ -113,6 +196,17 @@ class CheckpointStore:
             found = self._paths[key] = (Path(base), Path(f"{base}/{CHECKPOINT_FILE}"))
         return found
 
+    def _chain_of(self, key: StepKey) -> tuple[str, str, str, str]:
+        """checkpoints root, project, episode and step directory of ``key``."""
+        found = self._chains.get(key)
+        if found is None:
+            if len(self._chains) >= 200_000:
+                self._chains.clear()
+            project = f"{self._root}/{key.project_id}"
+            episode = f"{project}/{key.episode_id}"
+            found = self._chains[key] = (self._root, project, episode, f"{episode}/{key.step_id}")
+        return found
+
     def step_dir(self, key: StepKey) -> Path:
         return self._paths_of(key)[0]
 
@@ -120,15 +214,134 @@ class CheckpointStore:
         return self._paths_of(key)[1]
 
     def artifact_path(self, key: StepKey, relative: str) -> Path:
-        path = (self.step_dir(key) / relative).resolve()
-        if self.step_dir(key).resolve() not in path.parents:
+        """Where an artifact of ``key`` lives; ``checkpoint.symlink`` if a link is on the way.
+
+        Lexical, never resolved: resolving would follow the very links refused here.
+        """
+        normal = posixpath.normpath(relative) if relative else ""
+        if (
+            not normal
+            or normal in (".", "..")
+            or normal.startswith(("/", "../"))
+            or os.path.isabs(relative)
+        ):
             raise PipelineError(
                 "input.invalid", f"artifact path {relative!r} escapes {self.step_dir(key)}"
             )
+        path = self.step_dir(key) / normal
+        self._refuse_links_to(key, normal)
         return path
 
     def has_force_marker(self, key: StepKey) -> bool:
-        return (self.step_dir(key) / FORCE_MARKER).exists()
+        self.refuse_links(key)
+        return self._lstat_ours(self.step_dir(key) / FORCE_MARKER, "a force marker") is not None
+
+    # ------------------------------------------------------------------ no links
+    def _lstat_ours(self, path: str | Path, what: str) -> os.stat_result | None:
+        """lstat of a path of ours: None when absent, ``checkpoint.symlink`` when a link."""
+        try:
+            found = os.lstat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        if stat_module.S_ISLNK(found.st_mode):
+            raise symlink_error(path, what)
+        return found
+
+    def _walk_dirs(self, dirs: Sequence[str]) -> os.stat_result | None:
+        """lstat each directory, top down; the deepest one's stat, or None when one is absent
+        or not a directory (nothing below it exists to be followed; readers report it).
+
+        Written for speed: the judge calls it for every step of every episode.
+        """
+        lstat, is_dir = os.lstat, stat_module.S_ISDIR
+        found: os.stat_result | None = None
+        for directory in dirs:
+            try:
+                found = lstat(directory)
+            except (FileNotFoundError, NotADirectoryError):
+                return None
+            if not is_dir(found.st_mode):  # one test in the common case: a real directory
+                if stat_module.S_ISLNK(found.st_mode):
+                    raise symlink_error(directory, "a directory")
+                return None
+        return found
+
+    def _refuse_linked_entries(self, directory: str, found: os.stat_result) -> None:
+        """No entry of ``directory`` is a link; rescanned only when its identity moved.
+
+        Adding, removing, renaming or replacing an entry moves the directory's mtime, so an
+        unchanged ``(mtime_ns, inode)`` means unchanged entries. A directory changed within
+        the filesystem's timestamp tick is not remembered (same rule as seals).
+        """
+        identity = (found.st_mtime_ns, found.st_ino)
+        if self._clean_dirs.get(directory) == identity:
+            return
+        try:
+            with os.scandir(directory) as entries:
+                for entry in entries:
+                    if entry.is_symlink():
+                        raise symlink_error(entry.path)
+        except (FileNotFoundError, NotADirectoryError):
+            return  # gone meanwhile: nothing in it to follow
+        if not is_racy((found.st_mtime_ns, 0, 0), time.time_ns()):
+            if len(self._clean_dirs) >= MAX_CLEAN_DIRS:
+                self._clean_dirs.clear()
+            self._clean_dirs[directory] = identity
+
+    def refuse_links(self, key: StepKey) -> bool:
+        """Raise ``checkpoint.symlink`` if a directory from the home down to ``key``'s step
+        directory, or any entry directly in the step directory, is a symlink.
+
+        True when the step directory exists. This is what every judgement of ``key`` pays:
+        four ``lstat`` calls, plus a scan of the step directory when it changed.
+        """
+        chain = self._chain_of(key)
+        found = self._walk_dirs(chain)
+        if found is None:
+            return False
+        step = chain[-1]
+        if self._clean_dirs.get(step) != (found.st_mtime_ns, found.st_ino):
+            self._refuse_linked_entries(step, found)
+        return True
+
+    def _refuse_links_to(self, key: StepKey, relative: str) -> None:
+        """Like :meth:`refuse_links`, plus every directory on the way to ``relative`` (a
+        normalized path inside the step directory), the entries of its own directory, and the
+        file itself."""
+        if not self.refuse_links(key):
+            return
+        step = self._paths_of(key)[0]
+        parts = relative.split("/")
+        directory = str(step)
+        for part in parts[:-1]:
+            directory = f"{directory}/{part}"
+            found = self._lstat_ours(directory, "a directory")
+            if found is None or not stat_module.S_ISDIR(found.st_mode):
+                return
+            self._refuse_linked_entries(directory, found)
+        self._lstat_ours(step / relative, "a file")
+
+    def refuse_links_in_tree(self, key: StepKey) -> None:
+        """No link anywhere in ``key``'s step directory (archive and pending included).
+
+        What every operation that writes, archives or deletes there checks first: its cost
+        (a walk of the step's few files) is nothing next to a publish, and a link found half
+        way through would leave a half-done operation.
+        """
+        if not self.refuse_links(key):
+            return
+        pending = [self._chain_of(key)[-1]]
+        while pending:
+            directory = pending.pop()
+            try:
+                with os.scandir(directory) as entries:
+                    for entry in entries:
+                        if entry.is_symlink():
+                            raise symlink_error(entry.path)
+                        if entry.is_dir(follow_symlinks=False):
+                            pending.append(entry.path)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
 
     # ------------------------------------------------------------------ reading
     def _broken(
@@ -144,8 +357,9 @@ class CheckpointStore:
     def load(self, key: StepKey) -> Checkpoint | None:
         """The checkpoint, None if there is none, or a typed integrity error naming the file."""
         path = self.path_for(key)
+        self.refuse_links(key)
         try:
-            stat = path.stat()
+            stat = os.lstat(path)
         except FileNotFoundError:
             return None
         except NotADirectoryError:
@@ -153,6 +367,8 @@ class CheckpointStore:
                 (p for p in reversed(path.parents) if p.exists() and not p.is_dir()), path.parent
             )
             raise self._broken(path, f"{culprit} is a file where a directory is expected") from None
+        if stat_module.S_ISLNK(stat.st_mode):
+            raise symlink_error(path, "a checkpoint file")
         if not stat_module.S_ISREG(stat.st_mode):
             raise self._broken(path, "is not a regular file")
         identity = (stat.st_mtime_ns, stat.st_size, stat.st_ino)
@@ -161,7 +377,7 @@ class CheckpointStore:
         if cached is not None and cached[0] == identity:
             return cached[1]
         try:
-            raw = json.loads(path.read_bytes().decode("utf-8"))
+            raw = json.loads(read_nofollow(path).decode("utf-8"))
         except UnicodeDecodeError:
             raise self._broken(path, "is not UTF-8 text") from None
         except json.JSONDecodeError as exc:
@@ -193,6 +409,7 @@ class CheckpointStore:
 
         Absent is ``artifact_missing``; present but different is ``invariant_drift`` (a stored
         hash ≠ the recomputed hash), which must block rather than be silently regenerated.
+        A link in an artifact's place raises ``checkpoint.symlink`` (contract drift).
         """
         missing: list[str] = []
         changed: list[str] = []
@@ -206,60 +423,103 @@ class CheckpointStore:
 
     # ------------------------------------------------------------------ writing
     def write_artifact(self, key: StepKey, relative: str, payload: bytes) -> Artifact:
-        path = self.artifact_path(key, relative)
+        path = self.artifact_path(key, relative)  # refuses a link on the way or in place
         atomic_write_bytes(path, payload)
         return Artifact(
             path=relative, sha256=hashlib.sha256(payload).hexdigest(), bytes=len(payload)
         )
 
+    def archive_artifact(self, key: StepKey, relative: str) -> Path | None:
+        """Move a present artifact aside into ``archive/`` (named by its sha256 prefix) before
+        it is redrawn: nothing is lost. None when there is nothing to move."""
+        path = self.artifact_path(key, relative)
+        if not path.is_file():
+            return None
+        folder = self._archive_folder(key)
+        target = folder / f"{file_sha256(path)[:16]}-{path.name}"
+        self._lstat_ours(target, "an archived file")
+        os.replace(path, target)
+        return target
+
     def stage(self, checkpoint: Checkpoint) -> StagedCheckpoint:
-        """Write the envelope to a temp file beside its target (fsynced, not yet visible)."""
-        target = self.path_for(checkpoint.key)
+        """Write the envelope to a temp file beside its target (fsynced, not yet visible).
+
+        Any failure before the staged checkpoint is returned (a full disk, a link found by
+        the archive) removes the temp file: only a returned stage leaves one, for
+        :meth:`StagedCheckpoint.commit` or :meth:`StagedCheckpoint.discard`.
+        """
+        key = checkpoint.key
+        target = self.path_for(key)
+        self.refuse_links_in_tree(key)  # before anything is written there
         target.parent.mkdir(parents=True, exist_ok=True)
+        self.refuse_links(key)  # mkdir may have made the chain: a link raced in meanwhile?
         fd, temp = tempfile.mkstemp(prefix=".checkpoint.", suffix=".tmp", dir=target.parent)
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(checkpoint.to_json().encode("utf-8"))
-            handle.flush()
-            # mtime one second in the past: any later in-place write moves it, so the
-            # file's identity can seal it at once (see resources.checkpoints.seal).
-            past = time.time_ns() - BACKDATE_NS
-            os.utime(handle.fileno(), ns=(past, past))
-            os.fsync(handle.fileno())
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(checkpoint.to_json().encode("utf-8"))
+                handle.flush()
+                # mtime one second in the past: any later in-place write moves it, so the
+                # file's identity can seal it at once (see resources.checkpoints.seal).
+                past = time.time_ns() - BACKDATE_NS
+                os.utime(handle.fileno(), ns=(past, past))
+                os.fsync(handle.fileno())
+            current = self._lstat_ours(target, "a checkpoint file")
+            if current is not None and stat_module.S_ISREG(current.st_mode):
+                # even an unreadable one: it is evidence, never destroyed
+                self.archive(key, "replaced")
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temp)
+            raise
 
         def after_commit() -> None:
+            marker = target.parent / FORCE_MARKER
             with contextlib.suppress(FileNotFoundError):
-                (target.parent / FORCE_MARKER).unlink()
+                # A link planted after the check stays in place: the next load blocks on it.
+                if not stat_module.S_ISLNK(os.lstat(marker).st_mode):
+                    marker.unlink()
             with self._cache_lock:
                 self._cache.pop(target, None)
 
-        if target.is_file():  # even an unreadable one: it is evidence, never destroyed
-            self.archive(checkpoint.key, "replaced")
         return StagedCheckpoint(Path(temp), target, after_commit)
 
     # ------------------------------------------------------------------ pending mutations
     def pending_path(self, mutator: StepKey, victim: str) -> Path:
         return self.step_dir(mutator) / PENDING_DIR / f"{victim}.json"
 
+    def _refuse_pending_links(self, mutator: StepKey, victim: str) -> Path:
+        path = self.pending_path(mutator, victim)
+        self._refuse_links_to(mutator, f"{PENDING_DIR}/{path.name}")
+        return path
+
     def write_pending(self, mutator: StepKey, edited: Checkpoint) -> Path:
         """Write ahead an edited victim envelope (durable before the mutator publishes)."""
-        path = self.pending_path(mutator, edited.step_id)
+        path = self._refuse_pending_links(mutator, edited.step_id)
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(path, edited.to_json().encode("utf-8"))
         return path
 
     def load_pending(self, mutator: StepKey, victim: str) -> Checkpoint | None:
         """The written-ahead edit of ``victim``; None if absent or unreadable (never trusted
-        beyond its content hash, which the caller compares with the published intent)."""
-        path = self.pending_path(mutator, victim)
+        beyond its content hash, which the caller compares with the published intent).
+
+        A link in its place is no "absent": it raises ``checkpoint.symlink``.
+        """
+        path = self._refuse_pending_links(mutator, victim)
         try:
-            raw = json.loads(path.read_bytes())
+            raw = json.loads(read_nofollow(path))
             return Checkpoint.from_dict(raw, source=str(path))
-        except (OSError, ValueError, PipelineError):
+        except PipelineError as exc:
+            if exc.code == SYMLINK_CODE:
+                raise
+            return None
+        except (OSError, ValueError):
             return None
 
     def drop_pending(self, mutator: StepKey, victim: str) -> None:
+        path = self._refuse_pending_links(mutator, victim)
         with contextlib.suppress(FileNotFoundError):
-            self.pending_path(mutator, victim).unlink()
+            path.unlink()
 
     # ------------------------------------------------------------------ seals
     def seal(
@@ -306,15 +566,28 @@ class CheckpointStore:
     ) -> Seal | None:
         """The seal of ``key``'s checkpoint if every file it names is unchanged, else None.
 
-        ``shared``: how to stat the project/episode inputs (see :meth:`Seal.holds`).
+        ``shared``: how to stat the project/episode inputs (see :meth:`Seal.holds`). A link
+        on the way to the checkpoint or its artifacts voids the seal: the long way
+        (:meth:`load`, the verifier) then reports it as a typed block.
         """
         seal = Seal.decode(text)
         if seal is None:
             return None
+        try:
+            if not self.refuse_links(key):
+                return None
+            if seal.artifacts:
+                step = self._chain_of(key)[-1]
+                for relative in _artifact_dirs(seal.artifacts):
+                    directory = f"{step}/{relative}"
+                    found = self._lstat_ours(directory, "a directory")
+                    if found is None:
+                        return None
+                    self._refuse_linked_entries(directory, found)
+        except PipelineError:
+            return None
         # String paths (no pathlib): this runs for every step of every episode on a cold tick.
-        checkpoint = (
-            f"{self._root}/{key.project_id}/{key.episode_id}/{key.step_id}/{CHECKPOINT_FILE}"
-        )
+        checkpoint = f"{self._chain_of(key)[-1]}/{CHECKPOINT_FILE}"
         return seal if seal.holds(self._home, checkpoint, shared) else None
 
     def _load_quietly(self, key: StepKey) -> Checkpoint | None:
@@ -345,36 +618,88 @@ class CheckpointStore:
         return True
 
     # ------------------------------------------------------------------ archives and force
+    def _archive_folder(self, key: StepKey) -> Path:
+        """``archive/`` of the step, created if absent; a link there (or in it) is refused."""
+        folder = self.step_dir(key) / ARCHIVE_DIR
+        found = self._lstat_ours(folder, "an archive directory")
+        if found is None:
+            folder.mkdir(parents=True, exist_ok=True)
+            found = self._lstat_ours(folder, "an archive directory")
+        if found is not None:
+            self._refuse_linked_entries(str(folder), found)
+        return folder
+
     def archive(self, key: StepKey, reason: str) -> Path | None:
         """Copy the current checkpoint into ``archive/``; keep the newest ``keep_archives``."""
+        self.refuse_links(key)
         source = self.path_for(key)
-        if not source.is_file():
+        found = self._lstat_ours(source, "a checkpoint file")
+        if found is None or not stat_module.S_ISREG(found.st_mode):
             return None
-        folder = self.step_dir(key) / ARCHIVE_DIR
-        folder.mkdir(parents=True, exist_ok=True)
+        folder = self._archive_folder(key)
         stamp = format_timestamp(datetime.now(UTC)).replace(":", "").replace(".", "-")
         target = folder / f"{stamp}-{reason}.json"
-        atomic_write_bytes(target, source.read_bytes())
-        archives = sorted(folder.glob("*.json"))
+        self._lstat_ours(target, "an archived checkpoint")
+        atomic_write_bytes(target, read_nofollow(source))
+        # Prune regular files only, after checking them all: a link among them (found
+        # fresh, not from the memo) stops the pruning before anything is deleted.
+        with os.scandir(folder) as entries:
+            listed = sorted(entries, key=lambda entry: entry.name)
+        for entry in listed:
+            if entry.is_symlink():
+                raise symlink_error(entry.path, "an archived checkpoint")
+        archives = [e for e in listed if e.name.endswith(".json") and e.is_file()]
         for old in archives[: max(0, len(archives) - self.keep_archives)]:
-            old.unlink()
+            os.unlink(old.path)
         return target
 
     def force_clear(self, key: StepKey) -> Path | None:
-        """Archive the checkpoint, take it out of service and leave a ``.force_cleared`` marker."""
+        """Archive the checkpoint, take it out of service and leave a ``.force_cleared`` marker.
+
+        Every link in the step directory is refused before anything is archived, written or
+        deleted: a force must not stop half way, nor act through a link.
+        """
+        self.refuse_links_in_tree(key)
         archived = self.archive(key, "force")
         step_dir = self.step_dir(key)
         step_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(step_dir / FORCE_MARKER, (archived.name if archived else "").encode())
+        marker = step_dir / FORCE_MARKER
+        self._lstat_ours(marker, "a force marker")
+        atomic_write_bytes(marker, (archived.name if archived else "").encode())
         path = self.path_for(key)
         if archived is not None and archived.is_file():
+            self._lstat_ours(path, "a checkpoint file")
             path.unlink(missing_ok=True)  # its bytes are in the archive
         with self._cache_lock:
             self._cache.pop(path, None)
         return archived
 
     def iter_keys(self) -> Iterator[StepKey]:
-        """Every step directory holding a checkpoint (for adoption and audits)."""
-        for path in sorted(self.root.glob(f"*/*/*/{CHECKPOINT_FILE}")):
-            step_dir = path.parent
-            yield StepKey(step_dir.parent.parent.name, step_dir.parent.name, step_dir.name)
+        """Every step directory holding a checkpoint (for adoption and audits).
+
+        Walked without following links: a linked project, episode or step directory is not
+        listed through the link, but a linked step directory is yielded (by name) so that
+        loading it reports the link.
+        """
+
+        def real_dirs(path: str) -> list[os.DirEntry[str]]:
+            try:
+                with os.scandir(path) as entries:
+                    return sorted(
+                        (e for e in entries if e.is_dir(follow_symlinks=False) or e.is_symlink()),
+                        key=lambda e: e.name,
+                    )
+            except (FileNotFoundError, NotADirectoryError):
+                return []
+
+        if self._lstat_ours(self.root, "a directory") is None:
+            return
+        for project in real_dirs(self._root):
+            if project.is_symlink():
+                continue
+            for episode in real_dirs(project.path):
+                if episode.is_symlink():
+                    continue
+                for step in real_dirs(episode.path):
+                    if step.is_symlink() or os.path.lexists(f"{step.path}/{CHECKPOINT_FILE}"):
+                        yield StepKey(project.name, episode.name, step.name)

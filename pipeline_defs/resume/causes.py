@@ -9,7 +9,6 @@ used by the asset wiring, the CLI and the run-failure reader alike.
 """
 
 import errno
-import os
 import re
 from collections.abc import Iterator
 
@@ -60,33 +59,10 @@ def exception_chain(exc: BaseException) -> Iterator[BaseException]:
         )
 
 
-# Locals that name the file being written in the writers of the stores (``target`` in
-# ``atomic_write_bytes`` and ``CheckpointStore.stage``, ``path`` elsewhere).
-PATH_LOCALS = ("target", "path")
-
-
 def _paths(error: OSError) -> str:
     names = [repr(str(n)) for n in (error.filename, error.filename2) if n is not None]
-    return " -> ".join(names) or _written_path(error)
-
-
-def _written_path(error: OSError) -> str:
-    """The file a write through a descriptor was for (the OS does not say: no filename).
-
-    A full disk fails in ``handle.write`` on a temp file's descriptor; the writer's frame
-    still holds the path it was writing, innermost frame first. Diagnostics only.
-    """
-    frames = []
-    tb = error.__traceback__
-    while tb is not None:
-        frames.append(tb.tb_frame)
-        tb = tb.tb_next
-    for frame in reversed(frames):
-        for name in PATH_LOCALS:
-            value = frame.f_locals.get(name)
-            if isinstance(value, os.PathLike):
-                return repr(os.fspath(value))
-    return "(the file is not named)"
+    # The stores' writers name the file of a write through a descriptor (store._naming).
+    return " -> ".join(names) or "(the file is not named)"
 
 
 def storage_fault(exc: BaseException, *, ledger: str | None = None) -> PipelineError | None:

@@ -126,6 +126,17 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def _naming(exc: BaseException, target: Path) -> OSError | None:
+    """``exc`` again with the file it was writing, or None to re-raise it as it is.
+
+    A write through a descriptor (a full disk in ``write`` or ``fsync``) carries no
+    filename, and the operator needs to know which file (pipeline_defs.resume.causes).
+    """
+    if not isinstance(exc, OSError) or exc.filename is not None or exc.errno is None:
+        return None
+    return type(exc)(exc.errno, exc.strerror, str(target))
+
+
 def atomic_write_bytes(target: Path, payload: bytes) -> None:
     """Temp file in the same directory, fsync, rename: readers see old or new, never half."""
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -137,9 +148,12 @@ def atomic_write_bytes(target: Path, payload: bytes) -> None:
             os.fsync(handle.fileno())
         os.replace(temp, target)
         _fsync_dir(target.parent)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temp)
+        named = _naming(exc, target)
+        if named is not None:
+            raise named from exc
         raise
 
 
@@ -467,9 +481,12 @@ class CheckpointStore:
             if current is not None and stat_module.S_ISREG(current.st_mode):
                 # even an unreadable one: it is evidence, never destroyed
                 self.archive(key, "replaced")
-        except BaseException:
+        except BaseException as exc:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(temp)
+            named = _naming(exc, target)
+            if named is not None:
+                raise named from exc
             raise
 
         def after_commit() -> None:

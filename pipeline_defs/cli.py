@@ -423,6 +423,11 @@ def status(*, partitions: tuple[str, ...], as_json: bool) -> dict[str, Any] | No
         f"oldest pending {_seconds(t['oldest_pending_age_seconds']) or '-'}  "
         f"queued runs {t['queued_runs'] if t['queued_runs'] is not None else '-'}  "
         f"provider calls total {t['provider_calls']}"
+        + (
+            f" ({t['unknown_outcome_calls']} of unknown outcome: sent by a worker that died)"
+            if t["unknown_outcome_calls"]
+            else ""
+        )
     )
     p95 = ", ".join(f"{k} {_seconds(v)}" for k, v in report.p95_duration_seconds.items() if v)
     click.echo(f"p95 duration per step: {p95 or '-'}")

@@ -10,6 +10,7 @@
   with ``step.ownership_lost``; the new owner's row stays untouched.
 """
 
+import json
 import os
 import signal
 import subprocess
@@ -263,3 +264,28 @@ def test_a_launch_recovers_a_row_whose_owner_run_has_ended(db_url: str, tmp_path
         assert row is not None and row["status"] == "completed" and row["run_id"] != dead
         audit = stores.ledger.transitions(key)
         assert any("has ended (FAILURE)" in (t.get("reason") or "") for t in audit), audit
+
+
+def test_a_call_in_flight_at_a_kill_is_counted_with_an_unknown_outcome(home: CliEnv) -> None:
+    """Issue 10 §6: calls are recorded before they are sent; a worker killed during one
+    leaves it unfinished, and ``status`` counts it as "unknown outcome" once the owner's
+    lease has lapsed (a live owner's call is merely in flight)."""
+    cli = home
+    code, out = _run(cli, "materialize", "--partition", PARTITION, "--step", "story_source")
+    assert code == 0, out[-2000:]
+    env = {**FAST_LEASE, "PIPELINE_OFFLINE_LATENCY_MS": "10000"}
+    worker = _storyboard(cli, "materialize", "--partition", PARTITION, "--step", "entity_canon",
+                         env=env)  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not [c for c in cli.ledger.provider_calls() if c["step_id"] == "entity_canon"]:
+        assert time.monotonic() < deadline and worker.poll() is None, worker.communicate()
+        time.sleep(0.05)
+    os.kill(worker.pid, signal.SIGKILL)
+    worker.communicate()
+    (call,) = [c for c in cli.ledger.provider_calls() if c["step_id"] == "entity_canon"]
+    assert call["finished_at"] is None
+    time.sleep(1.0)  # past the lease
+    code, out = _run(cli, "status", "--partition", PARTITION, "--json", env=FAST_LEASE)
+    assert code == 0, out[-2000:]
+    totals = json.loads(out)["totals"]
+    assert totals["provider_calls"] >= 1 and totals["unknown_outcome_calls"] == 1, totals

@@ -70,6 +70,9 @@ class StepState:
     last_recovery_reason: str | None = None
     retry_not_before: str | None = None
     provider_calls: int = 0
+    # Calls recorded as sent whose reply never came (the worker died during them): most
+    # likely paid, outcome unknown.
+    unknown_outcome_calls: int = 0
     last_duration_seconds: float | None = None
     run_id: str | None = None
     updated_at: str | None = None
@@ -116,6 +119,16 @@ def _queue(ws: Workspace, now: datetime) -> dict[str, Any]:
     return {"queued_runs": len(records), "oldest_queued_run_age_seconds": age}
 
 
+def _in_flight(
+    row: Mapping[str, Any] | None, run_id: str | None, lease_seconds: float, now: datetime
+) -> bool:
+    """An unfinished call of an owner that still holds a live lease: still being answered."""
+    if not row or row.get("status") != "running" or row.get("run_id") != run_id:
+        return False
+    beat = parse_timestamp(row.get("heartbeat_at"))
+    return beat is not None and (now - beat).total_seconds() < lease_seconds
+
+
 def status_report(
     ws: Workspace, partitions: tuple[str, ...] = (), now: datetime | None = None
 ) -> StatusReport:
@@ -138,10 +151,15 @@ def status_report(
     )
     judged = {(d["partition"], d["step"]): d for d in judge_now(ws, episodes, now)}
     calls: dict[StepKey, int] = defaultdict(int)
+    unknown: dict[StepKey, int] = defaultdict(int)
     for call in ws.ledger.provider_calls():
         key = StepKey(call["project_id"], call["episode_id"], call["step_id"])
         if key.partition_key in wanted:
             calls[key] += 1
+            if call.get("finished_at") is None and not _in_flight(
+                rows.get(key), call["run_id"], ws.settings.lease_seconds, now
+            ):
+                unknown[key] += 1  # sent, never answered: its worker died during it
     step_ids = [s.step_id for s in ws.steps]
     extra = sorted({k.step_id for k in rows} - set(step_ids))
     states: list[StepState] = []
@@ -159,6 +177,7 @@ def status_report(
                 step=step_id,
                 status=row["status"] if row else "none",
                 provider_calls=calls.get(key, 0),
+                unknown_outcome_calls=unknown.get(key, 0),
             )
             now_judged = judged.get((episode.partition_key, step_id))
             if now_judged is not None:
@@ -204,6 +223,7 @@ def status_report(
         "never_run": count(lambda s: s.status == "none"),
         "oldest_pending_age_seconds": round(max(pending_ages), 1) if pending_ages else None,
         "provider_calls": sum(s.provider_calls for s in states),
+        "unknown_outcome_calls": sum(s.unknown_outcome_calls for s in states),
         "verdicts": verdicts,
         **_queue(ws, now),
     }

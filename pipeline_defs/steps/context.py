@@ -16,7 +16,9 @@ from resources.providers import ImageCall, ImageModel, ImageReply, TextCall, Tex
 
 @dataclass
 class ProviderMeter:
-    """The one place every model call goes through: call, then record it in the cost ledger."""
+    """The one place every model call goes through, recorded in the cost ledger before it is
+    sent and finished with its reply: a worker killed during a call leaves it unfinished
+    ("unknown outcome" in ``storyboard status``), never unrecorded."""
 
     ledger: LedgerStore
     key: StepKey
@@ -34,11 +36,14 @@ class ProviderMeter:
             self.guard()
         if self.text_model is None:
             raise PipelineError("provider.config", f"{self.key}: no text model configured")
-        reply = self.text_model.complete(call)
+        call_id = self.ledger.start_provider_call(self.key, self.run_id, kind="text")
         self.text_calls += 1
-        self.ledger.record_provider_call(
-            self.key, self.run_id, kind="text", units=reply.units, model=reply.model
-        )
+        try:
+            reply = self.text_model.complete(call)
+        except BaseException:
+            self.ledger.finish_provider_call(call_id, units=0, model=None)  # failed, answered
+            raise
+        self.ledger.finish_provider_call(call_id, units=reply.units, model=reply.model)
         return reply
 
     def image(self, call: ImageCall) -> ImageReply:
@@ -46,11 +51,14 @@ class ProviderMeter:
             self.guard()
         if self.image_model is None:
             raise PipelineError("provider.config", f"{self.key}: no image model configured")
-        reply = self.image_model.generate(call)
+        call_id = self.ledger.start_provider_call(self.key, self.run_id, kind="image")
         self.image_calls += 1
-        self.ledger.record_provider_call(
-            self.key, self.run_id, kind="image", units=reply.units, model=reply.model
-        )
+        try:
+            reply = self.image_model.generate(call)
+        except BaseException:
+            self.ledger.finish_provider_call(call_id, units=0, model=None)  # failed, answered
+            raise
+        self.ledger.finish_provider_call(call_id, units=reply.units, model=reply.model)
         return reply
 
     @property

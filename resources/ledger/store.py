@@ -748,23 +748,40 @@ class LedgerStore:
             result = conn.execute(_AUDIT_STATEMENT, {f"a_{k}": v for k, v in values.items()})
             return int(result.scalar_one())
 
-    def record_provider_call(
-        self, key: StepKey, run_id: str | None, *, kind: str, units: int, model: str | None
-    ) -> None:
+    def start_provider_call(self, key: StepKey, run_id: str | None, *, kind: str) -> int:
+        """Record a call before it is sent (a kill during it leaves it unfinished)."""
         if kind not in ("text", "image"):
             raise PipelineError(
                 "input.invalid", f"provider call kind must be text or image, not {kind!r}"
             )
         with self._single() as conn:
-            conn.execute(
-                sa.insert(provider_call).values(
+            inserted = conn.execute(
+                sa.insert(provider_call)
+                .values(
                     project_id=key.project_id,
                     episode_id=key.episode_id,
                     step_id=key.step_id,
                     run_id=run_id,
                     kind=kind,
-                    units=units,
-                    model=model,
+                    units=0,
                     at=_now(),
                 )
+                .returning(provider_call.c.id)
+            ).scalar_one()
+        return int(inserted)
+
+    def finish_provider_call(self, call_id: int, *, units: int, model: str | None) -> None:
+        with self._single() as conn:
+            conn.execute(
+                sa.update(provider_call)
+                .where(provider_call.c.id == call_id)
+                .values(units=units, model=model, finished_at=_now())
             )
+
+    def record_provider_call(
+        self, key: StepKey, run_id: str | None, *, kind: str, units: int, model: str | None
+    ) -> None:
+        """A finished call in one go (for callers that learn of a call afterwards)."""
+        self.finish_provider_call(
+            self.start_provider_call(key, run_id, kind=kind), units=units, model=model
+        )

@@ -90,7 +90,8 @@ provider_call = sa.Table(
     sa.Column("kind", sa.String(8), nullable=False),
     sa.Column("units", sa.Integer, nullable=False),
     sa.Column("model", sa.Text),
-    sa.Column("at", sa.Text, nullable=False),
+    sa.Column("at", sa.Text, nullable=False),  # when the call was sent
+    sa.Column("finished_at", sa.Text),  # when its reply came; NULL: outcome unknown
 )
 sa.Index(
     "ix_provider_call_key",

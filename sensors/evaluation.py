@@ -499,7 +499,7 @@ class BatchJudge:
         where = directories or self._directory
         out: list[StepEvaluation] = []
         try:
-            with gc_paused():
+            with gc_paused(), self.stores.checkpoints.judging_scope():
                 for pk in partition_keys:
                     out.extend(self._partition(pk, now, rows, where, keep_skips))
         finally:

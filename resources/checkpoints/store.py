@@ -199,6 +199,9 @@ class CheckpointStore:
         self._chains: dict[StepKey, tuple[str, str, str, str]] = {}
         # directory -> its (mtime_ns, inode) when its entries were last found free of links.
         self._clean_dirs: dict[str, tuple[int, int]] = {}
+        # Per thread: ancestors of step directories (checkpoints/, project, episode) found to
+        # be real directories during the current judging scope (:meth:`judging_scope`).
+        self._local = threading.local()
 
     # ------------------------------------------------------------------ paths
     def _paths_of(self, key: StepKey) -> tuple[Path, Path]:
@@ -261,6 +264,23 @@ class CheckpointStore:
             raise symlink_error(path, what)
         return found
 
+    @contextlib.contextmanager
+    def judging_scope(self) -> Iterator[None]:
+        """Read-only judging of many keys (a sensor evaluation, ``decide``): the ancestors of
+        their step directories are lstat'ed once per scope instead of once per step.
+
+        Measured (benchmarks/sensor_tick.py, 2,000 episodes x 10 steps, cold tick): the
+        per-step ancestor checks cost ~0.45 s of ~1.4 s. The trade is the judge's own for
+        input identities (``BatchJudge._shared``): a link planted in an ancestor during a
+        scope is seen by the next scope. Writers never run in one: they check every time.
+        """
+        previous = getattr(self._local, "scope", None)
+        self._local.scope = set()
+        try:
+            yield
+        finally:
+            self._local.scope = previous
+
     def _walk_dirs(self, dirs: Sequence[str]) -> os.stat_result | None:
         """lstat each directory, top down; the deepest one's stat, or None when one is absent
         or not a directory (nothing below it exists to be followed; readers report it).
@@ -268,8 +288,12 @@ class CheckpointStore:
         Written for speed: the judge calls it for every step of every episode.
         """
         lstat, is_dir = os.lstat, stat_module.S_ISDIR
+        scope: set[str] | None = getattr(self._local, "scope", None)
+        last = len(dirs) - 1
         found: os.stat_result | None = None
-        for directory in dirs:
+        for index, directory in enumerate(dirs):
+            if scope is not None and index < last and directory in scope:
+                continue  # an ancestor already checked in this judging scope
             try:
                 found = lstat(directory)
             except (FileNotFoundError, NotADirectoryError):
@@ -278,6 +302,8 @@ class CheckpointStore:
                 if stat_module.S_ISLNK(found.st_mode):
                     raise symlink_error(directory, "a directory")
                 return None
+            if scope is not None and index < last:
+                scope.add(directory)
         return found
 
     def _refuse_linked_entries(self, directory: str, found: os.stat_result) -> None:

@@ -5,31 +5,11 @@ import os
 from pathlib import Path
 
 import pytest
+from checkpoint_support import KEY, checkpoint
 from judge_steps import make_data
 
 from pipeline_defs.resume.errors import PipelineError
-from pipeline_defs.resume.partition import StepKey
-from resources.checkpoints.envelope import Checkpoint
 from resources.checkpoints.store import ARCHIVE_DIR, FORCE_MARKER, CheckpointStore
-
-KEY = StepKey("proj1", "ep1", "alpha")
-
-
-def checkpoint(*items: str, run_id: str = "run-1:0") -> Checkpoint:
-    return Checkpoint(
-        step_id=KEY.step_id,
-        project_id=KEY.project_id,
-        episode_id=KEY.episode_id,
-        status="completed",
-        schema_version=1,
-        config_hash="c",
-        resume_config_keys=(),
-        config_fingerprints={},
-        project_config_snapshot={},
-        data=make_data(list(items)),
-        produced_by={"run_id": run_id},
-        created_at=f"created by {run_id}",
-    )
 
 
 @pytest.fixture

@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from checkpoint_support import KEY, checkpoint
 from judge_steps import make_data
 from storyboard_support import (
     PARTITION,
@@ -37,7 +38,6 @@ from pipeline_defs.resume.decision import ResumeAction
 from pipeline_defs.resume.errors import STATUS_BY_CODE, PipelineError
 from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.storyboard import STORYBOARD_STEPS
-from resources.checkpoints.envelope import Checkpoint
 from resources.checkpoints.store import ARCHIVE_DIR, FORCE_MARKER, CheckpointStore
 from sensors.evaluation import BatchJudge, Stores, Verdict
 
@@ -223,24 +223,6 @@ def test_the_observed_archive_pruning_bug(built: Env) -> None:
 
 
 # ----------------------------------------------------------------------------- store
-KEY = StepKey("proj1", "ep1", "alpha")
-
-
-def checkpoint(*items: str, run_id: str = "run-1:0") -> Checkpoint:
-    return Checkpoint(
-        step_id=KEY.step_id,
-        project_id=KEY.project_id,
-        episode_id=KEY.episode_id,
-        status="completed",
-        schema_version=1,
-        config_hash="c",
-        resume_config_keys=(),
-        config_fingerprints={},
-        project_config_snapshot={},
-        data=make_data(list(items)),
-        produced_by={"run_id": run_id},
-        created_at=f"created by {run_id}",
-    )
 
 
 @pytest.fixture

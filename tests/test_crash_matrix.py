@@ -2,8 +2,9 @@
 
 Each case runs the real pipeline (offline models) in a child process with
 ``PIPELINE_CRASH_AT=<step>:<stage>``: the process SIGKILLs itself when that step's run
-protocol reaches the stage (no handler, no ``finally``). One resume follows (with a 1 s
-running timeout so a row the dead process left ``running`` is recovered at once). Then
+protocol reaches the stage (no handler, no ``finally``). One resume follows, once the dead
+owner's lease has lapsed (a 1 s lease: a row the dead process left ``running`` is then
+recovered as a stale lease). Then
 ledger, checkpoints and files must agree with a clean run of the same story — every step
 completed, every checkpoint's content hash equal to the clean run's, so the review's fixes
 are present in ``scene_detail`` and ``entity_t2i`` exactly once — and the provider calls of
@@ -18,6 +19,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
@@ -31,6 +33,7 @@ from pipeline_defs.storyboard import STORYBOARD_STEPS, sample_stories
 from resources.checkpoints.store import CheckpointStore
 
 PARTITION = "demo/ep01"
+LEASE_SECONDS = 1.0
 CASES = (
     # the mutator: before and after its own publish, between and after victim edits
     "t2i_review:executed",
@@ -98,9 +101,10 @@ def test_one_resume_after_a_kill_ends_as_a_clean_run(
         cli, "materialize", "--partition", PARTITION, env={"PIPELINE_CRASH_AT": crash_at}
     )
     assert killed.returncode == -9, (killed.returncode, killed.stderr[-2000:])
+    time.sleep(LEASE_SECONDS + 0.2)  # the dead owner never renews: its lease lapses
     resumed = _storyboard(
         cli, "materialize", "--partition", PARTITION, "--json",
-        env={"PIPELINE_RUNNING_TIMEOUT_SECONDS": "1"},
+        env={"PIPELINE_LEASE_SECONDS": str(LEASE_SECONDS), "PIPELINE_HEARTBEAT_SECONDS": "0.2"},
     )  # fmt: skip
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     state = _state(cli)

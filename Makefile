@@ -21,13 +21,14 @@ demo: $(STAMP) $(DAGSTER_HOME)/dagster.yaml
 
 ## Run the whole test suite, PostgreSQL included (PIPELINE_TEST_PG_URL or an embedded server).
 ## --dist loadfile keeps a module on one worker, so module fixtures (the dagster dev webserver of
-## tests/test_launch_paths.py) start once; xdist 3.8's loadgroup does not group under pytest 9.
+## tests/cli/test_launch_paths.py) start once; xdist 3.8's loadgroup does not group under pytest 9.
 test: $(STAMP)
 	$(BIN)/python -m pytest -n 2 --dist loadfile -q
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 
 ## Start the Dagster UI on the code location.
 dev: $(STAMP) $(DAGSTER_HOME)/dagster.yaml

@@ -26,6 +26,7 @@ Each size creates (and drops) its own database ``bench_sensor_<n>`` on that serv
 """
 
 import argparse
+import cProfile
 import hashlib
 import json
 import os
@@ -47,6 +48,8 @@ import dagster as dg  # noqa: E402
 import sqlalchemy as sa  # noqa: E402
 
 from pipeline_defs.definitions import build_resources  # noqa: E402
+from pipeline_defs.judging.parallel import default_workers  # noqa: E402
+from pipeline_defs.judging.tick import TickConfig, ticker_for  # noqa: E402
 from pipeline_defs.project import ProjectConfig, scoped_fingerprints  # noqa: E402
 from pipeline_defs.resume.clock import format_timestamp  # noqa: E402
 from pipeline_defs.resume.completion import CompletionReport, Origin  # noqa: E402
@@ -63,10 +66,8 @@ from resources.checkpoints.store import CheckpointStore  # noqa: E402
 from resources.ledger.store import LedgerStore  # noqa: E402
 from resources.ledger.tables import step_run  # noqa: E402
 from resources.pipeline import PipelineResource  # noqa: E402
-from sensors.parallel import default_workers  # noqa: E402
 from sensors.report import REPORT_JOB, reported  # noqa: E402
 from sensors.resume_sensor import build_resume_sensor  # noqa: E402
-from sensors.tick import TickConfig, ticker_for  # noqa: E402
 
 FULL_REFRESH = 600.0
 BUDGET = 3600.0
@@ -298,10 +299,18 @@ def run_size(episodes: int, server_url: str, keep: bool, workers: int | None) ->
                     definitions=defs,
                     resources={"pipeline": pipeline},
                 )
+                profile_to = os.environ.get("SENSOR_TICK_PROFILE") if label == "cold" else None
+                profiler = cProfile.Profile() if profile_to else None
                 t0, c0 = time.perf_counter(), time.process_time()
                 with dg.partition_loading_context(dynamic_partitions_store=instance):
+                    if profiler is not None:
+                        profiler.enable()
                     result = which.evaluate_tick(context)
+                    if profiler is not None:
+                        profiler.disable()
                 seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+                if profiler is not None and profile_to:
+                    profiler.dump_stats(profile_to)  # SENSOR_TICK_PROFILE=file: the cold tick
                 out.setdefault("load_during", []).append(round(os.getloadavg()[0], 1))
                 if which is sensor:
                     cursor[0] = result.cursor
@@ -350,7 +359,7 @@ def run_size(episodes: int, server_url: str, keep: bool, workers: int | None) ->
 
 
 def pipeline_stores(pipeline: PipelineResource) -> Any:
-    from sensors.evaluation import Stores
+    from pipeline_defs.judging.evaluation import Stores
 
     return Stores.of(pipeline)
 

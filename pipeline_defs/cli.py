@@ -28,6 +28,16 @@ from pipeline_defs.operations.workspace import (
 )
 from pipeline_defs.resume.causes import root_cause
 from pipeline_defs.resume.errors import PipelineError
+from pipeline_defs.resume.partition import Episode
+from pipeline_defs.resume.settings import (
+    ENV_NAMES,
+    EffectiveSettings,
+    check_environment,
+    env_ledger_values,
+    format_value,
+)
+from pipeline_defs.steps.redraw import outdated_items
+from resources.ledger.store import lock_owner
 
 F = TypeVar("F", bound=Callable[..., Any])
 DEBUG_ENV = "STORYBOARD_DEBUG"
@@ -265,9 +275,15 @@ def main() -> None:
 
     Environment: PIPELINE_HOME (data root), PIPELINE_DB_URL (ledger; default SQLite under
     PIPELINE_HOME), DAGSTER_HOME (Dagster instance), STORYBOARD_DEFS (module:attr of the
-    Definitions; default pipeline_defs.definitions:defs).
+    Definitions; default pipeline_defs.definitions:defs). The judge's limits: PIPELINE_*
+    variables override, per process, the ledger's settings (`storyboard settings`).
     """
     quiet_dagster_notices()
+    try:  # a bad PIPELINE_* variable refuses every command at start, naming it
+        check_environment()
+    except PipelineError as error:
+        click.echo(f"error: {error}", err=True)
+        sys.exit(1)
 
 
 @main.command()
@@ -276,10 +292,84 @@ def migrate(*, as_json: bool) -> dict[str, Any] | None:
     """Bring the ledger database to the head schema revision."""
     ws = _workspace()
     revision = ws.ledger.migrate()
-    payload = {"ledger": safe_url(ws.ledger.url), "revision": revision}
+    # Seeds only keys the table does not hold: an operator's `settings set` is never
+    # overwritten by a variable that happens to be set where migrate runs.
+    seeds = env_ledger_values()
+    seeded = ws.ledger.seed_settings(
+        seeds, changed_by={k: f"storyboard migrate ({ENV_NAMES[k]}) {_operator()}" for k in seeds}
+    )
+    payload = {
+        "ledger": safe_url(ws.ledger.url),
+        "revision": revision,
+        "seeded_settings": {k: new for k, (_, new) in seeded.items()},
+    }
     if not as_json:
         click.echo(f"ledger {payload['ledger']} is at revision {revision}")
+        for key, (_, new) in seeded.items():
+            click.echo(f"seeded ledger setting {key}={new} from {ENV_NAMES[key]}")
     return payload
+
+
+def _operator() -> str:
+    """Who changes a setting, for its audit row: user and host/process."""
+    user = os.environ.get("USER") or os.environ.get("LOGNAME") or "unknown"
+    return f"by {user} on {lock_owner()}"
+
+
+def _settings_line(effective: EffectiveSettings) -> str:
+    return "settings in force: " + "  ".join(
+        f"{r['key']}={format_value(r['value'])} ({r['source']})" for r in effective.rows()
+    )
+
+
+@main.group("settings")
+def settings_group() -> None:
+    """The judge's limits kept in the ledger, shared by the sensor and every run worker.
+
+    In force: a PIPELINE_* variable where set (per process), else the ledger's value, else
+    the default. Every change is audited (table setting_change).
+    """
+
+
+@settings_group.command("show")
+@operation("settings show")
+def settings_show(*, as_json: bool) -> dict[str, Any] | None:
+    """Each setting in force and where it came from (env, ledger, default)."""
+    ws = _workspace()
+    rows = ws.effective_settings.rows()
+    if as_json:
+        return {"ledger": safe_url(ws.ledger.url), "settings": rows}
+    click.echo(
+        render_table(
+            ["setting", "value", "source", "override variable"],
+            [(r["key"], format_value(r["value"]), r["source"], r["env"]) for r in rows],
+        )
+    )
+    return None
+
+
+@settings_group.command("set")
+@click.argument("key")
+@click.argument("value")
+@operation("settings set")
+def settings_set(*, key: str, value: str, as_json: bool) -> dict[str, Any] | None:
+    """Set KEY to VALUE in the ledger (validated with the same bounds as the variables)."""
+    ws = _workspace()
+    ws.require_migrated_ledger()
+    old, new = ws.ledger.set_setting(
+        key, value, changed_by=f"storyboard settings set {_operator()}"
+    )
+    overridden = bool(os.environ.get(ENV_NAMES[key], "").strip())
+    if as_json:
+        return {"key": key, "old": old, "new": new, "overridden_here_by_env": overridden}
+    click.echo(f"ledger setting {key}: {old if old is not None else '(unset)'} -> {new}")
+    if overridden:
+        click.echo(
+            f"note: {ENV_NAMES[key]} is set in this environment and overrides it for "
+            "processes that have it set",
+            err=True,
+        )
+    return None
 
 
 @main.command("add-episode")
@@ -375,6 +465,64 @@ def force(
 
 
 @main.command()
+@click.option("--partition", "partition_key", required=True, help="PROJECT/EPISODE")
+@click.option("--step", "step_id", required=True, help="The image step to redraw in.")
+@click.option(
+    "--item",
+    "items",
+    multiple=True,
+    required=True,
+    help="Item id as the step's checkpoint lists it (C01, C03_O01, S1_L0_V0), or 'all'.",
+)
+@click.option(
+    "--with-dependents",
+    is_flag=True,
+    help="Also redraw the downstream pictures built from these items (same run).",
+)
+@click.option(
+    "--graphql", "graphql_url", help="Submit through a webserver, e.g. http://localhost:3000"
+)
+@click.option("--location", help="Code location name (GraphQL only; inferred if unique).")
+@click.option("--wait/--no-wait", default=True, help="Wait for a GraphQL-submitted run to finish.")
+@operation("redraw")
+def redraw(
+    *,
+    partition_key: str,
+    step_id: str,
+    items: tuple[str, ...],
+    with_dependents: bool,
+    graphql_url: str | None,
+    location: str | None,
+    wait: bool,
+    as_json: bool,
+) -> dict[str, Any] | None:
+    """Draw chosen items of one image step again (tag resume/redraw); the old PNGs and
+    receipts are archived, every other item is kept as it is."""
+    ws = _workspace()
+    plan, report = launch.redraw_step(
+        ws,
+        partition_key,
+        step_id,
+        items,
+        with_dependents=with_dependents,
+        graphql_url=graphql_url,
+        location=location,
+        wait=wait,
+    )
+    if graphql_url and not wait:
+        payload = {"run_id": report.run_id, "partition": partition_key, "redraw": plan.as_dict()}
+        if not as_json:
+            click.echo(f"submitted run {report.run_id} (redraw {partition_key}:{plan.step})")
+        return payload
+    if not as_json and plan.dependents:
+        built = "; ".join(f"{s}: {', '.join(i)}" for s, i in plan.dependents.items())
+        verb = "redrawn too" if with_dependents else "kept; add --with-dependents to redraw"
+        click.echo(f"built from the redrawn items ({verb}): {built}")
+    _finish_run(report, as_json, "redraw", redraw=plan.as_dict())
+    return None
+
+
+@main.command()
 @click.option(
     "--partition", "partitions", multiple=True, help="Limit to PROJECT/EPISODE (repeatable)."
 )
@@ -389,7 +537,8 @@ def status(*, partitions: tuple[str, ...], as_json: bool) -> dict[str, Any] | No
     report = views.status_report(ws, partitions)
     invalid = _report_invalid_partitions(ws)
     if as_json:
-        return {**report.as_dict(), "invalid_partitions": invalid}
+        settings = ws.effective_settings.rows()
+        return {**report.as_dict(), "invalid_partitions": invalid, "settings": settings}
     width = terminal_width()
     rows = [
         (
@@ -431,6 +580,7 @@ def status(*, partitions: tuple[str, ...], as_json: bool) -> dict[str, Any] | No
     )
     p95 = ", ".join(f"{k} {_seconds(v)}" for k, v in report.p95_duration_seconds.items() if v)
     click.echo(f"p95 duration per step: {p95 or '-'}")
+    click.echo(_settings_line(ws.effective_settings))
     return {}
 
 
@@ -446,8 +596,14 @@ def decide(*, partitions: tuple[str, ...], show_all: bool, as_json: bool) -> dic
     decisions = views.shadow_decisions(ws, partitions)
     invalid = _report_invalid_partitions(ws)
     counts = views.verdict_counts(decisions)
+    outdated = _outdated_pictures(ws, decisions)
     if as_json:
-        return {"decisions": decisions, "counts": counts, "invalid_partitions": invalid}
+        return {
+            "decisions": decisions,
+            "counts": counts,
+            "invalid_partitions": invalid,
+            "outdated": outdated,
+        }
     width = terminal_width()
     shown = [d for d in decisions if show_all or d["verdict"] != "skip"]
     rows = []
@@ -464,9 +620,34 @@ def decide(*, partitions: tuple[str, ...], show_all: bool, as_json: bool) -> dic
             if d["what_to_do"]:
                 _advice(lines, d["what_to_do"], width)
         click.echo("\n".join(lines))
+    for entry in outdated:
+        click.echo(
+            f"{entry['partition']} {entry['step']} {entry['item']}: built from a picture "
+            f"redrawn since ({', '.join(entry['built_from'])}); kept until redrawn:"
+        )
+        click.echo(
+            f"    storyboard redraw --partition {entry['partition']} --step {entry['step']} "
+            f"--item {entry['item']}"
+        )
     summary = "  ".join(f"{k} {v}" for k, v in counts.items()) or "nothing to evaluate"
     click.echo(f"{chr(10) if shown else ''}shadow decision (no writes): {summary}")
     return {}
+
+
+def _outdated_pictures(
+    ws: Workspace, decisions: Sequence[Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """Items built from an upstream picture that has been redrawn since (never redrawn by
+    the sensor: reported here, redrawn by ``storyboard redraw``)."""
+    out: list[dict[str, Any]] = []
+    for partition in dict.fromkeys(str(d["partition"]) for d in decisions):
+        episode = Episode.parse(partition)
+        for step, items in outdated_items(ws.steps, ws.checkpoints.load, episode).items():
+            out += [
+                {"partition": partition, "step": step, "item": item, "built_from": sources}
+                for item, sources in items.items()
+            ]
+    return out
 
 
 @main.command("audit-running")

@@ -4,10 +4,11 @@ from collections.abc import Sequence
 
 import dagster as dg
 
+from pipeline_defs.resume.settings import check_environment
 from pipeline_defs.steps.assets import build_step_assets
+from pipeline_defs.steps.io_manager import CheckpointIOManager
 from pipeline_defs.steps.spec import Step
-from pipeline_defs.storyboard import STORYBOARD_STEPS, default_image_model, default_text_model
-from resources.checkpoints.io_manager import CheckpointIOManager
+from pipeline_defs.storyboard import STORYBOARD_STEPS, ProjectImageModel, ProjectTextModel
 from resources.pipeline import PipelineResource
 from sensors.resume_sensor import DEFAULT_INTERVAL_SECONDS, build_resume_sensor
 
@@ -17,8 +18,9 @@ def build_resources(pipeline: PipelineResource | None = None) -> dict[str, objec
     return {
         "pipeline": pipeline,
         "checkpoint_io_manager": CheckpointIOManager(pipeline=pipeline),
-        "text_model": default_text_model(),
-        "image_model": default_image_model(),
+        # Routers: each step run calls the models its project's provider section names.
+        "text_model": ProjectTextModel(),
+        "image_model": ProjectImageModel(),
     }
 
 
@@ -28,6 +30,15 @@ def build_defs(
     *,
     sensor_interval_seconds: int = DEFAULT_INTERVAL_SECONDS,
 ) -> dg.Definitions:
+    """The code location. A bad ``PIPELINE_*`` variable refuses it here, naming the variable.
+
+    This is the one read of the environment while the module is imported (``defs`` below):
+    Dagster loads a code location by importing it, so load time is import time, and a bad
+    limit must fail the location's load, not its first run or sensor tick. It reads
+    variables only; no database is reached (the ledger's settings table is read per tick
+    and per run).
+    """
+    check_environment()
     assets = build_step_assets(steps)
     return dg.Definitions(
         assets=assets,

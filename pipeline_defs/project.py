@@ -4,6 +4,8 @@ Unknown keys are rejected by name. A step's config hash covers only the dotted k
 lists in ``resume_config_keys``, so editing anything else never blocks or re-runs it.
 """
 
+import os
+import stat as stat_module
 from pathlib import Path
 from typing import Any, Literal
 
@@ -12,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pipeline_defs.resume.decision import fingerprint
 from pipeline_defs.resume.errors import PipelineError
+from pipeline_defs.resume.files import read_nofollow, symlink_error
 from pipeline_defs.resume.partition import validate_id
 
 ABSENT = "<absent>"
@@ -21,15 +24,30 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+DEFAULT_API_KEY_ENV = "PIPELINE_PROVIDER_API_KEY"
+
+
 class ProviderConfig(_Strict):
-    """Which model endpoints the project uses. Prefer the API key from the environment."""
+    """Which model endpoints the project's steps call, decided per project at run time.
+
+    The API key comes from the environment variable ``api_key_env``. A literal ``api_key``
+    is accepted as a fallback; it is never written as it is: checkpoint snapshots mask it
+    (``mask_secrets``), ``repr`` hides it, the provider errors scrub it.
+    """
 
     kind: Literal["offline", "openai"] = "offline"
     base_url: str | None = None
     text_model: str = "offline-text-v1"
     image_model: str = "offline-image-v1"
-    api_key: str | None = None
+    api_key_env: str = Field(default=DEFAULT_API_KEY_ENV, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    api_key: str | None = Field(default=None, repr=False)
     timeout_seconds: float = Field(default=60, gt=0)
+
+
+# What a step calling the text / image model lists in ``resume_config_keys``: switching the
+# provider or that model is a scoped config change for it, and for no other step.
+TEXT_MODEL_KEYS: tuple[str, ...] = ("provider.kind", "provider.base_url", "provider.text_model")
+IMAGE_MODEL_KEYS: tuple[str, ...] = ("provider.kind", "provider.base_url", "provider.image_model")
 
 
 class ImageSize(_Strict):
@@ -87,6 +105,36 @@ def project_config_path(home: Path, project_id: str) -> Path:
     return project_dir(home, project_id) / "project.yaml"
 
 
+def refuse_input_links(home: Path, path: Path) -> None:
+    """``checkpoint.symlink`` naming the first component of ``path`` below ``home`` that is
+    a symbolic link (SPEC §11: nothing is read through a link out of the home).
+
+    Inputs get the checkpoint tree's code on purpose: one stable code for "a link where a
+    file or directory of the pipeline should be", which the judge turns into a block
+    (contract drift) wherever it is found. Any link is refused, even one pointing inside
+    the home: where it points can change after the check. The home itself may be a link.
+    Components that do not exist end the check (nothing below them can be followed).
+    """
+    current = Path(home)
+    for part in Path(path).relative_to(current).parts:  # lexical: never resolved
+        current = current / part
+        try:
+            found = os.lstat(current)
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        if stat_module.S_ISLNK(found.st_mode):
+            raise symlink_error(current, "an input file or directory")
+
+
+def refuse_project_links(home: Path, project_id: str) -> Path:
+    """No link from the home down to ``project.yaml`` or to the project's ``episodes/``
+    directory (the roots of every input of the project); the project file's path."""
+    refuse_input_links(home, project_dir(home, project_id) / "episodes")
+    path = project_config_path(home, project_id)
+    refuse_input_links(home, path)
+    return path
+
+
 def parse_project_config(raw: Any, *, source: str) -> ProjectConfig:
     """Validate a loaded YAML document, naming the file and the offending key."""
     if raw is None:
@@ -113,11 +161,12 @@ def load_project_config(home: Path, project_id: str) -> ProjectConfig:
     """The project's config; defaults when the file does not exist yet.
 
     Parsed once per file identity (mtime, size, inode): the sensor judges every step of
-    every episode each tick and must not re-parse YAML thousands of times.
+    every episode each tick and must not re-parse YAML thousands of times. A link on the
+    way is refused (:func:`refuse_project_links`), even when the parse is cached.
     """
-    path = project_config_path(home, project_id)
+    path = refuse_project_links(home, project_id)
     try:
-        stat = path.stat()
+        stat = os.lstat(path)
     except FileNotFoundError:
         return ProjectConfig()
     identity = (stat.st_mtime_ns, stat.st_size, stat.st_ino)
@@ -131,7 +180,7 @@ def load_project_config(home: Path, project_id: str) -> ProjectConfig:
 
 def _read_project_config(path: Path) -> ProjectConfig:
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = yaml.safe_load(read_nofollow(path).decode("utf-8"))
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         raise PipelineError(
             "config.invalid", f"{path}: not valid YAML ({exc})", details={"path": str(path)}
@@ -149,6 +198,26 @@ def lookup(config: dict[str, Any], dotted: str) -> Any:
     return node
 
 
+_PROVIDER_DEFAULTS = ProviderConfig().model_dump(mode="json")
+
+
+def _defaulted_provider_key(config: dict[str, Any], key: str) -> bool:
+    """A ``provider.*`` key still at its offline default.
+
+    Left out of the fingerprints: checkpoints written before the provider keys were scoped
+    keep their hash (an upgrade blocks nothing), while any switch away from the default,
+    and back, is still a change that names the key.
+    """
+    section, _, name = key.partition(".")
+    if section != "provider" or name not in _PROVIDER_DEFAULTS:
+        return False
+    return lookup(config, key) in (ABSENT, _PROVIDER_DEFAULTS[name])
+
+
 def scoped_fingerprints(config: dict[str, Any], keys: tuple[str, ...]) -> dict[str, str]:
     """Fingerprint of each listed key's value: what a step's config hash is made of."""
-    return {key: fingerprint(lookup(config, key)) for key in keys}
+    return {
+        key: fingerprint(lookup(config, key))
+        for key in keys
+        if not _defaulted_provider_key(config, key)
+    }

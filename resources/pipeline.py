@@ -5,7 +5,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from pipeline_defs.resume.settings import ResumeSettings
+from pipeline_defs.resume.settings import EffectiveSettings, ResumeSettings, resolve_settings
 from resources.checkpoints.store import CheckpointStore
 from resources.ledger.store import LedgerStore
 
@@ -37,7 +37,8 @@ class PipelineResource(dg.ConfigurableResource):
     """Where the data lives and how the judge is tuned.
 
     Unset fields fall back to ``PIPELINE_*`` environment variables, read when a run or a
-    sensor tick asks (never at import), then to the defaults of :class:`ResumeSettings`.
+    sensor tick asks (never at import), then to the ledger's settings table (shared by the
+    sensor daemon and every run worker), then to the defaults of :class:`ResumeSettings`.
     """
 
     home: str | None = None
@@ -47,7 +48,16 @@ class PipelineResource(dg.ConfigurableResource):
     retry_backoff_seconds: int | None = None
 
     def settings(self) -> ResumeSettings:
-        return ResumeSettings.from_env(
+        return self.effective_settings().settings
+
+    def effective_settings(self) -> EffectiveSettings:
+        """The settings in force and where each came from (resource, env, ledger, default).
+
+        The table is read through the store's short cache (``SETTINGS_MAX_AGE_SECONDS``):
+        once per sensor tick or run, not once per step judgement.
+        """
+        return resolve_settings(
+            ledger=self.ledger().stored_settings(),
             home=self.home,
             db_url=self.db_url,
             running_timeout_seconds=self.running_timeout_seconds,
@@ -55,8 +65,12 @@ class PipelineResource(dg.ConfigurableResource):
             retry_backoff_seconds=self.retry_backoff_seconds,
         )
 
+    def location(self) -> ResumeSettings:
+        """Where the data and the ledger live; the limits kept in the ledger are not read."""
+        return ResumeSettings.locate(home=self.home, db_url=self.db_url)
+
     def ledger(self) -> LedgerStore:
-        return ledger_for(self.settings().ledger_url)
+        return ledger_for(self.location().ledger_url)
 
     def checkpoints(self) -> CheckpointStore:
-        return checkpoints_for(self.settings().home)
+        return checkpoints_for(self.location().home)

@@ -1,6 +1,6 @@
 """``resume_sensor``: judge every (step, partition) of ``episodes`` and act on the verdicts.
 
-Per tick (see :mod:`sensors.tick` for what counts as a change and what a tick costs):
+Per tick (see :mod:`pipeline_defs.judging.tick` for what counts as a change and what a tick costs):
 
 - ``RunRequest(asset_selection=[step], partition_key=pk)`` for RERUN_SELF and
   STALE_RUNNING_RECOVERY only (never FORCE_EXPLICIT: the sensor always judges in resume
@@ -24,6 +24,8 @@ from datetime import UTC, datetime
 
 import dagster as dg
 
+from pipeline_defs.judging.evaluation import StepEvaluation, Stores, order_steps
+from pipeline_defs.judging.tick import CheckChange, TickConfig, TickResult, ticker_for
 from pipeline_defs.resume.decision import ResumeAction
 from pipeline_defs.resume.errors import PipelineError
 from pipeline_defs.resume.partition import Episode
@@ -31,9 +33,7 @@ from pipeline_defs.steps.assets import episodes, owner_ended_in
 from pipeline_defs.steps.spec import Step
 from resources.ledger.store import LedgerStore
 from resources.pipeline import PipelineResource
-from sensors.evaluation import StepEvaluation, Stores, order_steps
 from sensors.report import report_requests, resume_report
-from sensors.tick import CheckChange, TickConfig, TickResult, ticker_for
 
 SENSOR_NAME = "resume_sensor"
 STEPS_JOB = "resume_steps"

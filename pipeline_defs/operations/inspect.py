@@ -22,6 +22,7 @@ DECISION_ACTIONS = frozenset(
         "block",
         "rerun_self",
         "force_explicit",
+        "redraw_explicit",
         "stale_running_recovery",
         "not_applicable",
         "claim_rejected",
@@ -235,12 +236,12 @@ def status_report(
 def judge_now(ws: Workspace, episodes: Sequence[Episode], now: datetime) -> list[dict[str, Any]]:
     """What the resume sensor would do now, per partition and step. Writes nothing.
 
-    The sensor's own batch evaluator (``sensors.evaluation``): one ledger query, the judge
-    in resume mode, launches only RERUN_SELF / STALE_RUNNING_RECOVERY whose upstream is
-    settled, honoring backoff and recovery exhaustion. ``status`` and ``decide`` both read
-    it, so they cannot disagree with each other or with the sensor.
+    The sensor's own batch evaluator (``pipeline_defs.judging.evaluation``): one ledger
+    query, the judge in resume mode, launches only RERUN_SELF / STALE_RUNNING_RECOVERY whose
+    upstream is settled, honoring backoff and recovery exhaustion. ``status`` and ``decide``
+    both read it, so they cannot disagree with each other or with the sensor.
     """
-    from sensors.evaluation import Stores, evaluate_partitions
+    from pipeline_defs.judging.evaluation import Stores, evaluate_partitions
 
     stores = Stores(ws.settings, ws.ledger, ws.checkpoints)
     keys = [e.partition_key for e in episodes]

@@ -22,14 +22,14 @@ import sqlalchemy as sa
 from pipeline_defs.project import project_dir
 from pipeline_defs.resume.errors import PipelineError
 from pipeline_defs.resume.partition import Episode, validate_id
-from pipeline_defs.resume.settings import ENV_NAMES, ResumeSettings
+from pipeline_defs.resume.settings import ENV_NAMES, EffectiveSettings, ResumeSettings
 from pipeline_defs.steps.assets import episodes
+from pipeline_defs.steps.io_manager import STEP_METADATA_KEY
 from pipeline_defs.steps.protocol import StepRuntime
 from pipeline_defs.steps.spec import Step, load_step, order_steps
-from resources.checkpoints.io_manager import STEP_METADATA_KEY
 from resources.checkpoints.store import CheckpointStore
 from resources.ledger.store import MIGRATIONS_DIR, LedgerStore
-from resources.pipeline import PipelineResource, checkpoints_for, ledger_for
+from resources.pipeline import PipelineResource
 
 DEFS_ENV = "STORYBOARD_DEFS"
 DEFAULT_DEFS = "pipeline_defs.definitions:defs"
@@ -132,20 +132,27 @@ class Workspace:
     invalid_partitions: dict[str, PipelineError] = field(default_factory=dict, repr=False)
 
     @cached_property
-    def settings(self) -> ResumeSettings:
-        return self.pipeline.settings()
+    def effective_settings(self) -> EffectiveSettings:
+        """The settings in force (env, then the ledger's table, then defaults) and sources."""
+        return self.pipeline.effective_settings()
 
     @cached_property
+    def settings(self) -> ResumeSettings:
+        return self.effective_settings.settings
+
+    # The stores are found from the location settings alone: a bad limit in the ledger's
+    # table must not keep an operator from reaching the ledger to repair it.
+    @cached_property
     def ledger(self) -> LedgerStore:
-        return ledger_for(self.settings.ledger_url)
+        return self.pipeline.ledger()
 
     @cached_property
     def checkpoints(self) -> CheckpointStore:
-        return checkpoints_for(self.settings.home)
+        return self.pipeline.checkpoints()
 
     @property
     def home(self) -> Path:
-        return Path(self.settings.home)
+        return Path(self.pipeline.location().home)
 
     @property
     def catalog(self) -> dict[str, Step]:
@@ -178,7 +185,7 @@ class Workspace:
         """
         from alembic.runtime.migration import MigrationContext
 
-        url = self.settings.ledger_url
+        url = self.ledger.url
         parsed = sa.engine.make_url(url)
         hint = "run `storyboard migrate` first"
         if parsed.get_backend_name() == "sqlite":
@@ -223,7 +230,7 @@ class Workspace:
         migrate = "or run `storyboard migrate` to create a new, empty ledger there"
         if self.pipeline.db_url or os.environ.get(ENV_NAMES["db_url"], "").strip():
             return f"{found} ({ENV_NAMES['db_url']}); check {ENV_NAMES['db_url']}, {migrate}"
-        home = Path(self.settings.home).resolve()
+        home = self.home.resolve()
         source = self.home_source()
         origin = source or (
             f"not set: defaults to ./.pipeline relative to the current directory {Path.cwd()}"

@@ -44,13 +44,19 @@ class ResumeAction(StrEnum):
     SKIP = "skip"
     RERUN_SELF = "rerun_self"
     FORCE_EXPLICIT = "force_explicit"
+    REDRAW_EXPLICIT = "redraw_explicit"
     STALE_RUNNING_RECOVERY = "stale_running_recovery"
     BLOCK = "block"
     NOT_APPLICABLE = "not_applicable"
 
 
 CLAIMING_ACTIONS = frozenset(
-    {ResumeAction.RERUN_SELF, ResumeAction.FORCE_EXPLICIT, ResumeAction.STALE_RUNNING_RECOVERY}
+    {
+        ResumeAction.RERUN_SELF,
+        ResumeAction.FORCE_EXPLICIT,
+        ResumeAction.REDRAW_EXPLICIT,
+        ResumeAction.STALE_RUNNING_RECOVERY,
+    }
 )
 
 
@@ -59,6 +65,9 @@ class LaunchMode(StrEnum):
 
     RESUME = "resume"
     FORCE = "force"
+    # Explicit redraw of chosen items (tag resume/redraw): judged as a resume, then claims
+    # where a resume would skip or rerun; a block or a running owner still stops it.
+    REDRAW = "redraw"
 
 
 class JudgedStep(Protocol):
@@ -406,6 +415,26 @@ def decide(
     # Row 2.
     if LaunchMode(mode) is LaunchMode.FORCE:
         return ResumeDecision(ResumeAction.FORCE_EXPLICIT, "explicit force requested")
+    if LaunchMode(mode) is LaunchMode.REDRAW:
+        # Row 2b: a scoped-config drift or a live owner must not be redrawn over (one new
+        # picture under another config would publish a mixed checkpoint): those stand.
+        judged = decide(
+            mode=LaunchMode.RESUME,
+            applicable=applicable,
+            row=row,
+            checkpoint=checkpoint,
+            verify=verify,
+            step=step,
+            config=config,
+            settings=settings,
+            now=now,
+            owner_ended=owner_ended,
+        )
+        if judged.action not in (ResumeAction.SKIP, ResumeAction.RERUN_SELF):
+            return judged
+        return ResumeDecision(
+            ResumeAction.REDRAW_EXPLICIT, f"explicit redraw requested (resume: {judged.reason})"
+        )
     if row is None:
         # Row 3.
         if not checkpoint.present:

@@ -2,12 +2,15 @@
 
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated, Any
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    TypeAdapter,
     ValidationError,
     field_validator,
     model_validator,
@@ -42,6 +45,24 @@ ENV_NAMES: dict[str, str] = {
 MAX_SETTING_SECONDS = 30 * 24 * 3600  # 30 days
 MAX_RECOVERY_ATTEMPTS = 1000
 MAX_OFFLINE_LATENCY_MS = 600_000  # 10 minutes per simulated call
+
+# The judge's limits, which the sensor daemon and every run worker must share: these may live
+# in the ledger's ``settings`` table (issue 11 §4). ``home`` and ``db_url`` locate the ledger,
+# so they cannot be kept in it; ``offline_latency_ms`` is a per-process knob of the offline
+# models, no limit of the judge.
+LEDGER_KEYS: tuple[str, ...] = (
+    "running_timeout_seconds",
+    "lease_seconds",
+    "heartbeat_seconds",
+    "max_recovery_attempts",
+    "retry_backoff_seconds",
+)
+
+# Where a value in force came from, highest precedence first.
+SOURCE_RESOURCE = "resource"  # set in code, on the code location's PipelineResource
+SOURCE_ENV = "env"  # a PIPELINE_* variable of this process
+SOURCE_LEDGER = "ledger"  # the ledger's settings table
+SOURCE_DEFAULT = "default"
 
 
 class ResumeSettings(BaseModel):
@@ -94,27 +115,184 @@ class ResumeSettings(BaseModel):
         return self.db_url or f"sqlite:///{(self.home / 'ledger.sqlite3').resolve()}"
 
     @classmethod
-    def build(cls, **values: object) -> "ResumeSettings":
-        """Validate, turning pydantic's error into a typed one that names the setting."""
+    def build(
+        cls, *, _sources: Mapping[str, str] | None = None, **values: object
+    ) -> "ResumeSettings":
+        """Validate, turning pydantic's error into a typed one that names the setting.
+
+        ``_sources`` (setting -> source) names where a bad value came from: a ledger value is
+        named as the ledger setting, anything else by its environment variable.
+        """
         clean = {k: v for k, v in values.items() if v is not None and v != ""}
         try:
             return cls(**clean)  # type: ignore[arg-type]
         except ValidationError as exc:
             first = exc.errors()[0]
-            name = ".".join(str(p) for p in first["loc"]) or "lease_seconds"
-            env = ENV_NAMES.get(name, name)
-            raise PipelineError(
-                "settings.invalid",
-                f"invalid setting {name} ({env}={first.get('input')!r}): {first['msg']}",
-                details={"setting": name},
-            ) from None
+            sources = _sources or {}
+            if not first["loc"]:  # the model-level check: the lease/heartbeat pair
+                pair = ("lease_seconds", "heartbeat_seconds")
+                where = ", ".join(
+                    _where(
+                        n,
+                        sources.get(n, SOURCE_ENV if n in clean else SOURCE_DEFAULT),
+                        clean.get(n),
+                    )
+                    for n in pair
+                )
+                raise PipelineError(
+                    "settings.invalid",
+                    f"invalid setting lease_seconds ({where}): {first['msg']}",
+                    details={"setting": "lease_seconds"},
+                ) from None
+            name = ".".join(str(p) for p in first["loc"])
+            source = sources.get(name, SOURCE_ENV)
+            raise _invalid(name, source, first.get("input"), first["msg"]) from None
 
     @classmethod
     def from_env(
         cls, env: Mapping[str, str] | None = None, **overrides: object
     ) -> "ResumeSettings":
         """Read ``PIPELINE_*`` variables (at call time, never at import), then apply overrides."""
+        return resolve_settings(env, **overrides).settings
+
+    @classmethod
+    def locate(
+        cls, env: Mapping[str, str] | None = None, *, home: object = None, db_url: object = None
+    ) -> "ResumeSettings":
+        """Only where the data and the ledger live (the rest at its defaults).
+
+        Finding the ledger must not depend on the limits kept in it; nor must one bad limit
+        stop an operator from reaching the ledger to repair it (``storyboard settings set``).
+        """
         source = os.environ if env is None else env
-        values: dict[str, object] = {name: source.get(var) for name, var in ENV_NAMES.items()}
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        return cls.build(**values)
+        return cls.build(
+            home=home if home is not None else source.get(ENV_NAMES["home"]),
+            db_url=db_url if db_url is not None else source.get(ENV_NAMES["db_url"]),
+        )
+
+
+def _where(name: str, source: str, value: object) -> str:
+    """Where the operator finds (and fixes) a value: its ledger key or its variable."""
+    if source == SOURCE_LEDGER:
+        return f"ledger setting {name}={value!r}"
+    if source == SOURCE_DEFAULT:
+        return f"{name} default {ResumeSettings.model_fields[name].default!r}"
+    return f"{ENV_NAMES.get(name, name)}={value!r}"
+
+
+def _invalid(name: str, source: str, value: object, why: str) -> PipelineError:
+    return PipelineError(
+        "settings.invalid",
+        f"invalid setting {name} ({_where(name, source, value)}): {why}",
+        details={"setting": name},
+    )
+
+
+@dataclass(frozen=True)
+class EffectiveSettings:
+    """The settings in force and, per setting, where its value came from."""
+
+    settings: ResumeSettings
+    sources: Mapping[str, str]
+
+    def rows(self, keys: tuple[str, ...] = LEDGER_KEYS) -> list[dict[str, Any]]:
+        """One row per setting: key, value, source, environment variable (for status)."""
+        return [
+            {
+                "key": key,
+                "value": getattr(self.settings, key),
+                "source": self.sources.get(key, SOURCE_DEFAULT),
+                "env": ENV_NAMES[key],
+            }
+            for key in keys
+        ]
+
+
+def resolve_settings(
+    env: Mapping[str, str] | None = None,
+    *,
+    ledger: Mapping[str, str] | None = None,
+    **overrides: object,
+) -> EffectiveSettings:
+    """The one precedence: resource override, then ``PIPELINE_*`` variable, then the ledger's
+    settings table, then the default. The environment is read at call time, never at import."""
+    source = os.environ if env is None else env
+    values: dict[str, object] = {}
+    sources: dict[str, str] = {}
+    for name, var in ENV_NAMES.items():
+        for origin, value in (
+            (SOURCE_RESOURCE, overrides.get(name)),
+            (SOURCE_ENV, source.get(var)),
+            (SOURCE_LEDGER, (ledger or {}).get(name) if name in LEDGER_KEYS else None),
+        ):
+            if value is not None and value != "":
+                values[name], sources[name] = value, origin
+                break
+        else:
+            sources[name] = SOURCE_DEFAULT
+    unknown = set(overrides) - set(ENV_NAMES)
+    if unknown:  # the model refuses them, naming the first
+        values.update({k: overrides[k] for k in unknown})
+    return EffectiveSettings(ResumeSettings.build(_sources=sources, **values), sources)
+
+
+def _field_adapter(name: str) -> TypeAdapter[Any]:
+    info = ResumeSettings.model_fields[name]
+    return TypeAdapter(Annotated[info.annotation, info])  # type: ignore[valid-type]
+
+
+def format_value(value: object) -> str:
+    """How a validated value is stored: ``90`` rather than ``90.0`` for a whole float."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def validate_ledger_values(values: Mapping[str, str]) -> dict[str, str]:
+    """Validate the whole settings table (over the defaults); return it in canonical form.
+
+    The bounds are the model's own; the table is validated as a whole so that a pair that
+    belongs together (lease at least twice the heartbeat) cannot be broken one key at a time.
+    """
+    for key in values:
+        if key not in LEDGER_KEYS:
+            raise PipelineError(
+                "settings.invalid",
+                f"{key!r} is no ledger setting; the ledger holds: {', '.join(LEDGER_KEYS)}",
+                details={"setting": key},
+            )
+    sources = dict.fromkeys(values, SOURCE_LEDGER)
+    settings = ResumeSettings.build(_sources=sources, **values)
+    return {key: format_value(getattr(settings, key)) for key in values}
+
+
+def env_ledger_values(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The ledger-kept settings this environment sets (what ``storyboard migrate`` seeds)."""
+    source = os.environ if env is None else env
+    return {
+        key: source[ENV_NAMES[key]] for key in LEDGER_KEYS if source.get(ENV_NAMES[key], "") != ""
+    }
+
+
+def check_environment(env: Mapping[str, str] | None = None) -> None:
+    """Refuse a bad ``PIPELINE_*`` variable now (code location load, CLI start), naming it.
+
+    Each set variable is checked against its own bounds. The lease/heartbeat pair is checked
+    together only when both are set: with one of them, the other may come from the ledger,
+    which is not read here (the check runs before any database is reached).
+    """
+    source = os.environ if env is None else env
+    set_vars = {name: source[var] for name, var in ENV_NAMES.items() if source.get(var, "") != ""}
+    for name, value in set_vars.items():
+        if name in ("home", "db_url"):
+            ResumeSettings.build(**{name: value})
+            continue
+        try:
+            _field_adapter(name).validate_python(value)
+        except ValidationError as exc:
+            raise _invalid(name, SOURCE_ENV, value, exc.errors()[0]["msg"]) from None
+    if "lease_seconds" in set_vars and "heartbeat_seconds" in set_vars:
+        ResumeSettings.build(
+            lease_seconds=set_vars["lease_seconds"],
+            heartbeat_seconds=set_vars["heartbeat_seconds"],
+        )

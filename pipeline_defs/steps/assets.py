@@ -10,10 +10,11 @@ import dagster as dg
 from pipeline_defs.resume.causes import root_cause
 from pipeline_defs.resume.decision import LaunchMode
 from pipeline_defs.resume.errors import PipelineError
+from pipeline_defs.steps.io_manager import STEP_METADATA_KEY
 from pipeline_defs.steps.protocol import RunInfo, StepOutcome, StepRuntime
+from pipeline_defs.steps.redraw import parse_redraw
 from pipeline_defs.steps.spec import Step, step_import_path
 from resources.checkpoints.envelope import Checkpoint
-from resources.checkpoints.io_manager import STEP_METADATA_KEY
 
 episodes = dg.DynamicPartitionsDefinition(name="episodes")
 
@@ -150,9 +151,11 @@ def build_step_asset(step: Step, catalog: Mapping[str, Step]) -> dg.AssetsDefini
     ) -> Iterator[Any]:
         pipeline = context.resources.pipeline
         tags = context.run.tags
-        run = RunInfo(owner_token(context), launch_mode(tags), launch_path(tags))
         runtime: StepRuntime | None = None
-        try:  # settings are read here too: an invalid one fails typed like the rest
+        try:  # settings and redraw tags are read here too: invalid ones fail typed
+            run = RunInfo(
+                owner_token(context), launch_mode(tags), launch_path(tags), parse_redraw(tags)
+            )
             runtime = StepRuntime(
                 step,
                 steps=catalog,

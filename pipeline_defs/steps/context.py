@@ -4,6 +4,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from pipeline_defs.project import ProjectConfig, project_dir
 from pipeline_defs.resume.errors import PipelineError
@@ -12,6 +13,17 @@ from resources.checkpoints.envelope import Artifact, Checkpoint
 from resources.checkpoints.store import CheckpointStore
 from resources.ledger.store import LedgerStore
 from resources.providers import ImageCall, ImageModel, ImageReply, TextCall, TextModel, TextReply
+
+R = TypeVar("R", TextReply, ImageReply)
+T = TypeVar("T")
+
+
+def _name(model: TextModel | ImageModel) -> str | None:
+    """A model's configured name, if it has one (a test's fake may not)."""
+    try:
+        return model.model_name
+    except NotImplementedError:
+        return None
 
 
 @dataclass
@@ -27,6 +39,8 @@ class ProviderMeter:
     image_model: ImageModel | None
     text_calls: int = 0
     image_calls: int = 0
+    # Models that answered, in order of first answer: the step's ``resolved_model``.
+    models: list[str] = field(default_factory=list)
     # Raises when the owner may no longer spend (its lease was lost): checked before every
     # call, so a worker whose row was taken over makes no further paid call.
     guard: Callable[[], None] | None = None
@@ -40,11 +54,10 @@ class ProviderMeter:
         self.text_calls += 1
         try:
             reply = self.text_model.complete(call)
-        except BaseException:
-            self.ledger.finish_provider_call(call_id, units=0, model=None)  # failed, answered
+        except BaseException:  # failed, answered: still names the model asked
+            self.ledger.finish_provider_call(call_id, units=0, model=_name(self.text_model))
             raise
-        self.ledger.finish_provider_call(call_id, units=reply.units, model=reply.model)
-        return reply
+        return self._answered(call_id, reply)
 
     def image(self, call: ImageCall) -> ImageReply:
         if self.guard is not None:
@@ -55,11 +68,26 @@ class ProviderMeter:
         self.image_calls += 1
         try:
             reply = self.image_model.generate(call)
-        except BaseException:
-            self.ledger.finish_provider_call(call_id, units=0, model=None)  # failed, answered
+        except BaseException:  # failed, answered: still names the model asked
+            self.ledger.finish_provider_call(call_id, units=0, model=_name(self.image_model))
             raise
+        return self._answered(call_id, reply)
+
+    def _answered(self, call_id: int, reply: R) -> R:
         self.ledger.finish_provider_call(call_id, units=reply.units, model=reply.model)
+        if reply.model and reply.model not in self.models:
+            self.models.append(reply.model)
         return reply
+
+    @property
+    def image_model_name(self) -> str | None:
+        """The image model this run draws with (None for a fake that names none)."""
+        return None if self.image_model is None else _name(self.image_model)
+
+    @property
+    def resolved_model(self) -> str | None:
+        """The model(s) that produced this run's results; None when nothing was called."""
+        return ", ".join(self.models) or None
 
     @property
     def calls(self) -> int:
@@ -77,6 +105,8 @@ class StepContext:
     run_id: str | None = None
     meter: ProviderMeter | None = None
     log: logging.Logger = field(default_factory=lambda: logging.getLogger("storyboard"))
+    # Items this run was asked to draw again although valid (tag resume/redraw).
+    redraw: frozenset[str] = frozenset()
 
     @property
     def home(self) -> Path:
@@ -99,6 +129,15 @@ class StepContext:
 
     def write_artifact(self, relative: str, payload: bytes) -> Artifact:
         return self.checkpoints.write_artifact(self.key, relative, payload)
+
+    def fenced(self, write: Callable[[], T]) -> T:
+        """Make a file visible only while this run still owns the step (issue 11 §3): under
+        the ledger row lock, so a worker whose lease was taken over can neither replace nor
+        archive what the new owner published (``step.ownership_lost`` instead). Outside a
+        claimed run (no owner) the write simply happens."""
+        if self.run_id is None:
+            return write()
+        return self.ledger.publish(self.key, self.run_id, write)
 
     @property
     def providers(self) -> ProviderMeter:

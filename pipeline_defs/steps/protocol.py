@@ -24,6 +24,8 @@ from pipeline_defs.resume.completion import (
     report_from_exception,
 )
 from pipeline_defs.resume.decision import (
+    CLAIMING_ACTIONS,
+    CODE_RESUME_BLOCKED,
     CheckpointSummary,
     LaunchMode,
     ResumeAction,
@@ -47,10 +49,11 @@ from pipeline_defs.steps.mutations import (
     settle,
     write_ahead,
 )
+from pipeline_defs.steps.redraw import Redraw, dependents_of, downstream_of, resolve_targets
 from pipeline_defs.steps.spec import Mutation, Step, StepResult
 from resources.checkpoints.envelope import Checkpoint, mask_secrets
 from resources.checkpoints.seal import Seal
-from resources.checkpoints.store import CheckpointStore
+from resources.checkpoints.store import SYMLINK_CODE, CheckpointStore
 from resources.ledger.store import LedgerStore
 from resources.providers import ImageModel, TextModel
 
@@ -73,6 +76,8 @@ class RunInfo:
     run_id: str
     mode: LaunchMode = LaunchMode.RESUME
     launch_path: str = "api"
+    redraw: Redraw | None = None  # the request (tags); resolved per step by ``run``
+    redraw_items: frozenset[str] = frozenset()  # this step's targets, once resolved
 
 
 @dataclass(frozen=True)
@@ -140,7 +145,12 @@ class StepRuntime:
         return load_project_config(self.checkpoints.home, key.project_id)
 
     def context(
-        self, key: StepKey, *, run_id: str | None = None, meter: ProviderMeter | None = None
+        self,
+        key: StepKey,
+        *,
+        run_id: str | None = None,
+        meter: ProviderMeter | None = None,
+        redraw: frozenset[str] = frozenset(),
     ) -> StepContext:
         return StepContext(
             key=key,
@@ -150,19 +160,25 @@ class StepRuntime:
             run_id=run_id,
             meter=meter,
             log=self.log,
+            redraw=redraw,
         )
 
     def downstream(self) -> tuple[str, ...]:
         """Every step that transitively depends on this one, in declaration order."""
-        found: list[str] = []
-        frontier = [self.step.step_id]
-        while frontier:
-            current = frontier.pop()
-            for other in self.steps.values():
-                if current in other.deps and other.step_id not in found:
-                    found.append(other.step_id)
-                    frontier.append(other.step_id)
-        return tuple(s for s in self.steps if s in found)
+        return downstream_of(self.steps.values(), self.step.step_id)
+
+    def models(self, project: ProjectConfig) -> tuple[TextModel | None, ImageModel | None]:
+        """The models this project's ``provider:`` section asks for, checked ready to call
+        (config, key): a typed ``provider.*`` error here comes before any claim or call."""
+        text = image = None
+        if self.text_model is not None:
+            text = self.text_model.for_provider(project.provider)
+        if self.image_model is not None:
+            image = self.image_model.for_provider(project.provider)
+        for model in (text, image):
+            if model is not None:
+                model.preflight()
+        return text, image
 
     def scoped_config(self, project: ProjectConfig) -> ScopedConfig:
         return ScopedConfig(scoped_fingerprints(project.as_dict(), self.step.resume_config_keys))
@@ -234,6 +250,8 @@ class StepRuntime:
         """
         ctx = self.context(key)
         config = self.scoped_config(ctx.project)
+        if sealed is None and loaded is None:
+            loaded = self.load_checkpoint(key)
         checkpoint, summary, verify = self._evidence(ctx, config, loaded, sealed)
         ended = (
             self.owner_ended(str(row.get("run_id")))
@@ -252,6 +270,29 @@ class StepRuntime:
             settings=self.settings,
             now=now or self.clock(),
         )
+        broken = loaded[1] if loaded is not None else None
+        if broken is None and decision.action in CLAIMING_ACTIONS:
+            try:  # a re-run would write there: a link anywhere in its way blocks it first
+                self.refuse_links_to_write(key, decision)
+            except PipelineError as exc:
+                if exc.code != SYMLINK_CODE:
+                    raise
+                broken = exc
+        if (
+            broken is not None
+            and broken.code == SYMLINK_CODE
+            and decision.action is not ResumeAction.BLOCK
+        ):
+            # The table reaches the verifier (which reports the link) only for some rows; a
+            # failed or stale row would be re-run, i.e. written through or over the link.
+            # A link where our file should be blocks whatever the row says (SPEC §11), in
+            # the sensor too (a block reported, not a launch that would only fail).
+            decision = ResumeDecision(
+                ResumeAction.BLOCK,
+                broken.message,
+                origin=Origin.CONTRACT_DRIFT,
+                code=CODE_RESUME_BLOCKED,
+            )
         return Judgement(key, decision, checkpoint, row)
 
     def _evidence(
@@ -350,7 +391,10 @@ class StepRuntime:
         self, partition_key: str, run: RunInfo, inputs: Mapping[str, Checkpoint | None]
     ) -> StepOutcome:
         key = self.key(partition_key)
+        self.models(self.project(key))  # no key or a bad provider: fail before anything
         self.gate(key)
+        if run.redraw is not None:  # unknown ids fail here: before the claim, nothing changed
+            run = self._resolve_redraw(key, run)
         row = self.ledger.get(key)
         judgement = self.judge(key, mode=run.mode, row=row)
         decision = judgement.decision
@@ -374,7 +418,44 @@ class StepRuntime:
                 origin=decision.origin.value if decision.origin else None,
                 details={"decision": decision.action.value},
             )
-        return self._claim_and_finalize(key, run, decision, prior, row, inputs)
+        outcome = self._claim_and_finalize(key, run, decision, prior, row, inputs)
+        if run.redraw_items:
+            outcome = self._report_dependents(key, run, outcome)
+        return outcome
+
+    def _resolve_redraw(self, key: StepKey, run: RunInfo) -> RunInfo:
+        """This step's redraw targets; a run asking for none of its items resumes as usual."""
+        assert run.redraw is not None
+        if run.mode is LaunchMode.FORCE:
+            raise PipelineError(
+                "redraw.invalid", f"{key}: a launch is a force or a redraw, not both"
+            )
+
+        def load(step_id: str) -> Checkpoint | None:
+            return self.checkpoints.load(StepKey(key.project_id, key.episode_id, step_id))
+
+        targets = resolve_targets(self.step, key, run.redraw, load, self.steps.values())
+        mode = LaunchMode.REDRAW if targets else LaunchMode.RESUME
+        return dataclasses.replace(run, mode=mode, redraw_items=targets)
+
+    def _report_dependents(self, key: StepKey, run: RunInfo, outcome: StepOutcome) -> StepOutcome:
+        """Name the downstream items built from what was just redrawn (run metadata)."""
+
+        def load(step_id: str) -> Checkpoint | None:
+            found, _broken = self.load_checkpoint(StepKey(key.project_id, key.episode_id, step_id))
+            return found
+
+        found = dependents_of(self.steps.values(), load, key.step_id, sorted(run.redraw_items))
+        text = "; ".join(f"{step}: {', '.join(items)}" for step, items in found.items())
+        follow = bool(run.redraw and run.redraw.with_dependents)
+        metadata = {
+            **outcome.metadata,
+            "redraw_items": ", ".join(sorted(run.redraw_items)),
+            "redraw_dependents": text or "none",
+            "redraw_dependents_count": sum(len(i) for i in found.values()),
+            "redraw_dependents_follow": follow,
+        }
+        return dataclasses.replace(outcome, metadata=metadata)
 
     def _adopt(
         self, key: StepKey, run: RunInfo, decision: ResumeDecision, checkpoint: Checkpoint | None
@@ -540,11 +621,12 @@ class StepRuntime:
             resumed = self._settle_published(key, run, decision, state)
             if resumed is not None:
                 return resumed
-        # (1) execute with metered providers
+        # (1) execute with metered providers: the models of the project, resolved now
+        text_model, image_model = self.models(self.project(key))
         meter = ProviderMeter(
-            self.ledger, key, run.run_id, self.text_model, self.image_model, guard=lease.check
+            self.ledger, key, run.run_id, text_model, image_model, guard=lease.check
         )
-        ctx = self.context(key, run_id=run.run_id, meter=meter)
+        ctx = self.context(key, run_id=run.run_id, meter=meter, redraw=run.redraw_items)
         started = self.clock()
         result = self.step.execute(ctx, {dep: cp for dep, cp in inputs.items() if cp is not None})
         crash_point("executed", key.step_id)
@@ -591,7 +673,9 @@ class StepRuntime:
         lease.check()  # a lost lease publishes nothing (the owner-aware update would refuse)
         if edits and status != "failed":
             write_ahead(self.checkpoints, key, edits)
-        published = self._publish(key, run, status, checkpoint, result.summary, counts, reads)
+        published = self._publish(
+            key, run, status, checkpoint, result.summary, counts, reads, meter.resolved_model
+        )
         crash_point("published", key.step_id)
         if not published:
             raise PipelineError(
@@ -642,9 +726,14 @@ class StepRuntime:
         summary: str,
         counts: Mapping[str, int],
         reads: Sequence[Path] | None = None,
+        resolved_model: str | None = None,
     ) -> bool:
         """Status + checkpoint (+ seal when ``reads`` is given: verified clean) in one step."""
-        kwargs: dict[str, Any] = {"summary": summary or None, **counts}
+        kwargs: dict[str, Any] = {
+            "summary": summary or None,
+            "resolved_model": resolved_model,
+            **counts,
+        }
         if status == "failed":
             return self.ledger.transition(key, run.run_id, status, **kwargs)
         if self.checkpoints.is_unchanged(checkpoint):
@@ -702,13 +791,34 @@ class StepRuntime:
         )
 
     # ------------------------------------------------------------------ force and mutations
+    def downstream_keys(self, key: StepKey) -> list[StepKey]:
+        return [StepKey(key.project_id, key.episode_id, s) for s in self.downstream()]
+
+    def refuse_links_to_write(self, key: StepKey, decision: ResumeDecision) -> None:
+        """``checkpoint.symlink`` if a step directory this claiming run may write in holds a
+        link anywhere (SPEC §11): its own (pending edits, archive, artifacts) and, for an
+        explicit force, every downstream one it will invalidate and clear.
+
+        The judge checks this for every claiming decision (a block before the claim, any
+        cleanup or provider call); the writers check again when they write. Checking all
+        of them first is what keeps a refusal from leaving half a force behind (rows
+        staled, a provider call paid).
+        """
+        targets = [key]
+        if decision.action is ResumeAction.FORCE_EXPLICIT:
+            targets += self.downstream_keys(key)
+        for target in targets:
+            self.checkpoints.refuse_links_in_tree(target)
+
     def invalidate_downstream(
         self, key: StepKey, run: RunInfo, decision: ResumeDecision
     ) -> list[StepKey]:
         """Explicit force only: downstream rows → stale, their checkpoints archived + marked."""
-        targets = [StepKey(key.project_id, key.episode_id, s) for s in self.downstream()]
+        targets = self.downstream_keys(key)
         if not targets:
             return []
+        for target in targets:  # again under our claim, before the first row changes
+            self.checkpoints.refuse_links_in_tree(target)
         reason = f"invalidated by explicit force of {key.step_id} (run {run.run_id})"
         rows = self.ledger.get_many(episodes=[key.episode], step_ids=[t.step_id for t in targets])
         staled = set(self.ledger.invalidate(targets, reason))

@@ -55,6 +55,15 @@ class StepResult:
 
 
 @dataclass(frozen=True)
+class ItemSource:
+    """An upstream item one of a step's items was built from, and the sha256 it had then."""
+
+    step_id: str
+    item_id: str
+    sha256: str
+
+
+@dataclass(frozen=True)
 class CleanupReport:
     removed: tuple[str, ...] = ()
     note: str = "nothing to clean"
@@ -78,6 +87,8 @@ class Step:
     # blocks (never silently regenerated over the evidence); a step that archives the old
     # file and redraws just that item declares ARTIFACT_MISSING instead.
     changed_artifact_origin: ClassVar[Origin] = Origin.INVARIANT_DRIFT
+    # Whether a launch may redraw chosen items (tag resume/redraw, steps.redraw).
+    redrawable: ClassVar[bool] = False
 
     def is_applicable(self, ctx: "StepContext") -> bool:
         return True
@@ -96,6 +107,14 @@ class Step:
         must name it here, or a sealed verdict could outlive a change.
         """
         return ()
+
+    def redraw_items(self, checkpoint: "Checkpoint") -> tuple[str, ...]:
+        """Ids of the items a redraw may name (a ``redrawable`` step lists them)."""
+        return ()
+
+    def item_sources(self, checkpoint: "Checkpoint") -> Mapping[str, tuple[ItemSource, ...]]:
+        """Item id -> the upstream items it was built from, as ``checkpoint`` records them."""
+        return {}
 
     def validate_data(self, data: Mapping[str, Any], *, source: str) -> None:
         """Check sentinels in ``data``; raise ``io.integrity_violation`` naming ``source``."""

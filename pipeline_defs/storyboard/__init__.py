@@ -12,6 +12,8 @@ from pipeline_defs.storyboard.composite_image_gen import CompositeImageGen
 from pipeline_defs.storyboard.entity_canon import EntityCanon
 from pipeline_defs.storyboard.entity_t2i import EntityT2I
 from pipeline_defs.storyboard.providers import (
+    ProjectImageModel,
+    ProjectTextModel,
     default_image_model,
     default_text_model,
     provider_models,
@@ -51,6 +53,8 @@ def sample_stories() -> dict[str, Path]:
 __all__ = [
     "SAMPLES_DIR",
     "STORYBOARD_STEPS",
+    "ProjectImageModel",
+    "ProjectTextModel",
     "default_image_model",
     "default_text_model",
     "provider_models",

@@ -7,7 +7,9 @@ scene_image_pipeline can find every picture it needs among its declared inputs.
 from collections.abc import Mapping
 from typing import Any
 
+from pipeline_defs.project import IMAGE_MODEL_KEYS
 from pipeline_defs.steps.context import StepContext
+from pipeline_defs.steps.spec import ItemSource
 from pipeline_defs.storyboard.entity_canon import DEFAULT_OUTLOOK
 from pipeline_defs.storyboard.images import ImageJob, ImagePlan, ImageStep, upstream_file
 from resources.checkpoints.envelope import Checkpoint
@@ -19,7 +21,7 @@ class CompositeImageGen(ImageStep):
     step_id = "composite_image_gen"
     deps = ("ref_image_gen",)
     schema_version = 1
-    resume_config_keys = ("image.width", "image.height")
+    resume_config_keys = ("image.width", "image.height", *IMAGE_MODEL_KEYS)
     description = "One PNG per (character, outlook other than O00)."
     kind = "composite"
 
@@ -52,6 +54,7 @@ class CompositeImageGen(ImageStep):
                         seed_parts=(found[1] if found else None,),
                         blocked=blocked,
                         record={"character_id": cid, "outlook_id": o["outlook_id"]},
+                        sources=(ItemSource(REF_STEP, cid, found[1]),) if found else (),
                     )
                 )
         plan.extra["references"] = references

@@ -8,6 +8,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from pipeline_defs.project import TEXT_MODEL_KEYS
 from pipeline_defs.steps.context import StepContext
 from pipeline_defs.steps.spec import Step, StepResult
 from pipeline_defs.storyboard.replies import reply_int, reply_list, reply_object, reply_text
@@ -70,7 +71,7 @@ class EntityCanon(Step):
     step_id = "entity_canon"
     deps = ("story_source",)
     schema_version = 1
-    resume_config_keys = ("entities.max_characters", "entities.min_mentions")
+    resume_config_keys = ("entities.max_characters", "entities.min_mentions", *TEXT_MODEL_KEYS)
     description = "Characters C01… with outlooks (O00 default, O01… from costume cues)."
 
     def execute(self, ctx: StepContext, inputs: Mapping[str, Checkpoint]) -> StepResult:

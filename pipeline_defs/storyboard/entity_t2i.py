@@ -7,6 +7,7 @@ images of its own, and nothing mutates it except the review, which re-applies it
 from collections.abc import Mapping
 from typing import Any
 
+from pipeline_defs.project import TEXT_MODEL_KEYS
 from pipeline_defs.resume.completion import Origin
 from pipeline_defs.resume.errors import PipelineError
 from pipeline_defs.steps.context import StepContext
@@ -52,7 +53,7 @@ class EntityT2I(Step):
     step_id = "entity_t2i"
     deps = ("entity_canon",)
     schema_version = 1
-    resume_config_keys = ("style",)
+    resume_config_keys = ("style", *TEXT_MODEL_KEYS)
     allow_auto_rerun_on_schema_bump = True
     description = "Per-entity text-to-image prompts (one per character outlook)."
 

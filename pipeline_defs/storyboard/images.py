@@ -9,10 +9,15 @@ deletes nothing: regenerating one entity must never delete another's image.
 
 Every file is reached through the checkpoint store (``artifact_path``, ``archive_artifact``,
 ``write_artifact``), which refuses a symlink on the way or in place (``checkpoint.symlink``,
-SPEC §11); a step directory holding a link fails before any provider call.
+SPEC §11); a step directory holding a link fails before any provider call. A drawn PNG and
+its receipt are written to the run's private ``.staging/`` directory and moved into place
+under the ledger row lock (``StepContext.fenced``): a worker that lost its lease cannot
+replace or archive what the step's new owner published (issue 11 §3).
 """
 
+import contextlib
 import json
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,9 +25,10 @@ from typing import Any
 
 from pipeline_defs.resume.completion import CompletionReport, Origin, Severity
 from pipeline_defs.resume.errors import PipelineError
+from pipeline_defs.resume.files import fsync_dir
 from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.steps.context import StepContext
-from pipeline_defs.steps.spec import CleanupReport, Step, StepResult
+from pipeline_defs.steps.spec import CleanupReport, ItemSource, Step, StepResult
 from resources.checkpoints.envelope import Artifact, Checkpoint, canonical_json, sha256_text
 from resources.checkpoints.store import (
     SYMLINK_CODE,
@@ -34,6 +40,7 @@ from resources.providers import PNG_SIGNATURE, ImageCall
 
 MAX_LISTED = 20
 RECEIPT_SUFFIX = ".receipt.json"
+STAGING_DIR = ".staging"  # a run's drawn files before they are fenced into place
 
 
 @dataclass(frozen=True)
@@ -47,11 +54,18 @@ class ImageJob:
     seed_parts: Sequence[Any] = ()
     blocked: str | None = None
     record: Mapping[str, Any] = field(default_factory=dict)
+    # The upstream pictures this one is drawn from (recorded: the dependents of a redraw).
+    sources: Sequence[ItemSource] = ()
 
     @property
     def seed(self) -> str:
         """Content hash of everything the picture depends on: same seed, same picture."""
         return sha256_text(canonical_json([self.item_id, self.prompt, list(self.seed_parts)]))
+
+    @property
+    def prompt_seed(self) -> str:
+        """Hash of what was asked for, without the upstream pictures it was drawn from."""
+        return sha256_text(canonical_json([self.item_id, self.prompt]))
 
 
 @dataclass
@@ -80,6 +94,8 @@ class ImageStep(Step):
     kind: str = "image"
     # A PNG whose bytes changed is redrawn (issue 4 §6), after archiving the changed file.
     changed_artifact_origin = Origin.ARTIFACT_MISSING
+    # Tag resume/redraw names items by the ids of ``expected`` (the PNG names).
+    redrawable = True
 
     def plan(self, ctx: StepContext, inputs: Mapping[str, Checkpoint]) -> ImagePlan:
         raise NotImplementedError
@@ -98,20 +114,76 @@ class ImageStep(Step):
         ctx.checkpoints.refuse_links_in_tree(ctx.key)
         return CleanupReport(note="nothing deleted: images are upserted, never cleaned")
 
+    def redraw_items(self, checkpoint: Checkpoint) -> tuple[str, ...]:
+        return tuple(str(i) for i in checkpoint.data.get("expected") or [])
+
+    def item_sources(self, checkpoint: Checkpoint) -> Mapping[str, tuple[ItemSource, ...]]:
+        out: dict[str, tuple[ItemSource, ...]] = {}
+        for item, entry in (checkpoint.data.get("images") or {}).items():
+            listed = entry.get("sources") if isinstance(entry, Mapping) else None
+            out[str(item)] = tuple(
+                ItemSource(str(s["step"]), str(s["item"]), str(s["sha256"]))
+                for s in listed or []
+                if isinstance(s, Mapping)
+            )
+        return out
+
     @staticmethod
-    def _archive_invalid(ctx: StepContext, job: ImageJob) -> None:
-        """Move a present-but-invalid PNG aside before redrawing: nothing is lost."""
+    def _archive_invalid(ctx: StepContext, job: ImageJob, *, receipt: bool = False) -> None:
+        """Move a present PNG (and for a redraw its receipt) aside before drawing it again:
+        nothing is lost."""
         ctx.checkpoints.archive_artifact(ctx.key, job.path)
+        if receipt:
+            ctx.checkpoints.archive_artifact(ctx.key, job.path + RECEIPT_SUFFIX)
 
     @staticmethod
     def _receipt_path(ctx: StepContext, job: ImageJob) -> Path:
         return ctx.artifact_path(job.path + RECEIPT_SUFFIX)
 
-    def _write_receipt(self, ctx: StepContext, job: ImageJob, artifact: Artifact) -> None:
-        """Record what a drawn PNG is, right after it lands, so a run killed before it
+    @staticmethod
+    def _staging(ctx: StepContext) -> str:
+        """The run's private directory under the step dir (relative), named by its owner."""
+        return f"{STAGING_DIR}/{sha256_text(ctx.run_id or 'no-run')[:16]}"
+
+    def _place(
+        self, ctx: StepContext, job: ImageJob, png: bytes, model: str, *, redraw: bool
+    ) -> Artifact:
+        """Write the PNG and its receipt (what it is, which model drew it) privately, then
+        move both into place, archiving what they replace, under the ledger row lock (issue
+        11 §3): a worker whose lease was taken over never replaces nor archives a file the
+        new owner published. The pair lands right after the call, so a run killed before it
         publishes its checkpoint still leaves reusable work behind."""
-        receipt = {"seed": job.seed, "sha256": artifact.sha256, "bytes": artifact.bytes}
-        atomic_write_bytes(self._receipt_path(ctx, job), canonical_json(receipt).encode())
+        staging = self._staging(ctx)
+        staged = ctx.write_artifact(f"{staging}/{job.path}", png)
+        artifact = Artifact(path=job.path, sha256=staged.sha256, bytes=staged.bytes)
+        receipt = {"seed": job.seed, "sha256": staged.sha256, "bytes": staged.bytes, "model": model}
+        receipt_path = job.path + RECEIPT_SUFFIX
+        atomic_write_bytes(
+            ctx.artifact_path(f"{staging}/{receipt_path}"), canonical_json(receipt).encode()
+        )
+
+        def into_place() -> None:
+            self._archive_invalid(ctx, job, receipt=redraw)
+            for relative in (job.path, receipt_path):
+                target = ctx.artifact_path(relative)  # refuses a link on the way or in place
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(ctx.artifact_path(f"{staging}/{relative}"), target)
+            fsync_dir(ctx.artifact_path(job.path).parent)
+
+        ctx.fenced(into_place)
+        return artifact
+
+    def _drop_staging(self, ctx: StepContext) -> None:
+        """Remove the run's staging directories once empty; a file left there (a write the
+        fence refused) stays: nothing is deleted."""
+        root = ctx.artifact_path(self._staging(ctx))
+        if not root.is_dir():
+            return
+        for folder, _dirs, _files in os.walk(root, topdown=False):  # links are not followed
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)
+        with contextlib.suppress(OSError):
+            os.rmdir(root.parent)
 
     def _reuse_receipt(self, ctx: StepContext, job: ImageJob) -> Artifact | None:
         try:
@@ -131,8 +203,49 @@ class ImageStep(Step):
         self, ctx: StepContext, previous: Checkpoint | None, job: ImageJob
     ) -> Artifact | None:
         """A valid existing PNG for this exact job: from the last checkpoint, else from the
-        receipt a (possibly killed) earlier run wrote beside it."""
+        receipt a (possibly killed) earlier run wrote beside it. A picture another image
+        model drew is not reused: after the project switches models (a scoped config
+        change, which blocks), the operator's force asks for pictures by the new one."""
+        if self._drawn_by_another_model(ctx, job):
+            return None
         return self._reuse_published(ctx, previous, job) or self._reuse_receipt(ctx, job)
+
+    def _drawn_by_another_model(self, ctx: StepContext, job: ImageJob) -> bool:
+        """Its receipt names a model other than the one this run draws with (receipts
+        written before models were recorded name none, and count as this model's)."""
+        current = ctx.providers.image_model_name
+        if current is None:
+            return False
+        try:
+            receipt = json.loads(read_nofollow(self._receipt_path(ctx, job)))
+        except (OSError, ValueError):
+            return False
+        drawn_by = receipt.get("model") if isinstance(receipt, dict) else None
+        return drawn_by is not None and drawn_by != current
+
+    def _kept_outdated(
+        self, ctx: StepContext, previous: Checkpoint | None, job: ImageJob
+    ) -> tuple[Artifact, Mapping[str, Any]] | None:
+        """A valid published picture asked for with the same prompt, from the same upstream
+        items, one of which has been redrawn since: kept with its record (what it was
+        really built from), reported as outdated, redrawn only when asked (issue 9 §2)."""
+        if previous is None:
+            return None
+        entry = (previous.data.get("images") or {}).get(job.item_id)
+        artifact = previous.artifact(job.path)
+        if not isinstance(entry, Mapping) or artifact is None:
+            return None
+        if entry.get("prompt_seed") != job.prompt_seed or entry.get("path") != job.path:
+            return None
+        built_from = [(s.step_id, s.item_id) for s in self.item_sources(previous)[job.item_id]]
+        if not built_from or built_from != [(s.step_id, s.item_id) for s in job.sources]:
+            return None
+        path = ctx.artifact_path(job.path)
+        if entry.get("sha256") != artifact.sha256 or not path.is_file():
+            return None
+        if path.stat().st_size != artifact.bytes or file_sha256(path) != artifact.sha256:
+            return None
+        return artifact, entry
 
     def _reuse_published(
         self, ctx: StepContext, previous: Checkpoint | None, job: ImageJob
@@ -160,14 +273,31 @@ class ImageStep(Step):
         images: dict[str, dict[str, Any]] = {}
         failed: list[dict[str, Any]] = []
         artifacts: list[Artifact] = []
-        drawn = reused = 0
+        drawn = reused = redrawn = outdated = 0
         for job in plan.jobs:
             if job.blocked:
                 failed.append({"item_id": job.item_id, "reason": job.blocked})
                 continue
-            artifact = self._reuse(ctx, previous, job)
+            redrawing = job.item_id in ctx.redraw
+            # A redraw asks for a new picture of the same job: the call's seed differs per
+            # run (the offline model is deterministic per seed); the receipt keeps the
+            # job's seed, so a resume after a crash reuses what this run drew.
+            artifact = None if redrawing else self._reuse(ctx, previous, job)
+            kept = (
+                None
+                if redrawing or artifact or self._drawn_by_another_model(ctx, job)
+                else self._kept_outdated(ctx, previous, job)
+            )
+            if kept is not None:
+                artifact = kept[0]
+                outdated += 1
             if artifact is None:
-                call = ImageCall(job.prompt, job.caption, size.width, size.height, job.seed)
+                seed = (
+                    sha256_text(canonical_json([job.seed, "redraw", ctx.run_id]))
+                    if redrawing
+                    else job.seed
+                )
+                call = ImageCall(job.prompt, job.caption, size.width, size.height, seed)
                 try:
                     reply = ctx.providers.image(call)
                 except PipelineError as exc:
@@ -176,19 +306,27 @@ class ImageStep(Step):
                 if not reply.png.startswith(PNG_SIGNATURE):
                     failed.append({"item_id": job.item_id, "reason": "provider returned no PNG"})
                     continue
-                self._archive_invalid(ctx, job)
-                artifact = ctx.write_artifact(job.path, reply.png)
-                self._write_receipt(ctx, job, artifact)
+                artifact = self._place(ctx, job, reply.png, reply.model, redraw=redrawing)
                 drawn += 1
+                redrawn += redrawing
             else:
                 reused += 1
             artifacts.append(artifact)
+            if kept is not None:
+                images[job.item_id] = dict(kept[1])
+                continue
             images[job.item_id] = {
                 "path": job.path,
                 "sha256": artifact.sha256,
                 "seed": job.seed,
+                "prompt_seed": job.prompt_seed,
                 **job.record,
             }
+            if job.sources:
+                images[job.item_id]["sources"] = [
+                    {"step": s.step_id, "item": s.item_id, "sha256": s.sha256} for s in job.sources
+                ]
+        self._drop_staging(ctx)
         data = {
             **plan.extra,
             "expected": [job.item_id for job in plan.jobs],
@@ -206,6 +344,8 @@ class ImageStep(Step):
             metadata={
                 "drawn": drawn,
                 "reused": reused,
+                "redrawn": redrawn,
+                "kept_outdated": outdated,
                 "failed": len(failed),
                 "skipped": len(plan.skipped),
             },

@@ -1,30 +1,34 @@
-"""Which text and image models the steps call.
+"""Which text and image models the steps call: the ones the project's ``provider:`` asks for.
 
-The code location's default is the offline deterministic pair. A project whose
-``provider.kind`` is ``openai`` gets OpenAI-compatible models from
-:func:`provider_models`; run it by passing them as the ``text_model`` / ``image_model``
-resources (``build_resources`` + overrides). The API key comes from the environment
-variable ``PIPELINE_PROVIDER_API_KEY`` (resolved at call time, never stored in config),
-else from the yaml ``api_key``.
+The code location ships :class:`ProjectTextModel` / :class:`ProjectImageModel` as its
+``text_model`` / ``image_model`` resources. They hold no configuration of their own: the
+run protocol asks them, per step run, for the model of the step's project
+(``for_provider(project.provider)``), so UI launches, the sensor, backfills and the CLI all
+get what ``projects/<p>/project.yaml`` says, with no resource override. ``offline`` (the
+default) is the deterministic pair; ``openai`` is any OpenAI-compatible endpoint, its key
+read at each request from the environment variable ``provider.api_key_env`` (default
+``PIPELINE_PROVIDER_API_KEY``). A model passed in explicitly (a test's fake) answers for
+every project, as before.
 """
-
-import os
-
-import dagster as dg
 
 from pipeline_defs.project import ProviderConfig
 from pipeline_defs.resume.errors import PipelineError
 from resources.providers import (
+    CONFIG_ERROR,
+    ImageCall,
     ImageModel,
+    ImageReply,
     OfflineImageModel,
     OfflineTextModel,
     OpenAIImageModel,
     OpenAITextModel,
+    TextCall,
     TextModel,
+    TextReply,
 )
-from resources.providers.base import simulated_latency_ms
+from resources.providers.base import provider_error, simulated_latency_ms
 
-API_KEY_ENV = "PIPELINE_PROVIDER_API_KEY"
+PER_PROJECT = "per-project"
 
 
 def offline_latency_ms() -> int:
@@ -42,28 +46,76 @@ def default_image_model() -> ImageModel:
     return OfflineImageModel()
 
 
-def provider_models(config: ProviderConfig) -> tuple[TextModel, ImageModel]:
-    """The (text, image) models a project's ``provider:`` section asks for."""
-    if config.kind == "offline":
-        return default_text_model(), default_image_model()
+def _openai_base_url(config: ProviderConfig) -> str:
     if not config.base_url:
         raise PipelineError(
             "config.invalid", "provider.kind is openai but provider.base_url is not set"
         )
-    api_key: str | dg.EnvVar | None = (
-        dg.EnvVar(API_KEY_ENV) if os.environ.get(API_KEY_ENV) else config.api_key
+    return config.base_url
+
+
+def text_model_for(config: ProviderConfig) -> TextModel:
+    """The text model a project's ``provider:`` section asks for."""
+    if config.kind == "offline":
+        return default_text_model()
+    return OpenAITextModel(
+        base_url=_openai_base_url(config),
+        model=config.text_model,
+        api_key_env=config.api_key_env,
+        api_key=config.api_key,
+        timeout_seconds=config.timeout_seconds,
     )
-    return (
-        OpenAITextModel(
-            base_url=config.base_url,
-            model=config.text_model,
-            api_key=api_key,  # type: ignore[arg-type]  # an EnvVar resolves at run time
-            timeout_seconds=config.timeout_seconds,
-        ),
-        OpenAIImageModel(
-            base_url=config.base_url,
-            model=config.image_model,
-            api_key=api_key,  # type: ignore[arg-type]
-            timeout_seconds=config.timeout_seconds,
-        ),
+
+
+def image_model_for(config: ProviderConfig) -> ImageModel:
+    """The image model a project's ``provider:`` section asks for."""
+    if config.kind == "offline":
+        return default_image_model()
+    return OpenAIImageModel(
+        base_url=_openai_base_url(config),
+        model=config.image_model,
+        api_key_env=config.api_key_env,
+        api_key=config.api_key,
+        timeout_seconds=config.timeout_seconds,
     )
+
+
+def provider_models(config: ProviderConfig) -> tuple[TextModel, ImageModel]:
+    """The (text, image) models a project's ``provider:`` section asks for."""
+    return text_model_for(config), image_model_for(config)
+
+
+def _unrouted(kind: str) -> PipelineError:
+    # Calling the router itself would silently pick a provider for no project.
+    return provider_error(
+        CONFIG_ERROR,
+        f"the per-project {kind} model must be resolved for a project (for_provider) first",
+    )
+
+
+class ProjectTextModel(TextModel):
+    """The shipped ``text_model`` resource: each project's own text model."""
+
+    def for_provider(self, provider: ProviderConfig) -> TextModel:
+        return text_model_for(provider)
+
+    def complete(self, call: TextCall) -> TextReply:
+        raise _unrouted("text")
+
+    @property
+    def model_name(self) -> str:
+        return PER_PROJECT
+
+
+class ProjectImageModel(ImageModel):
+    """The shipped ``image_model`` resource: each project's own image model."""
+
+    def for_provider(self, provider: ProviderConfig) -> ImageModel:
+        return image_model_for(provider)
+
+    def generate(self, call: ImageCall) -> ImageReply:
+        raise _unrouted("image")
+
+    @property
+    def model_name(self) -> str:
+        return PER_PROJECT

@@ -6,6 +6,7 @@ are listed as skipped (not missing), and later steps do not require a reference 
 
 from collections.abc import Mapping
 
+from pipeline_defs.project import IMAGE_MODEL_KEYS
 from pipeline_defs.steps.context import StepContext
 from pipeline_defs.storyboard.entity_canon import DEFAULT_OUTLOOK
 from pipeline_defs.storyboard.entity_t2i import entity_item_id
@@ -17,7 +18,12 @@ class RefImageGen(ImageStep):
     step_id = "ref_image_gen"
     deps = ("entity_canon", "entity_t2i", "t2i_review")
     schema_version = 1
-    resume_config_keys = ("image.width", "image.height", "images.ref_min_mentions")
+    resume_config_keys = (
+        "image.width",
+        "image.height",
+        "images.ref_min_mentions",
+        *IMAGE_MODEL_KEYS,
+    )
     description = "One reference PNG per active character."
     kind = "reference"
 

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pipeline_defs.project import TEXT_MODEL_KEYS
 from pipeline_defs.resume.completion import ORIGIN_PRIORITY, CompletionReport, Origin, Severity
 from pipeline_defs.resume.errors import PipelineError
 from pipeline_defs.steps.context import StepContext
@@ -277,6 +278,7 @@ class SceneDetail(Step):
         "scenes.shots_per_scene",
         "scenes.variations_per_shot",
         "scenes.camera_style",
+        *TEXT_MODEL_KEYS,
     )
     description = "Shot breakdown with t2i variations, owned_validation sentinels, prompt cards."
 

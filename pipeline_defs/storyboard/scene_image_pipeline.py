@@ -8,7 +8,9 @@ later resume fills in exactly those shots.
 from collections.abc import Mapping
 from typing import Any
 
+from pipeline_defs.project import IMAGE_MODEL_KEYS
 from pipeline_defs.steps.context import StepContext
+from pipeline_defs.steps.spec import ItemSource
 from pipeline_defs.storyboard.entity_canon import DEFAULT_OUTLOOK
 from pipeline_defs.storyboard.images import ImageJob, ImagePlan, ImageStep, upstream_file
 from pipeline_defs.storyboard.scene_detail import item_id, shot_id
@@ -21,19 +23,28 @@ class SceneImagePipeline(ImageStep):
     step_id = "scene_image_pipeline"
     deps = ("scene_detail", "shot_dependency_t2i", "composite_image_gen", "t2i_review")
     schema_version = 1
-    resume_config_keys = ("image.width", "image.height")
+    resume_config_keys = ("image.width", "image.height", *IMAGE_MODEL_KEYS)
     description = "One PNG per shot variation; shots with missing references fail soft."
     kind = "shot"
 
     def _source(
         self, ctx: StepContext, composites: Mapping[str, Any], need: Mapping[str, Any]
-    ) -> tuple[str, str] | None:
+    ) -> ItemSource | None:
+        """The picture a need is drawn from, if its bytes still match its record."""
         cid, oid = need["character_id"], need["outlook_id"]
         if oid == DEFAULT_OUTLOOK:
             ref = (composites.get("references") or {}).get(cid)
-            return upstream_file(ctx, ref["step"], ref) if ref else None
-        entry = (composites.get("images") or {}).get(f"{cid}_{oid}")
-        return upstream_file(ctx, COMPOSITE_STEP, entry)
+            if not ref:
+                return None
+            found = upstream_file(ctx, ref["step"], ref)
+            if found is None:  # redrawn since composite_image_gen recorded it: the current one
+                current = ctx.upstream(ref["step"])
+                entry = (current.data.get("images") or {}).get(cid) if current else None
+                found = upstream_file(ctx, ref["step"], entry)
+            return ItemSource(ref["step"], cid, found[1]) if found else None
+        item = f"{cid}_{oid}"
+        found = upstream_file(ctx, COMPOSITE_STEP, (composites.get("images") or {}).get(item))
+        return ItemSource(COMPOSITE_STEP, item, found[1]) if found else None
 
     def plan(self, ctx: StepContext, inputs: Mapping[str, Checkpoint]) -> ImagePlan:
         scenes = inputs["scene_detail"].data["scenes"]
@@ -43,7 +54,7 @@ class SceneImagePipeline(ImageStep):
         plan = ImagePlan(jobs=[])
         for list_index, entry in enumerate(scenes):
             shot = deps.get(shot_id(entry["scene_index"], list_index))
-            sources: list[str] = []
+            sources: list[ItemSource] = []
             problems: list[str] = []
             for need in (shot or {}).get("needs", []):
                 if need["character_id"] in background:
@@ -52,7 +63,7 @@ class SceneImagePipeline(ImageStep):
                 if found is None:
                     problems.append(f"{need['character_id']}/{need['outlook_id']}")
                 else:
-                    sources.append(found[1])
+                    sources.append(found)
             blocked = None
             if shot is None:
                 blocked = "shot_dependency_t2i has no record for this shot"
@@ -67,9 +78,10 @@ class SceneImagePipeline(ImageStep):
                         path=f"shots/{item}.png",
                         prompt=f"{variation['t2i_prompt']} | {dependency}",
                         caption=f"{item} - {entry['description']}",
-                        seed_parts=tuple(sources),
+                        seed_parts=tuple(s.sha256 for s in sources),
                         blocked=blocked,
                         record={"scene_index": entry["scene_index"], "list_index": list_index},
+                        sources=tuple(sources),
                     )
                 )
         return plan

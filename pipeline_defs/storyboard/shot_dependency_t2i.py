@@ -3,6 +3,7 @@
 from collections.abc import Mapping
 from typing import Any
 
+from pipeline_defs.project import TEXT_MODEL_KEYS
 from pipeline_defs.steps.context import StepContext
 from pipeline_defs.steps.spec import Step, StepResult
 from pipeline_defs.storyboard.replies import reply_list, reply_object, reply_text
@@ -24,7 +25,7 @@ class ShotDependencyT2I(Step):
     step_id = "shot_dependency_t2i"
     deps = ("scene_detail",)
     schema_version = 1
-    resume_config_keys = ("style",)
+    resume_config_keys = ("style", *TEXT_MODEL_KEYS)
     description = "Per-shot dependency prompts: which references a shot needs."
 
     def execute(self, ctx: StepContext, inputs: Mapping[str, Checkpoint]) -> StepResult:

@@ -12,8 +12,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from pipeline_defs.project import refuse_input_links
 from pipeline_defs.resume.completion import CompletionReport, Origin
 from pipeline_defs.resume.errors import PipelineError
+from pipeline_defs.resume.files import read_nofollow
 from pipeline_defs.steps.context import StepContext
 from pipeline_defs.steps.spec import Step, StepResult
 from resources.checkpoints.envelope import Checkpoint, sha256_text
@@ -41,7 +43,7 @@ def read_story(path: Path, max_bytes: int) -> tuple[bytes, str]:
     size = path.stat().st_size
     if size > max_bytes:
         raise _invalid(path, f"is {size} bytes, over the story.max_bytes limit of {max_bytes}")
-    raw = path.read_bytes()
+    raw = read_nofollow(path)  # a link raced in since the caller's check is refused too
     if b"\x00" in raw:
         raise _invalid(path, "is binary (contains NUL bytes), not a text story")
     try:
@@ -136,6 +138,7 @@ class StorySource(Step):
 
     def execute(self, ctx: StepContext, inputs: Mapping[str, Checkpoint]) -> StepResult:
         path = story_path(ctx)
+        refuse_input_links(ctx.home, path)  # never read through a link (SPEC §11)
         raw, text = read_story(path, ctx.project.story.max_bytes)
         normalized = normalize(text)
         parsed = parse_story(normalized, ctx.project.story.segment_chars)
@@ -159,6 +162,10 @@ class StorySource(Step):
     def verify_completion(self, ctx: StepContext, checkpoint: Checkpoint) -> CompletionReport:
         """The story on disk must still be the story this checkpoint was made from."""
         path = story_path(ctx)
+        try:
+            refuse_input_links(ctx.home, path)
+        except PipelineError as exc:  # a link in the story's place: a block naming it
+            return CompletionReport.incomplete(Origin.CONTRACT_DRIFT, (exc.message,))
         recorded = checkpoint.data.get("story_sha256")
         if not isinstance(recorded, str):
             return CompletionReport.incomplete(
@@ -169,7 +176,7 @@ class StorySource(Step):
                 Origin.CONTRACT_DRIFT,
                 (f"story file {path} is missing (checkpoint recorded sha256 {recorded})",),
             )
-        current = hashlib.sha256(path.read_bytes()).hexdigest()
+        current = hashlib.sha256(read_nofollow(path)).hexdigest()
         if current != recorded:
             return CompletionReport.incomplete(
                 Origin.CONTRACT_DRIFT,

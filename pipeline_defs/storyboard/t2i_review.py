@@ -14,6 +14,7 @@ from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pipeline_defs.project import TEXT_MODEL_KEYS
 from pipeline_defs.resume.errors import PipelineError
 from pipeline_defs.steps.context import StepContext
 from pipeline_defs.steps.spec import Mutation, Step, StepResult
@@ -141,7 +142,7 @@ class T2IReview(Step):
     step_id = "t2i_review"
     deps = ("scene_detail", "entity_t2i")
     schema_version = 1
-    resume_config_keys = ("style", "review.required_keywords")
+    resume_config_keys = ("style", "review.required_keywords", *TEXT_MODEL_KEYS)
     modifies_checkpoints = ("scene_detail", "entity_t2i")
     description = "Editorial review of all t2i prompts; fixes scene_detail/entity_t2i in place."
 

@@ -2,6 +2,7 @@
 
 from collections.abc import Mapping
 
+from pipeline_defs.project import TEXT_MODEL_KEYS
 from pipeline_defs.steps.context import StepContext
 from pipeline_defs.steps.spec import Step, StepResult
 from pipeline_defs.storyboard.replies import reply_list, reply_text
@@ -21,7 +22,7 @@ class WorldGuide(Step):
     step_id = "world_guide"
     deps = ("story_source", "entity_canon")
     schema_version = 1
-    resume_config_keys = ("style",)
+    resume_config_keys = ("style", *TEXT_MODEL_KEYS)
     description = "Style/world guide: tone, lighting, palette, locations, cast looks."
 
     def execute(self, ctx: StepContext, inputs: Mapping[str, Checkpoint]) -> StepResult:

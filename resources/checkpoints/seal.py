@@ -28,7 +28,9 @@ Not covered, by design: a verifier reading files it does not declare (its contra
 bytes without touching metadata; and a verifier whose code changed without a
 ``Step.verify_revision`` bump (the seal records the revision; another one voids it). Runs
 and the IO manager always verify in full; a sensor built with ``trust_seals=False`` does
-too.
+too. Likewise a symlink planted in the step directory beside the sealed files (in
+``archive/``, as the force marker, as a receipt): no sealed verdict reads it, so a holding
+seal still SKIPs; the long way and every writer refuse it (``checkpoint.symlink``).
 """
 
 import functools
@@ -56,10 +58,14 @@ ABSENT: FileIdentity = (-1, -1, -1)  # a read that did not exist: its appearance
 def identity_of(path: str | os.PathLike[str]) -> FileIdentity | None:
     """(mtime_ns, size, inode) of a file or directory, or None when absent.
 
-    A directory's mtime moves whenever an entry is added, removed or renamed in it.
+    A directory's mtime moves whenever an entry is added, removed or renamed in it. Taken
+    with ``lstat`` (SPEC §11): an input or read replaced by a link, even to the very file
+    moved elsewhere, has the link's own identity, so the seal no longer holds and the long
+    way reports the link. For regular files and directories it is the ``stat`` identity,
+    so seals written before this change stay valid.
     """
     try:
-        st = os.stat(path)
+        st = os.lstat(path)
     except OSError:
         return None
     return (st.st_mtime_ns, st.st_size, st.st_ino)
@@ -68,10 +74,17 @@ def identity_of(path: str | os.PathLike[str]) -> FileIdentity | None:
 def own_identity_of(path: str | os.PathLike[str]) -> FileIdentity | None:
     """Like :func:`identity_of` but of the entry itself (``lstat``): a symlink has its own
     identity, never the one of the file it points to. Used for the files of ours a seal
-    covers (the envelope, the artifacts), where a link is never legitimate."""
+    covers (the envelope, the artifacts), where a link is never legitimate.
+
+    None for a link too (as if absent): a link forged with a reused inode and the original
+    mtime still never matches a sealed file, so a holding seal proves every file it
+    covers is a regular file in place, and readers need not scan for links beside them.
+    """
     try:
         st = os.lstat(path)
     except OSError:
+        return None
+    if stat.S_ISLNK(st.st_mode):
         return None
     return (st.st_mtime_ns, st.st_size, st.st_ino)
 

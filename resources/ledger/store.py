@@ -23,7 +23,14 @@ from sqlalchemy.engine import Connection, Engine
 from pipeline_defs.resume.clock import format_timestamp
 from pipeline_defs.resume.errors import PipelineError
 from pipeline_defs.resume.partition import Episode, StepKey
-from resources.ledger.tables import provider_call, step_run, step_transition
+from pipeline_defs.resume.settings import validate_ledger_values
+from resources.ledger.tables import (
+    provider_call,
+    setting_change,
+    settings,
+    step_run,
+    step_transition,
+)
 
 T = TypeVar("T")
 
@@ -37,6 +44,9 @@ _ENGINES: dict[tuple[str, int], Engine] = {}
 _ENGINES_LOCK = threading.Lock()
 # get_many filters up to this many (project, episode) pairs in SQL, more in Python.
 _PAIR_FILTER_LIMIT = 500
+# How stale a process's copy of the settings table may be: a run's steps and a sensor's tick
+# read it at most once per this many seconds, and a change applies everywhere within it.
+SETTINGS_MAX_AGE_SECONDS = 5.0
 
 
 def _now() -> str:
@@ -232,6 +242,7 @@ class LedgerStore:
     def __init__(self, url: str) -> None:
         self.url = url
         self._migrated = False
+        self._settings_cache: tuple[float, dict[str, str]] | None = None
 
     # ----------------------------------------------------------------- plumbing
     @property
@@ -301,6 +312,98 @@ class LedgerStore:
     def ensure_schema(self) -> None:
         if not self._migrated:
             self.migrate()
+
+    # ----------------------------------------------------------------- settings
+    def stored_settings(self, max_age: float = SETTINGS_MAX_AGE_SECONDS) -> dict[str, str]:
+        """The ledger's settings table (key -> value), read at most every ``max_age`` s.
+
+        Read without migrating: read-only commands must not write schema, and a ledger that
+        does not exist yet (or predates the table) holds no settings. A database that
+        cannot be reached still fails.
+        """
+        cached = self._settings_cache
+        if cached is not None and time.monotonic() - cached[0] < max_age:
+            return dict(cached[1])
+        values = self._read_settings()
+        self._settings_cache = (time.monotonic(), values)
+        return dict(values)
+
+    def _read_settings(self) -> dict[str, str]:
+        if self.is_sqlite:
+            database = sa.engine.make_url(self.url).database or ""
+            if database in ("", ":memory:") or not Path(database).is_file():
+                return {}  # connecting would create the file
+        query = sa.select(settings.c.key, settings.c.value)
+        try:
+            if self.is_sqlite:
+                conn = self.engine.connect().execution_options(read_only=True)
+            else:
+                conn = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+            with conn:
+                return {str(k): str(v) for k, v in conn.execute(query).all()}
+        except sa.exc.DBAPIError:
+            with self.engine.connect() as conn:
+                if sa.inspect(conn).has_table(settings.name):
+                    raise
+            return {}  # not migrated to 0004 yet
+
+    def set_setting(self, key: str, value: str, *, changed_by: str) -> tuple[str | None, str]:
+        """Set one setting (validated with the whole table) and audit it: ``(old, new)``.
+
+        A refused value raises ``settings.invalid`` naming the key and writes nothing.
+        """
+        changes = self._change_settings({key: value}, changed_by={key: changed_by}, keep=False)
+        current = self.stored_settings(max_age=0)
+        return changes.get(key, (current.get(key), current.get(key, value)))
+
+    def seed_settings(
+        self, values: Mapping[str, str], *, changed_by: Mapping[str, str]
+    ) -> dict[str, tuple[str | None, str]]:
+        """Insert the keys the table does not hold yet; a value already there is kept (an
+        operator's ``settings set`` is never overwritten by a later seed)."""
+        return self._change_settings(values, changed_by=changed_by, keep=True)
+
+    def _change_settings(
+        self, values: Mapping[str, str], *, changed_by: Mapping[str, str], keep: bool
+    ) -> dict[str, tuple[str | None, str]]:
+        changes: dict[str, tuple[str | None, str]] = {}
+        with self._write() as conn:
+            if not self.is_sqlite:
+                # Serialize changes: two keys validated apart (lease, heartbeat) could make
+                # a pair neither change alone would allow. SQLite's BEGIN IMMEDIATE does this.
+                conn.exec_driver_sql("LOCK TABLE settings IN SHARE ROW EXCLUSIVE MODE")
+            rows = conn.execute(sa.select(settings.c.key, settings.c.value)).all()
+            current = {str(k): str(v) for k, v in rows}
+            wanted = {k: v for k, v in values.items() if not (keep and k in current)}
+            merged = validate_ledger_values({**current, **wanted})  # raises: nothing written
+            now = _now()
+            for key in wanted:
+                old, new = current.get(key), merged[key]
+                if old == new:
+                    continue
+                row = {"value": new, "updated_at": now, "updated_by": changed_by[key]}
+                if old is None:
+                    conn.execute(sa.insert(settings).values(key=key, **row))
+                else:
+                    conn.execute(sa.update(settings).where(settings.c.key == key).values(**row))
+                conn.execute(
+                    sa.insert(setting_change).values(
+                        key=key,
+                        old_value=old,
+                        new_value=new,
+                        changed_at=now,
+                        changed_by=changed_by[key],
+                    )
+                )
+                changes[key] = (old, new)
+        self._settings_cache = None  # this process sees its own change at once
+        return changes
+
+    def setting_changes(self) -> list[dict[str, Any]]:
+        """The audit trail of the settings table, oldest first."""
+        with self._read() as conn:
+            query = sa.select(setting_change).order_by(setting_change.c.id)
+            return [dict(r) for r in conn.execute(query).mappings()]
 
     # ----------------------------------------------------------------- reads
     def get(self, key: StepKey) -> dict[str, Any] | None:

@@ -99,3 +99,31 @@ sa.Index(
     provider_call.c.episode_id,
     provider_call.c.step_id,
 )
+
+# The judge's limits shared by the sensor daemon and every run worker (issue 11 §4): one row
+# per setting in force from the ledger (a PIPELINE_* variable still overrides it per process).
+settings = sa.Table(
+    "settings",
+    metadata,
+    sa.Column("key", sa.String(64), primary_key=True),
+    sa.Column("value", sa.Text, nullable=False),
+    sa.Column("updated_at", sa.Text, nullable=False),
+    sa.Column("updated_by", sa.Text, nullable=False),
+)
+
+# Every change of a setting: who, when, from what to what (old NULL: the key was unset).
+setting_change = sa.Table(
+    "setting_change",
+    metadata,
+    sa.Column(
+        "id",
+        sa.BigInteger().with_variant(sa.Integer, "sqlite"),
+        primary_key=True,
+        autoincrement=True,
+    ),
+    sa.Column("key", sa.String(64), nullable=False),
+    sa.Column("old_value", sa.Text),
+    sa.Column("new_value", sa.Text, nullable=False),
+    sa.Column("changed_at", sa.Text, nullable=False),
+    sa.Column("changed_by", sa.Text, nullable=False),
+)

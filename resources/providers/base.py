@@ -8,17 +8,21 @@ can count (spec §8).
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 
 from pipeline_defs.resume.errors import PipelineError
+
+if TYPE_CHECKING:
+    from pipeline_defs.project import ProviderConfig
 
 # Stable error codes of the provider layer.
 HTTP_ERROR = "provider.http_error"
 RETRIES_EXHAUSTED = "provider.retries_exhausted"
 BAD_RESPONSE = "provider.bad_response"
 CONFIG_ERROR = "provider.config"
+NO_KEY = "provider.no_key"
 INVALID_INPUT = "input.invalid"
 
 # HTTP-like statuses: upstream failures are "bad gateway"/"unavailable", not a user's 400.
@@ -27,6 +31,7 @@ PROVIDER_STATUS_BY_CODE: dict[str, int] = {
     RETRIES_EXHAUSTED: 503,
     BAD_RESPONSE: 502,
     CONFIG_ERROR: 400,
+    NO_KEY: 400,
     INVALID_INPUT: 400,
 }
 
@@ -99,6 +104,17 @@ def check_image_size(call: ImageCall) -> None:
 class TextModel(dg.ConfigurableResource):
     """A text model answering one JSON object per call; steps depend on this, not on a vendor."""
 
+    def for_provider(self, provider: "ProviderConfig") -> "TextModel":
+        """The model that answers for a project with this ``provider:`` section.
+
+        Itself by default (a model passed in explicitly, e.g. a test's fake, answers for
+        every project); the shipped resource routes per project instead.
+        """
+        return self
+
+    def preflight(self) -> None:
+        """Raise a typed error now if a call could not even be sent (config, key)."""
+
     def complete(self, call: TextCall) -> TextReply:
         """Answer ``call`` with a parsed JSON object; subclasses implement the transport."""
         raise NotImplementedError(f"{type(self).__name__} does not implement complete()")
@@ -111,6 +127,14 @@ class TextModel(dg.ConfigurableResource):
 
 class ImageModel(dg.ConfigurableResource):
     """An image model returning PNG bytes; steps depend on this, not on a vendor."""
+
+    def for_provider(self, provider: "ProviderConfig") -> "ImageModel":
+        """The model that answers for a project with this ``provider:`` section (see
+        ``TextModel.for_provider``)."""
+        return self
+
+    def preflight(self) -> None:
+        """Raise a typed error now if a call could not even be sent (config, key)."""
 
     def generate(self, call: ImageCall) -> ImageReply:
         """Produce one PNG for ``call``; subclasses implement the transport or drawing."""

@@ -1,24 +1,25 @@
-"""OpenAI-compatible HTTP providers using only the standard library.
+"""OpenAI-compatible providers on the official ``openai`` SDK.
 
-Optional alternative to the offline generator (spec §8). Retries are bounded so a flaky
-endpoint cannot stall a step forever, and every error text is scrubbed of the API key
-because errors end up in Dagster event logs, ledger audit rows and checkpoints (spec §6).
+The SDK owns the transport: ``base_url`` for any OpenAI-compatible endpoint, bounded
+retries with backoff that honours ``Retry-After`` (408/409/429/5xx, timeouts, dropped
+connections), the per-attempt ``timeout`` and typed errors. This module adds what the
+pipeline needs around it: the key read from the environment at each request (never
+stored in config, checkpoints or logs), a validation of the config before any traffic,
+the SDK's errors mapped to our typed provider errors with every text scrubbed of the key
+(errors end up in Dagster event logs, ledger rows and checkpoints, spec §6), and token
+usage as the billable ``units``.
 """
 
 import base64
 import binascii
-import email.utils
-import http.client
+import functools
+import hashlib
 import json
-import math
+import os
 import re
-import time
-import urllib.error
+import threading
 import urllib.parse
-import urllib.request
-from collections.abc import Mapping
-from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 from pydantic import Field
@@ -28,6 +29,7 @@ from .base import (
     CONFIG_ERROR,
     HTTP_ERROR,
     INVALID_INPUT,
+    NO_KEY,
     PNG_SIGNATURE,
     RETRIES_EXHAUSTED,
     ImageCall,
@@ -40,48 +42,22 @@ from .base import (
     provider_error,
 )
 
-# 408/425/429 and 5xx are transient by HTTP semantics; any other non-2xx will not improve.
-RETRYABLE_STATUSES = frozenset({408, 425, 429})
+if TYPE_CHECKING:
+    import openai
+
+DEFAULT_API_KEY_ENV = "PIPELINE_PROVIDER_API_KEY"
+# 408/409/429 and 5xx are what the SDK retries: failing on them means it gave up.
+RETRYABLE_STATUSES = frozenset({408, 409, 429})
 EXCERPT_CHARS = 200
 _BEARER_RE = re.compile(r"(?i)(bearer\s+)[^\s\"',;]+")
 _FENCE_RE = re.compile(r"```[ \t]*(?:json|JSON)?[ \t]*\r?\n?(.*?)```", re.DOTALL)
 _MAX_OBJECT_SCANS = 32
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def is_retryable_status(status: int) -> bool:
-    """True for statuses where the same request may succeed later."""
+    """True for statuses the SDK retries (the same request may succeed later)."""
     return status in RETRYABLE_STATUSES or 500 <= status <= 599
-
-
-def parse_retry_after(value: str | None, *, now: datetime | None = None) -> float | None:
-    """Seconds asked for by a ``Retry-After`` header (delta-seconds or HTTP-date), else None."""
-    if value is None or not value.strip():
-        return None
-    text = value.strip()
-    try:
-        seconds = float(text)
-    except ValueError:
-        pass
-    else:
-        return max(0.0, seconds) if math.isfinite(seconds) else None
-    try:
-        when = email.utils.parsedate_to_datetime(text)
-    except (TypeError, ValueError, IndexError):
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
-
-
-def backoff_delay(
-    attempt: int, *, base: float, cap: float, retry_after: float | None = None
-) -> float:
-    """Delay before retry ``attempt`` (0-based): the server's wish if given, else exponential.
-
-    Always capped so a hostile or buggy ``Retry-After`` cannot park a worker for hours.
-    """
-    wanted = retry_after if retry_after is not None else base * (2**attempt)
-    return max(0.0, min(cap, wanted))
 
 
 def parse_json_object(content: str) -> dict[str, Any] | None:
@@ -119,62 +95,94 @@ def _safe_url(url: str) -> str:
     return urllib.parse.urlunsplit((parts.scheme, host, parts.path, "", ""))
 
 
-def _excerpt(raw: bytes) -> str:
+def _excerpt(text: str) -> str:
     """Short single-line view of a response body for error messages."""
-    text = " ".join(raw[: EXCERPT_CHARS * 4].decode("utf-8", errors="replace").split())
-    return text if len(text) <= EXCERPT_CHARS else text[: EXCERPT_CHARS - 1] + "…"
+    flat = " ".join(text[: EXCERPT_CHARS * 4].split())
+    return flat if len(flat) <= EXCERPT_CHARS else flat[: EXCERPT_CHARS - 1] + "…"
+
+
+def resolve_api_key(api_key_env: str, literal: str | None = None) -> str:
+    """The key to send: the environment variable ``api_key_env``, else the literal.
+
+    Read at each request, so a rotated key applies without a reload; refused typed
+    (``provider.no_key``) when neither holds one, and when it could corrupt a header.
+    """
+    raw = os.environ.get(api_key_env) or literal
+    key = (raw or "").strip()
+    if not key:
+        raise provider_error(
+            NO_KEY,
+            f"no API key: set the environment variable {api_key_env} "
+            "(provider.api_key_env names it)",
+            details={"api_key_env": api_key_env},
+        )
+    # A header value with a line break would smuggle headers; httpx would echo it.
+    if any(ch.isspace() or not ch.isprintable() for ch in key):
+        raise provider_error(CONFIG_ERROR, "API key contains whitespace or control characters")
+    return key
+
+
+# One SDK client (and its connection pool) per endpoint, retry budget and key source,
+# shared by every resource instance and run in the process. The key itself is not part
+# of the client: a callable reads it per request.
+_CLIENTS: dict[tuple[Any, ...], "openai.OpenAI"] = {}
+_CLIENTS_LOCK = threading.Lock()
+
+
+def _client_for(
+    base_url: str, timeout: float, max_retries: int, api_key_env: str, literal: str | None
+) -> "openai.OpenAI":
+    import openai  # here, not at module import: the SDK costs ~0.6 s to load
+
+    digest = hashlib.sha256(literal.encode()).hexdigest() if literal else None
+    cache_key = (base_url, timeout, max_retries, api_key_env, digest)
+    with _CLIENTS_LOCK:
+        client = _CLIENTS.get(cache_key)
+        if client is None:
+            client = openai.OpenAI(
+                api_key=functools.partial(resolve_api_key, api_key_env, literal),
+                base_url=base_url,
+                timeout=timeout,
+                max_retries=max_retries,
+                # Never pick up OPENAI_ORG_ID / OPENAI_PROJECT_ID meant for another tool.
+                organization=None,
+                project=None,
+            )
+            _CLIENTS[cache_key] = client
+        return client
 
 
 class OpenAIConnection(dg.ConfigurableResource):
-    """Connection settings and the retrying JSON POST shared by the text and image providers."""
+    """Connection settings and the SDK call wrapper shared by the text and image providers."""
 
     base_url: str = Field(description="Endpoint root, e.g. https://api.openai.com/v1")
     model: str = Field(description="Model name sent with every request")
+    api_key_env: str = Field(
+        default=DEFAULT_API_KEY_ENV,
+        description="Environment variable holding the API key, read at each request",
+    )
     api_key: str | None = Field(
         default=None,
         repr=False,
-        description='Bearer token; pass dg.EnvVar("PIPELINE_PROVIDER_API_KEY"), never a literal',
+        description="Fallback key when api_key_env is unset; prefer the environment",
     )
-    timeout_seconds: float = Field(default=60, description="Socket timeout per attempt")
+    timeout_seconds: float = Field(default=60, description="Timeout per attempt")
     max_retries: int = Field(default=4, description="Retries after the first attempt")
-    backoff_seconds: float = Field(default=1.0, description="First retry delay; doubles each time")
-    max_backoff_seconds: float = Field(
-        default=30.0, description="Cap on any single delay, including Retry-After"
-    )
 
     @property
     def model_name(self) -> str:
         """Configured model name (what the ledger records for this provider)."""
         return self.model
 
-    def _sleep(self, seconds: float) -> None:
-        """Wait between retries; a method so a test subclass can record instead of waiting."""
-        time.sleep(seconds)
-
-    def _api_key_value(self) -> str | None:
-        """The key to send; resolves an unresolved ``EnvVar`` when used outside a Dagster run."""
-        raw = self.api_key
-        if isinstance(raw, dg.EnvVar):
+    def _literal_key(self) -> str | None:
+        raw: Any = self.api_key
+        if isinstance(raw, dg.EnvVar):  # unresolved outside a Dagster run
             raw = raw.get_value()
-        if raw is None:
-            return None
-        key = raw.strip()
-        if not key:
-            return None
-        # http.client would echo an invalid header value verbatim in its ValueError.
-        if any(ch.isspace() or not ch.isprintable() for ch in key):
-            raise provider_error(CONFIG_ERROR, "api_key contains whitespace or control characters")
-        return key
+        return raw if isinstance(raw, str) else None
 
-    def _redact(self, text: str, key: str | None) -> str:
-        """Remove the key and any bearer token from text bound for logs and errors."""
-        if key:
-            text = text.replace(key, "***")
-        return _BEARER_RE.sub(r"\1***", text)
-
-    def _endpoint(self, path: str) -> str:
-        """Validated ``{base_url}/{path}``; a bad config fails before any network traffic."""
-        base = (self.base_url or "").strip().rstrip("/")
+    def preflight(self) -> None:
+        """Config and key present and well-formed; raises typed, before any network traffic."""
+        base = (self.base_url or "").strip()
         if not base:
             raise provider_error(CONFIG_ERROR, "provider base_url is empty")
         if not (self.model or "").strip():
@@ -185,90 +193,109 @@ class OpenAIConnection(dg.ConfigurableResource):
                 CONFIG_ERROR,
                 f"provider base_url must be an http(s) URL, got {_safe_url(base)!r}",
             )
-        if self.timeout_seconds <= 0 or self.max_retries < 0 or self.backoff_seconds < 0:
+        if self.timeout_seconds <= 0 or self.max_retries < 0:
             raise provider_error(
-                CONFIG_ERROR,
-                "provider timeout_seconds must be > 0, max_retries and backoff_seconds >= 0",
+                CONFIG_ERROR, "provider timeout_seconds must be > 0 and max_retries >= 0"
             )
-        return f"{base}/{path}"
+        if not _ENV_NAME_RE.match(self.api_key_env or ""):
+            raise provider_error(
+                CONFIG_ERROR, f"provider api_key_env {self.api_key_env!r} is not a variable name"
+            )
+        resolve_api_key(self.api_key_env, self._literal_key())
 
-    def _post_json(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        """POST ``body`` and return the decoded JSON object, retrying transient failures."""
-        url = self._endpoint(path)
-        key = self._api_key_value()
-        shown = self._redact(_safe_url(url), key)
-        data = json.dumps(body, ensure_ascii=False).encode("utf-8")
-        headers = {
-            "Content-Type": "application/json",
-            "Accept": "application/json",
-            "User-Agent": "storyboard-pipeline",
-        }
-        if key:
-            headers["Authorization"] = f"Bearer {key}"
-        attempts = self.max_retries + 1
-        last_error = ""
-        last_exc: BaseException | None = None
-        for attempt in range(attempts):
-            retry_after: float | None = None
-            request = urllib.request.Request(url, data=data, headers=headers, method="POST")
-            try:
-                with urllib.request.urlopen(request, timeout=self.timeout_seconds) as response:
-                    raw = response.read()
-            except urllib.error.HTTPError as exc:
-                try:
-                    body_excerpt = self._redact(_excerpt(exc.read()), key)
-                except (OSError, http.client.HTTPException):
-                    body_excerpt = "<unreadable body>"
-                finally:
-                    exc.close()
-                status = exc.code
-                if not is_retryable_status(status):
-                    raise provider_error(
-                        HTTP_ERROR,
-                        f"POST {shown} returned HTTP {status}: {body_excerpt}",
-                        details={"http_status": status, "url": shown, "attempt": attempt + 1},
-                    ) from None
-                retry_after = parse_retry_after(exc.headers.get("Retry-After"))
-                last_error = f"HTTP {status}: {body_excerpt}"
-                last_exc = None
-            except (OSError, http.client.HTTPException) as exc:
-                # Timeouts, refused/reset connections, truncated responses: all transient.
-                last_error = self._redact(f"{type(exc).__name__}: {exc}", key)
-                last_exc = exc
-            else:
-                return self._decode_body(raw, shown, key)
-            if attempt + 1 < attempts:
-                self._sleep(
-                    backoff_delay(
-                        attempt,
-                        base=self.backoff_seconds,
-                        cap=self.max_backoff_seconds,
-                        retry_after=retry_after,
-                    )
-                )
-        error = provider_error(
-            RETRIES_EXHAUSTED,
-            f"POST {shown} failed after {attempts} attempts; last error: {last_error}",
-            details={"url": shown, "attempts": attempts, "last_error": last_error},
+    def _client(self) -> "openai.OpenAI":
+        self.preflight()
+        return _client_for(
+            self.base_url.strip().rstrip("/"),
+            float(self.timeout_seconds),
+            int(self.max_retries),
+            self.api_key_env,
+            self._literal_key(),
         )
-        if last_exc is None:
-            raise error
-        raise error from last_exc
 
-    def _decode_body(self, raw: bytes, shown: str, key: str | None) -> dict[str, Any]:
-        """Decode a 2xx body; anything but a JSON object is a contract breach, not transient."""
-        try:
-            value = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError):
-            value = None
-        if not isinstance(value, dict):
-            raise provider_error(
-                BAD_RESPONSE,
-                f"POST {shown} answered a body that is not a JSON object: "
-                f"{self._redact(_excerpt(raw), key)}",
-                details={"url": shown},
+    def _redact(self, text: str) -> str:
+        """Remove the key and any bearer token from text bound for logs and errors."""
+        for key in (os.environ.get(self.api_key_env), self._literal_key()):
+            if key and key.strip():
+                text = text.replace(key.strip(), "***")
+        return _BEARER_RE.sub(r"\1***", text)
+
+    def _where(self, path: str) -> str:
+        return f"POST {_safe_url(self.base_url.strip().rstrip('/') + '/' + path)}"
+
+    def _mapped(self, exc: Exception, path: str) -> Exception:
+        """The SDK's (or the decoder's) error as our typed provider error, key scrubbed."""
+        import openai  # loaded already: a client exists whenever an SDK error does
+
+        where = self._where(path)
+        budget = f"max_retries={self.max_retries}"
+        if isinstance(exc, openai.APITimeoutError):
+            return provider_error(
+                RETRIES_EXHAUSTED,
+                f"{where} timed out after {self.timeout_seconds}s per attempt; gave up ({budget})",
+                details={"url": where, "max_retries": self.max_retries},
             )
-        return value
+        if isinstance(exc, openai.APIConnectionError):
+            cause = exc.__cause__ or exc
+            text = self._redact(f"{type(cause).__name__}: {cause}")
+            return provider_error(
+                RETRIES_EXHAUSTED,
+                f"{where} could not connect; gave up ({budget}); last error: {text}",
+                details={"url": where, "max_retries": self.max_retries},
+            )
+        if isinstance(exc, openai.APIStatusError):
+            status = exc.status_code
+            body = self._redact(_excerpt(_body_text(exc)))
+            details = {"url": where, "http_status": status}
+            if is_retryable_status(status):
+                return provider_error(
+                    RETRIES_EXHAUSTED,
+                    f"{where} returned HTTP {status}; gave up ({budget}): {body}",
+                    details={**details, "max_retries": self.max_retries},
+                )
+            return provider_error(
+                HTTP_ERROR, f"{where} returned HTTP {status}: {body}", details=details
+            )
+        if isinstance(exc, openai.APIResponseValidationError | ValueError):
+            return provider_error(
+                BAD_RESPONSE,
+                f"{where} answered a body that is not the expected JSON: "
+                f"{self._redact(_excerpt(str(exc)))}",
+                details={"url": where},
+            )
+        return provider_error(
+            HTTP_ERROR,
+            f"{where} failed: {type(exc).__name__}: {self._redact(_excerpt(str(exc)))}",
+            details={"url": where},
+        )
+
+    def _call(self, path: str, send: Any) -> Any:
+        """Run one SDK request; every failure leaves as a typed, scrubbed provider error."""
+        import openai  # loaded already by ``_client``
+
+        client = self._client()
+        try:
+            return send(client)
+        # ValueError: a 2xx JSON content type whose body is not JSON.
+        except (openai.OpenAIError, ValueError) as exc:
+            error = self._mapped(exc, path)
+        # Raised outside the handler: not even ``__context__`` keeps the SDK's exception,
+        # whose text may quote the request (and an echoing server, the key).
+        raise error
+
+
+def _body_text(exc: "openai.APIStatusError") -> str:
+    try:
+        return exc.response.text
+    except Exception:  # a body we cannot read says nothing more than its status
+        return "<unreadable body>"
+
+
+def _field(value: Any, name: str) -> Any:
+    """``value.name`` for SDK models and plain dicts alike (a lax parse keeps dicts)."""
+    if isinstance(value, dict):
+        return value.get(name)
+    return getattr(value, name, None)
 
 
 def _message_text(content: Any) -> str | None:
@@ -276,64 +303,72 @@ def _message_text(content: Any) -> str | None:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        texts = [
-            part["text"]
-            for part in content
-            if isinstance(part, dict) and isinstance(part.get("text"), str)
-        ]
+        texts = [t for t in (_field(part, "text") for part in content) if isinstance(t, str)]
         return "".join(texts) if texts else None
     return None
+
+
+def _usage_units(response: Any) -> int:
+    """Billable units of a reply: its reported ``usage.total_tokens``, else one per call."""
+    tokens = _field(_field(response, "usage"), "total_tokens")
+    if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens > 0:
+        return tokens
+    return 1
 
 
 class OpenAITextModel(OpenAIConnection, TextModel):
     """Chat-completions text model answering one JSON object per call."""
 
     def complete(self, call: TextCall) -> TextReply:
-        """Ask ``/chat/completions`` for one JSON object and parse it into ``TextReply.data``."""
+        """Ask ``chat/completions`` for one JSON object and parse it into ``TextReply.data``."""
         try:
             payload_json = json.dumps(dict(call.payload), ensure_ascii=False)
         except (TypeError, ValueError) as exc:
             raise provider_error(
                 INVALID_INPUT, f"payload of task {call.task!r} is not JSON-serializable: {exc}"
             ) from None
-        body = {
-            "model": self.model,
-            "messages": [
-                {
-                    "role": "system",
-                    "content": f"You are the {call.task} step of a storyboard pipeline. "
-                    "Answer with one JSON object only.",
-                },
-                {"role": "user", "content": f"{call.prompt}\n\nINPUT:\n{payload_json}"},
-            ],
-            "response_format": {"type": "json_object"},
-        }
-        response = self._post_json("chat/completions", body)
+        messages = [
+            {
+                "role": "system",
+                "content": f"You are the {call.task} step of a storyboard pipeline. "
+                "Answer with one JSON object only.",
+            },
+            {"role": "user", "content": f"{call.prompt}\n\nINPUT:\n{payload_json}"},
+        ]
+        response = self._call(
+            "chat/completions",
+            lambda client: client.chat.completions.create(
+                model=self.model,
+                messages=messages,
+                response_format={"type": "json_object"},
+            ),
+        )
         where = f"chat completion for task {call.task!r}"
-        choices = response.get("choices")
+        if isinstance(response, str):  # the SDK hands back a non-JSON body as text
+            raise provider_error(
+                BAD_RESPONSE, f"{where} is not JSON: {self._redact(_excerpt(response))}"
+            )
+        choices = _field(response, "choices")
         first = choices[0] if isinstance(choices, list) and choices else None
-        message = first.get("message") if isinstance(first, dict) else None
-        if not isinstance(message, dict):
+        message = _field(first, "message")
+        if message is None:
             raise provider_error(BAD_RESPONSE, f"{where} has no choices[0].message")
-        text = _message_text(message.get("content"))
+        text = _message_text(_field(message, "content"))
         if text is None:
-            refusal = message.get("refusal")
-            reason = f"refusal: {_excerpt(str(refusal).encode())}" if refusal else "no content"
-            raise provider_error(BAD_RESPONSE, f"{where} has {reason}")
+            refusal = _field(message, "refusal")
+            reason = f"refusal: {_excerpt(str(refusal))}" if refusal else "no content"
+            raise provider_error(BAD_RESPONSE, f"{where} has {self._redact(reason)}")
         data = parse_json_object(text)
         if data is None:
             raise provider_error(
                 BAD_RESPONSE,
-                f"{where} contains no JSON object: {_excerpt(text.encode())}",
-                details={"finish_reason": str(first.get("finish_reason")) if first else "None"},
+                f"{where} contains no JSON object: {self._redact(_excerpt(text))}",
+                details={"finish_reason": str(_field(first, "finish_reason"))},
             )
-        usage = response.get("usage")
-        tokens = usage.get("total_tokens") if isinstance(usage, dict) else None
-        units = tokens if isinstance(tokens, int) and not isinstance(tokens, bool) else 0
-        reported = response.get("model")
+        reported = _field(response, "model")
         return TextReply(
             data=data,
-            units=units if units > 0 else 1,
+            units=_usage_units(response),
             model=reported if isinstance(reported, str) and reported else self.model,
         )
 
@@ -342,21 +377,27 @@ class OpenAIImageModel(OpenAIConnection, ImageModel):
     """Images-generations model returning base64 PNGs."""
 
     def generate(self, call: ImageCall) -> ImageReply:
-        """Ask ``/images/generations`` for one b64 PNG and verify it really is a PNG."""
+        """Ask ``images/generations`` for one b64 PNG and verify it really is a PNG."""
         check_image_size(call)
-        body = {
-            "model": self.model,
-            "prompt": call.prompt,
-            "size": f"{call.width}x{call.height}",
-            "response_format": "b64_json",
-            "n": 1,
-        }
-        response = self._post_json("images/generations", body)
-        items = response.get("data")
+        response = self._call(
+            "images/generations",
+            lambda client: client.images.generate(
+                model=self.model,
+                prompt=call.prompt,
+                size=f"{call.width}x{call.height}",  # type: ignore[arg-type]  # any server size
+                response_format="b64_json",
+                n=1,
+            ),
+        )
+        if isinstance(response, str):
+            raise provider_error(
+                BAD_RESPONSE, f"image generation is not JSON: {self._redact(_excerpt(response))}"
+            )
+        items = _field(response, "data")
         first = items[0] if isinstance(items, list) and items else None
-        encoded = first.get("b64_json") if isinstance(first, dict) else None
+        encoded = _field(first, "b64_json")
         if not isinstance(encoded, str) or not encoded:
-            hint = " (got a url instead)" if isinstance(first, dict) and "url" in first else ""
+            hint = " (got a url instead)" if _field(first, "url") else ""
             raise provider_error(BAD_RESPONSE, f"image generation has no data[0].b64_json{hint}")
         try:
             png = base64.b64decode(encoded, validate=True)
@@ -369,4 +410,4 @@ class OpenAIImageModel(OpenAIConnection, ImageModel):
                 BAD_RESPONSE,
                 f"image generation returned {len(png)} bytes without a PNG signature",
             )
-        return ImageReply(png=png, units=1, model=self.model)
+        return ImageReply(png=png, units=_usage_units(response), model=self.model)

@@ -1,0 +1,252 @@
+"""Alembic migrations: head matches the SQLAlchemy models on both databases, round-trips, and
+survives two processes migrating a fresh PostgreSQL database at once."""
+
+import multiprocessing
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+
+from pipeline_defs.resume.partition import StepKey
+from resources.ledger import tables
+from resources.ledger.store import MIGRATIONS_DIR, LedgerStore, engine_for
+
+LEDGER_TABLES = {"step_run", "step_transition", "provider_call", "settings", "setting_change"}
+
+
+def _config(conn: sa.Connection | None = None) -> Config:
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    if conn is not None:
+        cfg.attributes["connection"] = conn
+    return cfg
+
+
+def _head() -> str:
+    head = ScriptDirectory.from_config(_config()).get_current_head()
+    assert head is not None
+    return head
+
+
+def _run(engine: sa.Engine, fn: Any, target: str) -> None:
+    with engine.begin() as conn:
+        fn(_config(conn), target)
+
+
+def _current(engine: sa.Engine) -> str | None:
+    with engine.connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()
+
+
+def _diff(engine: sa.Engine) -> list[Any]:
+    with engine.connect() as conn:
+        context = MigrationContext.configure(
+            conn, opts={"compare_type": True, "compare_server_default": True}
+        )
+        return compare_metadata(context, tables.metadata)
+
+
+def _user_tables(engine: sa.Engine) -> set[str]:
+    return set(sa.inspect(engine).get_table_names()) - {"alembic_version"}
+
+
+def test_script_directory_has_one_linear_head() -> None:
+    script = ScriptDirectory.from_config(_config())
+    assert len(script.get_heads()) == 1
+    revisions = list(script.walk_revisions())
+    assert revisions[-1].down_revision is None
+
+
+def test_head_matches_models(db_url: str) -> None:
+    engine = engine_for(db_url)
+    assert _current(engine) is None
+    _run(engine, command.upgrade, "head")
+    assert _current(engine) == _head()
+    assert _user_tables(engine) == LEDGER_TABLES
+    assert _diff(engine) == []
+
+
+def test_comparison_is_not_blind(db_url: str) -> None:
+    """The comparison used above does see a real difference (so an empty diff means something)."""
+    engine = engine_for(db_url)
+    _run(engine, command.upgrade, "head")
+    drift = sa.MetaData(naming_convention=tables.metadata.naming_convention)
+    for table in tables.metadata.sorted_tables:
+        table.to_metadata(drift)
+    run = drift.tables["step_run"]
+    run.append_column(sa.Column("surprise", sa.Text))
+    step = drift.tables["step_transition"]
+    sa.Index("ix_step_transition_at", step.c.at)
+    with engine.connect() as conn:
+        context = MigrationContext.configure(conn, opts={"compare_type": True})
+        diff = compare_metadata(context, drift)
+    kinds = sorted(d[0] if isinstance(d, tuple) else d[0][0] for d in diff)
+    assert kinds == ["add_column", "add_index"]
+
+    # A type change is reported too: step_run.input_hash as String(32) instead of String(64).
+    typed = sa.MetaData(naming_convention=tables.metadata.naming_convention)
+    for table in tables.metadata.sorted_tables:
+        table.to_metadata(typed)
+    typed.tables["step_run"].c.input_hash.type = sa.String(32)
+    with engine.connect() as conn:
+        context = MigrationContext.configure(conn, opts={"compare_type": True})
+        diff = compare_metadata(context, typed)
+    assert [d[0][0] for d in diff] == ["modify_type"]
+    assert diff[0][0][3] == "input_hash"
+
+
+def test_schema_details_survive_migration(db_url: str) -> None:
+    engine = engine_for(db_url)
+    _run(engine, command.upgrade, "head")
+    inspector = sa.inspect(engine)
+    columns = {c["name"]: c for c in inspector.get_columns("step_run")}
+    for name in ("id", "project_id", "episode_id", "step_id", "status", "created_at", "updated_at"):
+        assert columns[name]["nullable"] is False, name
+    assert columns["recovery_count"]["nullable"] is False
+    assert "0" in str(columns["recovery_count"]["default"])
+    for name in ("started_at", "completed_at", "created_at", "updated_at", "heartbeat_at"):
+        assert isinstance(columns[name]["type"], sa.Text), name  # text timestamps, never cast
+    uniques = inspector.get_unique_constraints("step_run")
+    assert [u["column_names"] for u in uniques] == [["project_id", "episode_id", "step_id"]]
+    assert inspector.get_pk_constraint("step_run")["constrained_columns"] == ["id"]
+
+
+def test_downgrade_base_then_upgrade_head_round_trip(db_url: str) -> None:
+    engine = engine_for(db_url)
+    _run(engine, command.upgrade, "head")
+    with engine.begin() as conn:
+        conn.execute(
+            sa.insert(tables.step_run).values(
+                id="x",
+                project_id="p",
+                episode_id="e",
+                step_id="s",
+                status="pending",
+                created_at="t",
+                updated_at="t",
+            )
+        )
+    _run(engine, command.downgrade, "base")
+    assert _current(engine) is None
+    assert _user_tables(engine) == set()
+    _run(engine, command.upgrade, "head")
+    assert _current(engine) == _head()
+    assert _diff(engine) == []
+    with engine.connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(tables.step_run)).scalar() == 0
+    # And once more, to prove downgrade works on a DB that was itself re-created.
+    _run(engine, command.downgrade, "base")
+    _run(engine, command.upgrade, "head")
+    assert _diff(engine) == []
+
+
+def test_a_ledger_from_before_seals_is_upgraded_in_place(db_url: str) -> None:
+    """0001 → head keeps every row; old rows simply have no seal (judged the long way)."""
+    engine = engine_for(db_url)
+    _run(engine, command.upgrade, "0001_initial")
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            "INSERT INTO step_run (id, project_id, episode_id, step_id, status, run_id, "
+            "created_at, updated_at) VALUES ('x', 'p', 'e', 's', 'completed', 'r:0', 't', 't')"
+        )
+    store = LedgerStore(db_url)
+    row = store.get(StepKey("p", "e", "s"))  # first use migrates to head
+    assert _current(engine) == _head() and _diff(engine) == []
+    assert row is not None and row["status"] == "completed" and row["checkpoint_seal"] is None
+    _run(engine, command.downgrade, "0001_initial")  # and back, the row kept
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT status FROM step_run").all() == [("completed",)]
+
+
+def test_a_ledger_from_before_settings_reads_as_holding_none(db_url: str) -> None:
+    """At 0003 the judge's limits come from env and defaults (no error, no schema written);
+    0004 adds the settings table and its audit, and the way back drops both."""
+    engine = engine_for(db_url)
+    _run(engine, command.upgrade, "0003_provider_call_finished")
+    store = LedgerStore(db_url)
+    assert store.stored_settings(max_age=0) == {}
+    assert _current(engine) == "0003_provider_call_finished"  # the read did not migrate
+    assert _head() == "0004_settings"
+    store.migrate()
+    assert store.set_setting("lease_seconds", "120", changed_by="test") == (None, "120")
+    assert store.stored_settings(max_age=0) == {"lease_seconds": "120"}
+    _run(engine, command.downgrade, "0003_provider_call_finished")
+    assert {"settings", "setting_change"}.isdisjoint(_user_tables(engine))
+
+
+def test_store_migrate_is_idempotent_and_usable(db_url: str) -> None:
+    store = LedgerStore(db_url)
+    assert store.migrate() == _head()
+    assert LedgerStore(db_url).migrate() == _head()
+    assert _diff(engine_for(db_url)) == []
+    with engine_for(db_url).connect() as conn:
+        versions = conn.exec_driver_sql("SELECT version_num FROM alembic_version").all()
+    assert versions == [(_head(),)]
+
+
+def _migrate_child(url: str, barrier: Any, results: Any) -> None:
+    try:
+        barrier.wait(timeout=60)
+        revision = LedgerStore(url).migrate()
+        results.put(("ok", revision))
+    except BaseException:  # report everything to the parent
+        results.put(("error", traceback.format_exc()))
+
+
+class SqliteWalRace(AssertionError):
+    """A child failed with SQLite's "database is locked" (the known journal_mode race)."""
+
+
+@pytest.mark.pg
+@pytest.mark.parametrize("attempt", range(3))
+def test_concurrent_migrate_on_fresh_postgres(pg_url: str, attempt: int) -> None:
+    _concurrent_migrate(pg_url, processes=2)
+
+
+@pytest.mark.parametrize("attempt", range(5))
+def test_concurrent_migrate_on_fresh_sqlite(tmp_path: Path, attempt: int) -> None:
+    _concurrent_migrate(f"sqlite:///{tmp_path / 'ledger.sqlite3'}", processes=2)
+
+
+def _is_wal_race(text: str) -> bool:
+    return "database is locked" in text and 'execute("PRAGMA journal_mode=WAL")' in text
+
+
+def _concurrent_migrate(url: str, processes: int) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(processes)
+    results = ctx.Queue()
+    procs = [
+        ctx.Process(target=_migrate_child, args=(url, barrier, results)) for _ in range(processes)
+    ]
+    for proc in procs:
+        proc.start()
+    try:
+        outcomes = [results.get(timeout=120) for _ in procs]
+    finally:
+        deadline = time.monotonic() + 30
+        for proc in procs:
+            proc.join(timeout=max(0.1, deadline - time.monotonic()))
+            if proc.is_alive():
+                proc.terminate()
+    errors = [text for status, text in outcomes if status == "error"]
+    if url.startswith("sqlite") and errors and all(_is_wal_race(e) for e in errors):
+        raise SqliteWalRace(errors)
+    assert outcomes == [("ok", _head())] * processes
+    engine = engine_for(url)
+    assert _current(engine) == _head()
+    assert _diff(engine) == []
+
+
+def test_sqlite_migration_creates_the_file(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'nested.sqlite3'}"
+    LedgerStore(url).migrate()
+    assert (tmp_path / "nested.sqlite3").exists()

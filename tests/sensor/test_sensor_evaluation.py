@@ -1,0 +1,325 @@
+"""The sensor's batch evaluator (Dagster-free): same judge, launch rules, zero writes.
+
+An exhaustive grid of prior states of ``src`` (ledger status, recovery count, backoff and
+checkpoint state), each in its own partition, is evaluated in one call and compared with
+``StepRuntime.judge`` called directly, the way a run calls it.
+"""
+
+import itertools
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from sensor_steps import (
+    SENSOR_STEPS,
+    delete_row,
+    runtime,
+    seed,
+    set_row,
+    snapshot,
+    stores_for,
+    write_input,
+)
+
+from pipeline_defs.judging.evaluation import LAUNCH_ACTIONS, Stores, Verdict, evaluate_partitions
+from pipeline_defs.resume.clock import format_timestamp
+from pipeline_defs.resume.decision import LaunchMode, ResumeAction
+from pipeline_defs.resume.partition import Episode, StepKey
+
+NOW = datetime.now(UTC).replace(microsecond=0)
+ROWS = (
+    "none",
+    "completed",
+    "failed",
+    "partial",
+    "stale",
+    "pending",
+    "running_healthy",
+    "running_stale",
+    "running_null",
+    "running_garbage",
+)
+RECOVERIES = (0, 3)
+BACKOFF = (None, "future", "past")
+BACKOFF_ROWS = ("failed", "partial", "running_stale", "completed")
+CHECKPOINTS = ("present", "absent", "artifact_missing", "corrupt")
+
+
+def _apply(stores: Stores, pk: str, row: str, recoveries: int, backoff: str | None, cp: str):
+    key = Episode.parse(pk).step("src")
+    if row != "none" or cp != "absent":
+        seed(stores, pk, "src")
+    ledger = stores.ledger
+    if row == "none" and cp != "absent":
+        delete_row(stores, key)  # an orphan checkpoint: no ledger row
+    elif row in ("failed", "partial"):
+        assert ledger.claim(key, "r-x:0")
+        assert ledger.transition(key, "r-x:0", row)
+    elif row == "stale":
+        assert ledger.invalidate([key], "test") == [key]
+    elif row == "pending":
+        set_row(stores, key, status="pending")
+    elif row.startswith("running"):
+        started = NOW - (timedelta(hours=2) if row == "running_stale" else timedelta(seconds=10))
+        assert ledger.claim(key, "r-run:0", now=format_timestamp(started))
+        if row == "running_null":
+            set_row(stores, key, started_at=None)
+        elif row == "running_garbage":
+            set_row(stores, key, started_at="garbage")
+    if row != "none":
+        retry = {
+            None: None,
+            "future": format_timestamp(NOW + timedelta(minutes=5)),
+            "past": format_timestamp(NOW - timedelta(minutes=5)),
+        }[backoff]
+        set_row(
+            stores,
+            key,
+            recovery_count=recoveries,
+            last_recovery_reason="earlier" if recoveries else None,
+            retry_not_before=retry,
+        )
+    path = stores.checkpoints.path_for(key)
+    if cp == "absent" and path.exists():
+        path.unlink()
+    elif cp == "artifact_missing":
+        (path.parent / "out.bin").unlink()
+    elif cp == "corrupt":
+        path.write_text('{"step_id": "src", "truncated')
+
+
+def _grid():
+    for n, (row, rc, backoff, cp) in enumerate(
+        itertools.product(ROWS, RECOVERIES, BACKOFF, CHECKPOINTS)
+    ):
+        if row == "none" and (rc or backoff):
+            continue  # no row: nothing to count or defer
+        if backoff and row not in BACKOFF_ROWS:
+            continue  # backoff only matters for automatic recoveries
+        yield f"grid/g{n:03d}", (row, rc, backoff, cp)
+
+
+@pytest.fixture(scope="module")
+def grid(tmp_path_factory: pytest.TempPathFactory):
+    home = tmp_path_factory.mktemp("grid")
+    stores = stores_for(home, f"sqlite:///{home / 'ledger.sqlite3'}", running_timeout_seconds=3600)
+    cases = dict(_grid())
+    for pk, case in cases.items():
+        _apply(stores, pk, *case)
+    return stores, cases
+
+
+def test_grid_decisions_equal_the_judge_a_run_calls(grid) -> None:
+    stores, cases = grid
+    before = snapshot(stores)
+    evaluations = evaluate_partitions(SENSOR_STEPS, stores, list(cases), NOW)
+    assert snapshot(stores) == before, "evaluation wrote something"
+    assert len(evaluations) == len(cases) * len(SENSOR_STEPS)
+    rows = stores.ledger.get_many()
+    for ev in evaluations:
+        key = Episode.parse(ev.partition_key).step(ev.step_id)
+        direct = runtime(stores, ev.step_id).judge(
+            key, mode=LaunchMode.RESUME, row=rows.get(key), now=NOW
+        )
+        assert ev.decision == direct.decision, (ev.partition_key, ev.step_id)
+
+
+def test_grid_never_forces_and_launches_only_what_the_rules_allow(grid) -> None:
+    stores, cases = grid
+    evaluations = evaluate_partitions(SENSOR_STEPS, stores, list(cases), NOW)
+    by = {(ev.partition_key, ev.step_id): ev for ev in evaluations}
+    for ev in evaluations:
+        action = ev.decision.action
+        assert action is not ResumeAction.FORCE_EXPLICIT
+        expected = {
+            ResumeAction.SKIP: {Verdict.SKIP},
+            ResumeAction.NOT_APPLICABLE: {Verdict.NOT_APPLICABLE},
+            ResumeAction.BLOCK: {Verdict.BLOCKED},
+        }.get(action, {Verdict.LAUNCH, Verdict.DEFERRED, Verdict.WAITING})
+        assert ev.verdict in expected
+        assert (ev.run_key is not None) == (action in LAUNCH_ACTIONS)
+        if ev.launch:
+            assert action in LAUNCH_ACTIONS and ev.decision.deferred_until is None
+            assert not ev.waits_on
+        if ev.verdict is Verdict.DEFERRED:
+            assert ev.decision.deferred_until is not None
+        if ev.verdict is Verdict.BLOCKED:
+            assert ev.block_signature and ev.what_to_do
+        json.dumps(ev.as_dict())
+        # Dependency order: a launchable step waits while an upstream is unsettled.
+        if ev.step_id != "src" and action in LAUNCH_ACTIONS:
+            src = by[(ev.partition_key, "src")]
+            if src.verdict is not Verdict.SKIP:
+                assert ev.verdict is Verdict.WAITING and "src" in ev.waits_on
+        if ev.step_id == "end" and action in LAUNCH_ACTIONS:
+            assert ev.waits_on in ((), ("src", "mid"), ("mid",))
+
+
+def _src(grid, row: str, rc: int, backoff: str | None, cp: str):
+    stores, cases = grid
+    pk = next(k for k, case in cases.items() if case == (row, rc, backoff, cp))
+    evs = evaluate_partitions(SENSOR_STEPS, stores, [pk], NOW)
+    return {ev.step_id: ev for ev in evs}
+
+
+@pytest.mark.parametrize(
+    ("case", "action", "verdict", "code"),
+    [
+        (("none", 0, None, "absent"), "rerun_self", "launch", None),
+        (("none", 0, None, "present"), "skip", "skip", None),  # adopted by the run
+        (("none", 0, None, "corrupt"), "block", "blocked", "step.resume_blocked"),
+        (("completed", 0, None, "present"), "skip", "skip", None),
+        (("completed", 3, None, "present"), "skip", "skip", None),
+        (("completed", 0, None, "absent"), "rerun_self", "launch", None),
+        (("completed", 0, None, "artifact_missing"), "rerun_self", "launch", None),
+        (("completed", 3, None, "artifact_missing"), "block", "blocked", "step.recovery_exhausted"),
+        (("completed", 0, None, "corrupt"), "block", "blocked", "step.resume_blocked"),
+        (("failed", 0, None, "present"), "rerun_self", "launch", None),
+        (("failed", 0, "future", "present"), "rerun_self", "deferred", None),
+        (("failed", 0, "past", "present"), "rerun_self", "launch", None),
+        (("failed", 3, None, "present"), "block", "blocked", "step.recovery_exhausted"),
+        (("failed", 3, "future", "present"), "block", "blocked", "step.recovery_exhausted"),
+        (("partial", 0, None, "present"), "rerun_self", "launch", None),
+        (("stale", 0, None, "present"), "rerun_self", "launch", None),
+        (("pending", 0, None, "absent"), "rerun_self", "launch", None),
+        (("running_healthy", 0, None, "present"), "block", "blocked", "step.already_running"),
+        (("running_stale", 0, None, "present"), "stale_running_recovery", "launch", None),
+        (("running_stale", 0, "future", "present"), "stale_running_recovery", "deferred", None),
+        (("running_stale", 3, None, "present"), "block", "blocked", "step.recovery_exhausted"),
+        (("running_null", 0, None, "present"), "block", "blocked", "step.resume_blocked"),
+        (("running_garbage", 0, None, "present"), "block", "blocked", "step.resume_blocked"),
+    ],
+)
+def test_grid_rows(grid, case, action: str, verdict: str, code: str | None) -> None:
+    evs = _src(grid, *case)
+    src = evs["src"]
+    assert (src.decision.action.value, src.verdict.value, src.decision.code) == (
+        action,
+        verdict,
+        code,
+    ), src.decision.reason
+    for downstream in ("mid", "end", "side"):  # never run in the grid: first runs
+        ev = evs[downstream]
+        assert ev.decision.action is ResumeAction.RERUN_SELF
+        assert ev.verdict is (
+            Verdict.LAUNCH if verdict == "skip" and ev.step_id != "end" else Verdict.WAITING
+        )
+
+
+def test_what_to_do_names_the_right_remedy(grid) -> None:
+    healthy = _src(grid, "running_healthy", 0, None, "present")["src"]
+    # A live lease: no reset hint, which would invite resetting a live run (issue 9 §3).
+    assert "run 'r-run:0' is working on it" in healthy.what_to_do
+    assert "reset-running" not in healthy.what_to_do and healthy.running_healthy
+    null = _src(grid, "running_null", 0, None, "present")["src"]
+    assert "manual investigation required" in null.what_to_do
+    assert "--null-started-at" in null.what_to_do
+    exhausted = _src(grid, "failed", 3, None, "present")["src"]
+    assert "resume/mode=force" in exhausted.what_to_do
+    corrupt = _src(grid, "completed", 0, None, "corrupt")["src"]
+    assert corrupt.decision.origin and corrupt.decision.origin.value == "contract_drift"
+    assert "resume/mode=force" in corrupt.what_to_do
+
+
+# --------------------------------------------------------------------------- run keys
+def test_run_key_is_stable_for_a_state_and_changes_with_it(
+    db_url: str, pipeline_home: Path
+) -> None:
+    stores = stores_for(pipeline_home, db_url)
+    seed(stores, "p/e1")
+    key = StepKey("p", "e1", "src")
+    assert stores.ledger.claim(key, "r1:0")
+    assert stores.ledger.transition(key, "r1:0", "failed")
+
+    def src_key() -> str | None:
+        evs = evaluate_partitions(SENSOR_STEPS, stores, ["p/e1"], NOW)
+        return next(ev for ev in evs if ev.step_id == "src").run_key
+
+    first = src_key()
+    assert first is not None and first.startswith("resume:src:p/e1:")
+    assert src_key() == first  # same state → same key (Dagster launches it once)
+    assert stores.ledger.claim(key, "r2:0", auto_recovery=True, reason="auto")
+    assert stores.ledger.transition(key, "r2:0", "failed")
+    second = src_key()
+    assert second not in (None, first)  # a new failure is a new state
+    (stores.checkpoints.step_dir(key) / "out.bin").unlink()
+    assert src_key() not in (None, first, second)  # so is a change on disk
+
+
+def test_a_downstream_run_key_follows_its_upstream_state(
+    sqlite_url: str, pipeline_home: Path
+) -> None:
+    """A launch that died before claiming (its upstream moved) is relaunched once settled."""
+    stores = stores_for(pipeline_home, sqlite_url)
+    seed(stores, "p/e1")
+    (stores.checkpoints.step_dir(StepKey("p", "e1", "end")) / "out.bin").unlink()
+
+    def end_key() -> str | None:
+        evs = evaluate_partitions(SENSOR_STEPS, stores, ["p/e1"], NOW)
+        return next(ev for ev in evs if ev.step_id == "end").run_key
+
+    first = end_key()
+    assert first is not None and end_key() == first
+    mid = StepKey("p", "e1", "mid")  # mid re-ran meanwhile (and is clean again)
+    assert stores.ledger.claim(mid, "again:0")
+    assert stores.ledger.transition(mid, "again:0", "completed")
+    assert end_key() not in (None, first)
+
+
+def test_upstream_running_or_blocked_makes_downstream_wait(
+    db_url: str, pipeline_home: Path
+) -> None:
+    stores = stores_for(pipeline_home, db_url)
+    seed(stores, "p/e1")
+    seed(stores, "p/e2")
+    for pk in ("p/e1", "p/e2"):  # every downstream step has lost its artifact
+        for step_id in ("mid", "end", "side"):
+            step_dir = stores.checkpoints.step_dir(Episode.parse(pk).step(step_id))
+            next(p for p in step_dir.rglob("*") if p.name in ("out.bin", "f0.png")).unlink()
+    assert stores.ledger.claim(StepKey("p", "e1", "src"), "busy:0")  # src running
+    write_input(pipeline_home, "p/e2", "verify.json", {"mid": "drift"})  # mid blocked
+    evs = {
+        (e.partition_key, e.step_id): e
+        for e in evaluate_partitions(SENSOR_STEPS, stores, ["p/e1", "p/e2"], NOW)
+    }
+    assert evs[("p/e1", "src")].verdict is Verdict.BLOCKED
+    for step_id in ("mid", "end", "side"):
+        ev = evs[("p/e1", step_id)]
+        assert ev.decision.action is ResumeAction.RERUN_SELF
+        assert ev.verdict is Verdict.WAITING and "src" in ev.waits_on
+    assert evs[("p/e2", "mid")].verdict is Verdict.BLOCKED
+    assert evs[("p/e2", "end")].verdict is Verdict.WAITING
+    assert evs[("p/e2", "end")].waits_on == ("mid",)
+    assert evs[("p/e2", "side")].verdict is Verdict.LAUNCH
+
+
+def test_unjudgeable_partitions_are_blocks_not_crashes(
+    sqlite_url: str, pipeline_home: Path
+) -> None:
+    stores = stores_for(pipeline_home, sqlite_url)
+    bad_config = pipeline_home / "projects" / "q" / "project.yaml"
+    bad_config.parent.mkdir(parents=True)
+    bad_config.write_text("no_such_key: 1\n")
+    evs = evaluate_partitions(SENSOR_STEPS, stores, ["not a key", "q/e1", "p/e1"], NOW)
+    verdicts = {(e.partition_key, e.step_id): e for e in evs}
+    for step in SENSOR_STEPS:
+        for pk in ("not a key", "q/e1"):
+            ev = verdicts[(pk, step.step_id)]
+            assert ev.verdict is Verdict.BLOCKED
+            assert ev.decision.reason.startswith("cannot be judged")
+    assert verdicts[("q/e1", "src")].decision.reason.startswith("cannot be judged: config.invalid")
+    assert verdicts[("p/e1", "src")].verdict is Verdict.LAUNCH
+
+
+def test_not_applicable_is_never_launched(sqlite_url: str, pipeline_home: Path) -> None:
+    stores = stores_for(pipeline_home, sqlite_url)
+    seed(stores, "p/e1", "src")
+    write_input(pipeline_home, "p/e1", "no_side", "")
+    side = next(
+        ev
+        for ev in evaluate_partitions(SENSOR_STEPS, stores, ["p/e1"], NOW)
+        if ev.step_id == "side"
+    )
+    assert side.decision.action is ResumeAction.NOT_APPLICABLE
+    assert side.verdict is Verdict.NOT_APPLICABLE and not side.launch and side.run_key is None

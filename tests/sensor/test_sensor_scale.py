@@ -1,0 +1,86 @@
+"""Scale: big batches judged in worker processes (same verdicts), and the tick budget."""
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from sensor_steps import SENSOR_STEPS, Src, seed, stores_for, write_input
+
+import pipeline_defs.judging.tick as tick_module
+from pipeline_defs.judging.evaluation import Verdict
+from pipeline_defs.judging.tick import ResumeTicker, TickConfig, TickResult
+from pipeline_defs.resume.partition import StepKey
+
+
+def _summary(result: TickResult) -> tuple[object, ...]:
+    return (
+        sorted(ev.run_key or "" for ev in result.launches),
+        sorted((c.evaluation.step_id, c.evaluation.partition_key, c.passed) for c in result.checks),
+        result.stats.judged,
+        result.stats.blocked,
+        result.stats.waiting,
+    )
+
+
+def _states(home: Path, sqlite_url: str):
+    stores = stores_for(home, sqlite_url)
+    for n in range(5):
+        seed(stores, f"p/e{n}")
+    key = StepKey("p", "e1", "src")
+    assert stores.ledger.claim(key, "r:0") and stores.ledger.transition(key, "r:0", "failed")
+    write_input(home, "p/e2", "verify.json", {"mid": "drift"})
+    (stores.checkpoints.step_dir(StepKey("p", "e3", "mid")) / "frames" / "f0.png").unlink()
+    return stores, [f"p/e{n}" for n in range(7)]  # e5, e6: never run
+
+
+def test_workers_reach_the_same_verdicts(sqlite_url: str, pipeline_home: Path) -> None:
+    stores, keys = _states(pipeline_home, sqlite_url)
+    now = datetime.now(UTC)
+    alone = ResumeTicker(SENSOR_STEPS, stores, TickConfig(workers=1)).tick(keys, now, None)
+    pooled_ticker = ResumeTicker(SENSOR_STEPS, stores, TickConfig(workers=2, parallel_from=1))
+    try:
+        pooled = pooled_ticker.tick(keys, now, None)
+        assert pooled_ticker._judge_pool is not None  # the workers really judged it
+    finally:
+        pooled_ticker.close()
+    assert _summary(pooled) == _summary(alone)
+    assert alone.stats.judged == len(keys) * len(SENSOR_STEPS)
+    assert {(e.step_id, e.partition_key) for e in pooled.evaluations} == {
+        (e.step_id, e.partition_key) for e in alone.evaluations if e.verdict is not Verdict.SKIP
+    }
+    assert {ev.decision for ev in pooled.evaluations} <= {ev.decision for ev in alone.evaluations}
+
+
+def test_a_broken_pool_falls_back_to_judging_in_process(
+    sqlite_url: str, pipeline_home: Path
+) -> None:
+    stores, keys = _states(pipeline_home, sqlite_url)
+    local = type("Unpicklable", (Src,), {"step_id": "src"})  # no importable class path
+    steps = (local(), *SENSOR_STEPS[1:])
+    ticker = ResumeTicker(steps, stores, TickConfig(workers=2, parallel_from=1))
+    try:
+        result = ticker.tick(keys, datetime.now(UTC), None)
+    finally:
+        ticker.close()
+    assert ticker._pool_failed
+    assert result.stats.judged == len(keys) * len(SENSOR_STEPS)
+    assert {(e.step_id, e.partition_key) for e in result.launches} >= {("src", "p/e1")}
+
+
+def test_a_tick_over_budget_leaves_the_rest_for_the_next_ticks(
+    sqlite_url: str, pipeline_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Dagster gives a sensor evaluation 60 s: a huge cold start is spread over ticks."""
+    monkeypatch.setattr(tick_module, "_BUDGET_SLICE", 1)
+    stores = stores_for(pipeline_home, sqlite_url)
+    keys = ["p/e1", "p/e2", "p/e3"]  # never run: first-run launches of src
+    ticker = ResumeTicker(SENSOR_STEPS, stores, TickConfig(workers=1, budget_seconds=0))
+    now = datetime.now(UTC)
+    cursor, launched = None, []
+    for expected_pending in (2, 1, 0):
+        result = ticker.tick(keys, now, cursor)
+        assert (result.stats.evaluated_partitions, result.stats.pending) == (1, expected_pending)
+        launched += [ev.partition_key for ev in result.launches]
+        cursor = result.cursor
+    assert sorted(launched) == keys
+    assert ticker.tick(keys, now, cursor).stats.mode == "unchanged"

@@ -1,0 +1,554 @@
+"""The resume sensor in real Dagster: launches, check evaluations, cursor, time, zero writes.
+
+Prior states come from real ``dg.materialize`` runs of the test steps (and, for bulk
+partitions, the same run protocol without Dagster), then ledger operations or file edits.
+Ticks are evaluated with ``build_sensor_context`` against a test instance whose
+``episodes`` partitions are registered.
+"""
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pytest
+import yaml
+from sensor_steps import (
+    SENSOR_STEPS,
+    VERIFY_CALLS,
+    delete_row,
+    materialize,
+    seed,
+    set_row,
+    snapshot,
+    write_input,
+)
+
+from pipeline_defs.definitions import build_defs, build_resources
+from pipeline_defs.judging.evaluation import Stores
+from pipeline_defs.judging.tick import TickConfig, TickStats, forget_tickers, ticker_for
+from pipeline_defs.resume.clock import format_timestamp
+from pipeline_defs.resume.partition import Episode, StepKey
+from pipeline_defs.steps.assets import RESUME_CHECK, build_step_assets
+from resources.ledger.store import LedgerStore
+from resources.pipeline import PipelineResource
+from sensors.report import REPORT_JOB, reported
+from sensors.resume_sensor import TAG_VALUE_LIMIT, build_resume_sensor
+
+TIMEOUT = 600
+FULL_REFRESH = 3600.0
+
+
+class _Lines(logging.Handler):
+    """Collects the sensor's tick log."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+@dataclass
+class Rig:
+    """A Dagster instance, the sensor with a settable clock, and the stores behind it."""
+
+    instance: dg.DagsterInstance
+    home: Path
+    pipeline: PipelineResource
+    now: datetime
+    cursor: str | None = None
+    last: Any = None
+    log: "_Lines" = field(default_factory=lambda: _Lines())
+    sensor: dg.SensorDefinition = field(init=False)
+    defs: dg.Definitions = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.sensor = build_resume_sensor(
+            SENSOR_STEPS, clock=lambda: self.now, full_refresh_seconds=FULL_REFRESH
+        )
+        self.defs = dg.Definitions(
+            assets=build_step_assets(SENSOR_STEPS),
+            sensors=[self.sensor],
+            resources=build_resources(self.pipeline),
+        )
+
+    @property
+    def stores(self) -> Stores:
+        return Stores.of(self.pipeline)
+
+    @property
+    def stats(self) -> TickStats:
+        ticker = ticker_for(
+            "resume_sensor",
+            SENSOR_STEPS,
+            self.stores,
+            TickConfig(full_refresh_seconds=FULL_REFRESH),
+        )
+        assert ticker.last_stats is not None
+        return ticker.last_stats
+
+    def add(self, *partition_keys: str) -> None:
+        self.instance.add_dynamic_partitions("episodes", list(partition_keys))
+
+    def tick(self, *, fresh: bool = False) -> Any:
+        """Evaluate one tick (``fresh``: without the cursor, as after a lost cursor)."""
+        context = dg.build_sensor_context(
+            instance=self.instance,
+            cursor=None if fresh else self.cursor,
+            definitions=self.defs,
+            resources={"pipeline": self.pipeline},
+        )
+        context.log.addHandler(self.log)
+        with dg.partition_loading_context(dynamic_partitions_store=self.instance):
+            result = self.sensor.evaluate_tick(context)  # also validates the run requests
+        self.cursor = result.cursor
+        self.last = result
+        return result
+
+    def requests(self, result: Any = None) -> dict[tuple[str, str], dg.RunRequest]:
+        result = result or self.last
+        found = {}
+        for request in result.run_requests or []:
+            if request.job_name == REPORT_JOB:
+                continue
+            (asset,) = request.asset_selection
+            found[(asset.to_user_string(), request.partition_key)] = request
+        return found
+
+    def checks(self, result: Any = None) -> dict[tuple[str, str], dg.AssetCheckEvaluation]:
+        result = result or self.last
+        evaluations = [r.evaluation() for r in reported(result.run_requests or [])]
+        return {(ev.asset_key.to_user_string(), ev.partition): ev for ev in evaluations}
+
+    def key(self, pk: str, step_id: str) -> StepKey:
+        return Episode.parse(pk).step(step_id)
+
+    def step_dir(self, pk: str, step_id: str) -> Path:
+        return self.stores.checkpoints.step_dir(self.key(pk, step_id))
+
+
+@pytest.fixture(scope="module")
+def instance() -> Iterator[dg.DagsterInstance]:
+    """One test instance per module (creating one costs seconds); partitions are reset."""
+    with dg.instance_for_test() as shared:
+        yield shared
+
+
+def _make_rig(instance: dg.DagsterInstance, db_url: str, home: Path) -> Iterator[Rig]:
+    forget_tickers()
+    for pk in instance.get_dynamic_partitions("episodes"):
+        instance.delete_dynamic_partition("episodes", pk)
+    pipeline = PipelineResource(home=str(home), db_url=db_url, running_timeout_seconds=TIMEOUT)
+    LedgerStore(db_url).migrate()
+    yield Rig(instance, home, pipeline, datetime.now(UTC))
+    forget_tickers()
+
+
+@pytest.fixture
+def rig(instance: dg.DagsterInstance, db_url: str, pipeline_home: Path) -> Iterator[Rig]:
+    yield from _make_rig(instance, db_url, pipeline_home)
+
+
+@pytest.fixture
+def sqlite_rig(instance: dg.DagsterInstance, sqlite_url: str, pipeline_home: Path) -> Iterator[Rig]:
+    yield from _make_rig(instance, sqlite_url, pipeline_home)
+
+
+def _values(check: dg.AssetCheckEvaluation) -> dict[str, Any]:
+    return {k: getattr(v, "value", v) for k, v in check.metadata.items()}
+
+
+# --------------------------------------------------------------------------- wiring
+def test_definitions_wire_the_sensor_with_defaults(pipeline_home: Path) -> None:
+    defs = build_defs(steps=SENSOR_STEPS, pipeline=PipelineResource(home=str(pipeline_home)))
+    (sensor,) = [s for s in defs.sensors or [] if s.name == "resume_sensor"]
+    assert sensor.minimum_interval_seconds == 30
+    assert sensor.default_status is dg.DefaultSensorStatus.RUNNING
+    assert sensor.required_resource_keys == {"pipeline"}
+    custom = build_resume_sensor(SENSOR_STEPS, minimum_interval_seconds=5, name="other")
+    assert (custom.name, custom.minimum_interval_seconds) == ("other", 5)
+
+
+# --------------------------------------------------------------------------- each decision kind
+KINDS = {
+    # partition: (what is done to it, expected launches, expected failed checks)
+    "p/clean": ("nothing", {}, {}),
+    "p/first": ("never run", {"src": "rerun_self"}, {}),
+    "p/cpgone": ("mid checkpoint.json deleted", {"mid": "rerun_self"}, {}),
+    "p/pnggone": ("mid frames/f0.png deleted", {"mid": "rerun_self"}, {}),
+    "p/failed": ("src failed", {"src": "rerun_self"}, {}),
+    "p/backoff": ("src failed, retry in 60s", {}, {}),
+    "p/healthy": ("mid running 10s", {}, {}),  # a live lease: no launch, not a failed check
+    "p/stale": ("mid running past timeout", {"mid": "stale_running_recovery"}, {}),
+    "p/nullstart": ("mid running, NULL started_at", {}, {"mid": ("step.resume_blocked", "none")}),
+    "p/exhausted": ("src failed 3 times", {}, {"src": ("step.recovery_exhausted", "none")}),
+    "p/drift": (
+        "mid verify: invariant drift",
+        {},
+        {"mid": ("step.resume_blocked", "invariant_drift")},
+    ),
+    "p/crash": ("mid verify crashes", {}, {"mid": ("step.verify_crashed", "verify_crashed")}),
+    "q/config": ("end's scoped key edited", {}, {"end": ("step.resume_blocked", "contract_drift")}),
+    "p/na": ("side not applicable", {}, {}),
+    "p/orphan": ("src row deleted, clean checkpoint", {}, {}),
+}
+
+
+def _prepare(rig: Rig) -> None:
+    stores, ledger, now = rig.stores, rig.stores.ledger, rig.now
+    materialize(rig.instance, rig.pipeline, "p/clean")  # a real Dagster run
+    for pk in KINDS:
+        if pk not in ("p/clean", "p/first"):
+            seed(stores, pk)
+    rig.add(*KINDS)
+    (rig.step_dir("p/cpgone", "mid") / "checkpoint.json").unlink()
+    (rig.step_dir("p/pnggone", "mid") / "frames" / "f0.png").unlink()
+    for pk, retries in (("p/failed", 1), ("p/backoff", 1), ("p/exhausted", 4)):
+        key = rig.key(pk, "src")
+        for n in range(retries):
+            assert ledger.claim(key, f"f{n}:0", auto_recovery=n > 0, reason="auto")
+            assert ledger.transition(key, f"f{n}:0", "failed")
+    set_row(
+        stores,
+        rig.key("p/backoff", "src"),
+        retry_not_before=format_timestamp(now + timedelta(seconds=60)),
+    )
+    started = format_timestamp(now - timedelta(seconds=10))
+    assert ledger.claim(rig.key("p/healthy", "mid"), "busy:0", now=started)
+    old = format_timestamp(now - timedelta(seconds=TIMEOUT + 5))
+    assert ledger.claim(rig.key("p/stale", "mid"), "dead:0", now=old)
+    assert ledger.claim(rig.key("p/nullstart", "mid"), "odd:0")
+    set_row(stores, rig.key("p/nullstart", "mid"), started_at=None)
+    write_input(rig.home, "p/drift", "verify.json", {"mid": "drift"})
+    write_input(rig.home, "p/crash", "verify.json", {"mid": "crash"})
+    config = rig.home / "projects" / "q" / "project.yaml"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text(yaml.safe_dump({"style": "watercolor"}))
+    write_input(rig.home, "p/na", "no_side", "")
+    delete_row(stores, rig.key("p/orphan", "src"))
+
+
+def test_every_decision_kind_becomes_a_launch_a_wait_or_a_block(rig: Rig) -> None:
+    _prepare(rig)
+    before = snapshot(rig.stores)
+    result = rig.tick()
+    launches = rig.requests()
+    checks = rig.checks()
+    for pk, (what, expect_launch, expect_block) in KINDS.items():
+        got = {s: r.tags["resume/action"] for (s, p), r in launches.items() if p == pk}
+        assert got == expect_launch, (pk, what)
+        blocks = {
+            s: (_values(c)["code"], _values(c)["origin"]) for (s, p), c in checks.items() if p == pk
+        }
+        assert blocks == expect_block, (pk, what)
+    for (step_id, pk), request in launches.items():
+        assert request.partition_key == pk
+        assert request.asset_selection == [dg.AssetKey(step_id)]
+        assert request.run_key and request.run_key.startswith(f"resume:{step_id}:{pk}:")
+        assert request.tags["resume/action"] in ("rerun_self", "stale_running_recovery")
+        assert "resume/mode" not in request.tags  # never a force
+        for tag in ("resume/origin", "resume/reason"):
+            assert 0 < len(request.tags[tag]) <= TAG_VALUE_LIMIT
+    for check in checks.values():
+        assert check.check_name == RESUME_CHECK and not check.passed
+        values = _values(check)
+        assert values["reason"] and values["what_to_do"]
+    assert "reset-running" in _values(checks[("mid", "p/nullstart")])["what_to_do"]
+    assert "resume/mode=force" in _values(checks[("end", "q/config")])["what_to_do"]
+    assert "style" in _values(checks[("end", "q/config")])["reason"]
+    # Dependency order: nothing downstream of a re-run, running or blocked step launches.
+    assert set(launches) == {
+        (step_id, pk) for pk, (_, expected, _) in KINDS.items() for step_id in expected
+    }
+    assert result.cursor
+    # Zero writes: ledger rows, audit rows, provider calls and the whole tree (bytes and
+    # mtimes) are identical after a cold, a warm, a time-driven and a memory-less tick.
+    rig.tick()
+    rig.now += timedelta(seconds=TIMEOUT)
+    rig.tick()
+    forget_tickers()
+    rig.tick(fresh=True)
+    assert snapshot(rig.stores) == before
+
+
+# --------------------------------------------------------------------------- cursor
+def test_a_tick_without_changes_judges_nothing(rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    for n in range(3):
+        seed(rig.stores, f"p/e{n}")
+    rig.add("p/e0", "p/e1", "p/e2")
+    VERIFY_CALLS.clear()
+    rig.tick()
+    # Cold: everything judged, but every checkpoint was sealed clean by its run and is
+    # unchanged, so no verifier runs again (tests/checkpoints/test_seals.py covers the seal itself).
+    assert rig.stats.mode == "cold" and rig.stats.judged == 12
+    assert sum(VERIFY_CALLS.values()) == 0
+    queries: list[Any] = []
+    original = LedgerStore.get_many
+    monkeypatch.setattr(
+        LedgerStore,
+        "get_many",
+        lambda self, **kw: queries.append(kw) or original(self, **kw),
+    )
+    VERIFY_CALLS.clear()
+    result = rig.tick()
+    assert sum(VERIFY_CALLS.values()) == 0 and not queries
+    assert rig.stats.mode == "unchanged" and rig.stats.judged == 0
+    assert not result.run_requests and not rig.checks(result)
+    # Even a restarted code server (no memory) skips on an unchanged cursor.
+    forget_tickers()
+    rig.tick()
+    assert sum(VERIFY_CALLS.values()) == 0 and not queries
+    assert rig.stats.mode == "unchanged"
+
+
+def test_changes_are_noticed_and_only_changed_partitions_are_judged(rig: Rig) -> None:
+    pks = [f"p/e{n}" for n in range(6)]
+    for pk in pks:
+        seed(rig.stores, pk)
+    rig.add(*pks)
+    rig.tick()
+    assert rig.stats.mode == "cold" and rig.stats.evaluated_partitions == 6
+
+    def changed(expect: set[str], why: str) -> set[tuple[str, str]]:
+        VERIFY_CALLS.clear()
+        rig.tick()
+        stats = rig.stats
+        assert stats.mode == "incremental", stats.line()
+        assert stats.evaluated_partitions == len(expect), stats.line()
+        assert stats.changed == {why: len(expect)}, stats.line()
+        assert stats.row_queries == 1, stats.line()
+        assert sum(VERIFY_CALLS.values()) <= 4 * len(expect)
+        return set(rig.requests())
+
+    # A deleted checkpoint file, a deleted PNG in an artifact sub-directory.
+    (rig.step_dir("p/e0", "end") / "checkpoint.json").unlink()
+    assert changed({"p/e0"}, "disk") == {("end", "p/e0")}
+    (rig.step_dir("p/e1", "mid") / "frames" / "f0.png").unlink()
+    assert changed({"p/e1"}, "disk") == {("mid", "p/e1")}
+    # A ledger write (through the ledger's own operations).
+    key = rig.key("p/e2", "side")
+    assert rig.stores.ledger.claim(key, "x:0") and rig.stores.ledger.transition(
+        key, "x:0", "failed"
+    )
+    assert changed({"p/e2"}, "ledger") == {("side", "p/e2")}
+    # An episode input file and a new partition.
+    write_input(rig.home, "p/e3", "verify.json", {"src": "drift"})
+    assert changed({"p/e3"}, "disk") == set()
+    assert rig.checks()[("src", "p/e3")].passed is False
+    rig.add("p/e9")
+    assert changed({"p/e9"}, "new") == {("src", "p/e9")}
+    # The project file: every partition of the project.
+    (rig.home / "projects" / "p").mkdir(parents=True, exist_ok=True)
+    (rig.home / "projects" / "p" / "project.yaml").write_text("style: noir\n")
+    VERIFY_CALLS.clear()
+    rig.tick()
+    assert rig.stats.evaluated_partitions == 7
+    assert {(s, p) for (s, p) in rig.checks() if s == "end"} == {
+        ("end", pk) for pk in ("p/e1", "p/e2", "p/e3", "p/e4", "p/e5")
+    }  # p/e0's end has no checkpoint (re-run) and p/e9 never ran: not config-blocked
+
+
+def test_full_refresh_rejudges_everything_periodically(sqlite_rig: Rig) -> None:
+    rig = sqlite_rig
+    seed(rig.stores, "p/e1")
+    rig.add("p/e1")
+    rig.tick()
+    rig.tick()
+    assert rig.stats.mode == "unchanged"
+    # An in-place rewrite of an artifact keeps every directory entry: only a full refresh
+    # notices it (as drift: present but different bytes).
+    png = rig.step_dir("p/e1", "mid") / "frames" / "f0.png"
+    png.write_bytes(b"edited in place")
+    rig.tick()
+    assert rig.stats.mode == "unchanged"
+    rig.now += timedelta(seconds=FULL_REFRESH + 1)
+    rig.tick()
+    assert rig.stats.mode == "full" and rig.stats.judged == 4
+    assert not rig.checks()[("mid", "p/e1")].passed
+
+
+# --------------------------------------------------------------------------- run keys
+def test_same_state_same_run_key_and_a_new_state_relaunches(rig: Rig) -> None:
+    seed(rig.stores, "p/e1")
+    rig.add("p/e1")
+    key = rig.key("p/e1", "src")
+    assert rig.stores.ledger.claim(key, "r1:0") and rig.stores.ledger.transition(
+        key, "r1:0", "failed"
+    )
+    first = rig.requests(rig.tick())[("src", "p/e1")].run_key
+    assert not rig.tick().run_requests  # cursor: nothing changed, nothing requested again
+    forget_tickers()
+    again = rig.requests(rig.tick(fresh=True))[("src", "p/e1")].run_key
+    assert again == first  # a lost cursor re-requests the same key: Dagster dedupes it
+    # The launched run claims, fails again: a new state, a new launch.
+    assert rig.stores.ledger.claim(key, "r2:0", auto_recovery=True, reason="auto")
+    assert not rig.checks(rig.tick())  # running healthy: its own run shows it, not a fault
+    assert rig.stores.ledger.transition(key, "r2:0", "failed")
+    result = rig.tick()
+    second = rig.requests(result)[("src", "p/e1")].run_key
+    assert second != first
+    assert [c.passed for c in rig.checks(result).values()] == [True]  # no longer running
+
+
+def test_a_sensor_request_runs_and_the_next_tick_moves_downstream(sqlite_rig: Rig) -> None:
+    rig = sqlite_rig
+    rig.add("p/e1")
+    order: list[set[str]] = []
+    for _ in range(4):
+        requests = rig.requests(rig.tick())
+        if not requests:
+            break
+        order.append({s for s, _ in requests})
+        for (step_id, pk), request in requests.items():
+            result = materialize(rig.instance, rig.pipeline, pk, [step_id], tags=request.tags)
+            assert result.success
+    assert order == [{"src"}, {"mid", "side"}, {"end"}]
+    rig.tick()
+    assert not rig.last.run_requests and not rig.checks()
+
+
+# --------------------------------------------------------------------------- time
+def test_backoff_defers_until_retry_not_before(sqlite_rig: Rig) -> None:
+    rig = sqlite_rig
+    seed(rig.stores, "p/e1")
+    rig.add("p/e1")
+    key = rig.key("p/e1", "src")
+    assert rig.stores.ledger.claim(key, "r1:0") and rig.stores.ledger.transition(
+        key, "r1:0", "failed"
+    )
+    set_row(rig.stores, key, retry_not_before=format_timestamp(rig.now + timedelta(seconds=60)))
+    assert not rig.requests(rig.tick())
+    assert rig.stats.deferred == 1
+    rig.now += timedelta(seconds=30)
+    rig.tick()
+    assert rig.stats.mode == "unchanged"
+    rig.now += timedelta(seconds=31)
+    requests = rig.requests(rig.tick())
+    assert rig.stats.changed == {"time": 1}
+    assert set(requests) == {("src", "p/e1")}
+
+
+def test_a_running_row_turns_stale_by_time_alone(sqlite_rig: Rig) -> None:
+    rig = sqlite_rig
+    seed(rig.stores, "p/e1")
+    rig.add("p/e1")
+    key = rig.key("p/e1", "mid")
+    started = format_timestamp(rig.now - timedelta(seconds=10))
+    assert rig.stores.ledger.claim(key, "w:0", now=started)
+    rig.tick()
+    assert not rig.requests()
+    assert not rig.checks()  # a live lease is no failure (issue 9 §3)
+    rig.now += timedelta(seconds=TIMEOUT)
+    request = rig.requests(rig.tick())[("mid", "p/e1")]
+    assert request.tags["resume/action"] == "stale_running_recovery"
+    assert rig.checks()[("mid", "p/e1")].passed  # the block cleared
+
+
+def test_exhaustion_is_reported_once_and_a_recovery_passes(sqlite_rig: Rig) -> None:
+    rig = sqlite_rig
+    materialize(rig.instance, rig.pipeline, "p/e1")
+    key = rig.key("p/e1", "src")
+    for n in range(4):
+        assert rig.stores.ledger.claim(key, f"f{n}:0", auto_recovery=n > 0, reason="boom")
+        assert rig.stores.ledger.transition(key, f"f{n}:0", "failed")
+    rig.tick()
+    check = rig.checks()[("src", "p/e1")]
+    assert not check.passed and _values(check)["code"] == "step.recovery_exhausted"
+    logged = [line for line in rig.log.lines if line.startswith("BLOCK src [p/e1]")]
+    assert len(logged) == 1 and "step.recovery_exhausted" in logged[0]  # the tick log
+    assert not rig.requests()
+    write_input(rig.home, "p/e1", "unrelated.txt", "x")  # re-judged, same block
+    rig.tick()
+    assert rig.stats.evaluated_partitions == 1 and not rig.checks()
+    # An explicit force (a human's decision) rebuilds it; the block clears once.
+    assert materialize(
+        rig.instance, rig.pipeline, "p/e1", ["src"], tags={"resume/mode": "force"}
+    ).success
+    rig.tick()
+    assert rig.checks()[("src", "p/e1")].passed
+    assert {s for s, _ in rig.requests()} == {"mid", "side"}  # force staled them: self-reruns
+    rig.tick()
+    assert not rig.checks()
+
+
+def test_reports_are_stored_by_the_instance_again_and_again(sqlite_rig: Rig) -> None:
+    """Block, clear, block the same asset partition: every report run is stored.
+
+    Run-less evaluations (what the sensor returned before) are refused by Dagster's index
+    the second time; the daemon-path test (test_sensor_daemon.py) shows the wedge end to end.
+    """
+    rig = sqlite_rig
+    seed(rig.stores, "p/e1")
+    rig.add("p/e1")
+    statuses = []
+    for verdict in ({"end": "typed"}, {}, {"end": "typed"}):
+        write_input(rig.home, "p/e1", "verify.json", verdict)
+        rig.tick()
+        (request,) = [r for r in rig.last.run_requests if r.job_name == REPORT_JOB]
+        job = rig.defs.get_job_def(REPORT_JOB)
+        assert job.execute_in_process(run_config=request.run_config, instance=rig.instance).success
+        history = rig.instance.event_log_storage.get_asset_check_execution_history(
+            dg.AssetCheckKey(dg.AssetKey("end"), RESUME_CHECK), limit=1
+        )  # the newest record (the module's instance holds earlier runs' checks too)
+        statuses.append(history[0].status.value)
+        evaluation = history[0].event.dagster_event.event_specific_data
+        assert evaluation.partition == "p/e1"
+    assert statuses == ["FAILED", "SUCCEEDED", "FAILED"]
+    assert evaluation.metadata["code"].value
+
+
+def test_malformed_partition_keys_are_reported_once_and_never_judged(sqlite_rig: Rig) -> None:
+    """Issue 9 §3: a key added by hand in the UI ("oops no slash") used to become a block
+    per step with a force hint for a partition that cannot exist."""
+    rig = sqlite_rig
+    seed(rig.stores, "p/e1")
+    rig.add("p/e1", "oops no slash", "p/e1/x")
+    rig.tick()
+    assert not rig.requests() and not rig.checks()
+    warned = [line for line in rig.log.lines if "malformed episodes partition" in line]
+    assert len(warned) == 1 and "oops no slash" in warned[0] and "p/e1/x" in warned[0]
+    write_input(rig.home, "p/e1", "unrelated.txt", "x")
+    rig.tick()
+    assert len([line for line in rig.log.lines if "malformed" in line]) == 1  # once
+
+
+def test_an_invalid_project_file_asks_for_a_fix_not_a_force(sqlite_rig: Rig) -> None:
+    rig = sqlite_rig
+    seed(rig.stores, "p/e1")
+    rig.add("p/e1")
+    config = rig.home / "projects" / "p" / "project.yaml"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text("no_such_key: 1\n")
+    rig.tick()
+    checks = rig.checks()
+    assert checks and all(not c.passed for c in checks.values())
+    for check in checks.values():
+        values = _values(check)
+        assert "config.invalid" in values["reason"]
+        assert "resume/mode=force" not in values["what_to_do"]
+        assert "fix the project file" in values["what_to_do"]
+
+
+def test_a_row_whose_owner_run_ended_is_relaunched_without_waiting(sqlite_rig: Rig) -> None:
+    """SPEC §11 dead owners: the owner run is FAILURE in the instance while its heartbeat is
+    fresh; the sensor launches the step at once (its run's judge takes the row over)."""
+    rig = sqlite_rig
+    seed(rig.stores, "p/e1")
+    rig.add("p/e1")
+    ended = materialize(rig.instance, rig.pipeline, "p/e1", ["src"])
+    rig.instance.report_run_failed(rig.instance.get_run_by_id(ended.run_id))  # type: ignore[arg-type]
+    key = rig.key("p/e1", "mid")
+    assert rig.stores.ledger.claim(key, f"{ended.run_id}:0")  # a fresh, live-looking lease
+    rig.tick()
+    request = rig.requests()[("mid", "p/e1")]
+    assert "owner-ended" in str(request.run_key)
+    assert request.tags["resume/action"] == "stale_running_recovery"
+    result = materialize(rig.instance, rig.pipeline, "p/e1", ["mid"], tags=request.tags)
+    assert result.success
+    row = rig.stores.ledger.get(key)
+    assert row is not None and row["status"] == "completed"

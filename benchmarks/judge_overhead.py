@@ -2,7 +2,7 @@
 
 For a no-op step (no deps, no artifacts, no provider calls, default verifier) this measures:
 
-1. ``StepRuntime.run`` called directly — gate + ledger read + judge (checkpoint load, project
+1. ``StepRunner.run`` called directly — gate + ledger read + judge (checkpoint load, project
    config, ``decide``) + claim + audit + body + envelope + exit verify + owner-aware status
    with fenced publish (staged file, row lock, rename) + audit + recovery reset:
    - ``rerun_self``: a fresh partition key each iteration (first run → RERUN_SELF → publish);
@@ -49,8 +49,10 @@ import sqlalchemy as sa  # noqa: E402
 
 from pipeline_defs.resume.partition import StepKey  # noqa: E402
 from pipeline_defs.steps.assets import build_step_assets, episodes  # noqa: E402
+from pipeline_defs.steps.graph import StepGraph  # noqa: E402
 from pipeline_defs.steps.io_manager import CheckpointIOManager  # noqa: E402
-from pipeline_defs.steps.protocol import RunInfo, StepRuntime  # noqa: E402
+from pipeline_defs.steps.judge import StepJudge  # noqa: E402
+from pipeline_defs.steps.runner import RunInfo, StepRunner  # noqa: E402
 from pipeline_defs.steps.spec import Step, StepResult  # noqa: E402
 from resources.checkpoints.store import atomic_write_bytes  # noqa: E402
 from resources.pipeline import PipelineResource  # noqa: E402
@@ -140,13 +142,14 @@ def _op_timer(*targets: tuple[Any, tuple[str, ...]]) -> Iterator[dict[str, list[
 def bench_runtime(home: Path, url: str, runs: int) -> dict[str, Any]:
     pipeline = PipelineResource(home=str(home), db_url=url)
     step = NoOp()
-    runtime = StepRuntime(
+    judge = StepJudge(
         step,
-        steps={step.step_id: step},
+        graph=StepGraph([step]),
         settings=pipeline.settings(),
         ledger=pipeline.ledger(),
         checkpoints=pipeline.checkpoints(),
     )
+    runtime = StepRunner(judge)
     runtime.ledger.migrate()
     tag = uuid.uuid4().hex[:6]
     keys = [f"bench/rt{tag}e{i}" for i in range(runs)]
@@ -190,16 +193,14 @@ def bench_runtime(home: Path, url: str, runs: int) -> dict[str, Any]:
 
     judge_only: list[float] = []
     for key in keys[:runs]:
-        step_key = runtime.key(key)
+        step_key = judge.key(key)
         judge_only.append(
             _timed(
-                lambda k=step_key: runtime.judge(
-                    k, mode=RunInfo("x").mode, row=runtime.ledger.get(k)
-                )
+                lambda k=step_key: judge.judge(k, mode=RunInfo("x").mode, row=runtime.ledger.get(k))
             )
         )
 
-    context = runtime.context(StepKey("bench", "body", "noop"))
+    context = judge.context(StepKey("bench", "body", "noop"))
     body = [_timed(lambda: step.execute(context, {})) for _ in range(runs)]
 
     # The durable I/O floor on this machine: one committed single-row insert (what each
@@ -347,7 +348,7 @@ def run_backend(name: str, url: str, runs: int, dagster_runs: int) -> dict[str, 
         home = Path(tmp) / "home"
         home.mkdir()
         db = url or f"sqlite:///{Path(tmp) / 'ledger.sqlite3'}"
-        print(f"[{name}] StepRuntime.run x {runs} ...", file=sys.stderr, flush=True)
+        print(f"[{name}] StepRunner.run x {runs} ...", file=sys.stderr, flush=True)
         runtime = bench_runtime(home, db, runs)
         print(f"[{name}] dg.materialize x {dagster_runs} x 3 ...", file=sys.stderr, flush=True)
         dagster = bench_dagster(home, db, dagster_runs)
@@ -360,9 +361,9 @@ def _table(results: Mapping[str, Any]) -> str:
         "|---|---|---:|---:|---:|",
     ]
     labels = [
-        ("runtime", "rerun_self", "`StepRuntime.run`, fresh key (judge+claim+finalize+publish)"),
-        ("runtime", "skip", "`StepRuntime.run`, SKIP (judge + audit row)"),
-        ("runtime", "judge_read_only", "`StepRuntime.judge` alone (reads only)"),
+        ("runtime", "rerun_self", "`StepRunner.run`, fresh key (judge+claim+finalize+publish)"),
+        ("runtime", "skip", "`StepRunner.run`, SKIP (judge + audit row)"),
+        ("runtime", "judge_read_only", "`StepJudge.judge` alone (reads only)"),
         ("runtime", "body", "no-op body alone"),
         ("runtime", "floor_commit", "floor: one committed 1-row INSERT"),
         ("runtime", "floor_atomic_write", "floor: one atomic file write (2 fsyncs)"),
@@ -382,7 +383,7 @@ def _table(results: Mapping[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, default=500, help="StepRuntime.run iterations")
+    parser.add_argument("--runs", type=int, default=500, help="StepRunner.run iterations")
     parser.add_argument("--dagster-runs", type=int, default=60, help="materialize iterations")
     parser.add_argument("--backends", default="postgresql,sqlite")
     parser.add_argument(

@@ -16,7 +16,7 @@ Policies:
 (b) naive "any doubt → force and invalidate downstream", with the doubts a resume sees
     without a judge that classifies them (SPEC §1): every step whose state is in any way in
     doubt — not completed, checkpoint or artifact missing or invalid (read-only
-    ``StepRuntime.judge``: every non-SKIP decision, BLOCK included), a checkpoint edited in
+    ``StepJudge.judge``: every non-SKIP decision, BLOCK included), a checkpoint edited in
     place after it was published (``mutations`` non-empty: its content hash drifted), or a
     masked project-config snapshot that differs from the current project file (a
     whole-config hash, no scoped keys). The doubted steps are launched with the run tag
@@ -102,7 +102,8 @@ from pipeline_defs.resume.clock import parse_timestamp  # noqa: E402
 from pipeline_defs.resume.decision import LaunchMode, ResumeAction  # noqa: E402
 from pipeline_defs.resume.partition import Episode, StepKey  # noqa: E402
 from pipeline_defs.steps.assets import MODE_TAG, build_step_assets  # noqa: E402
-from pipeline_defs.steps.protocol import StepRuntime  # noqa: E402
+from pipeline_defs.steps.graph import StepGraph  # noqa: E402
+from pipeline_defs.steps.judge import StepJudge  # noqa: E402
 from pipeline_defs.storyboard import STORYBOARD_STEPS, sample_stories  # noqa: E402
 from resources.checkpoints.envelope import mask_secrets  # noqa: E402
 from resources.checkpoints.store import file_sha256  # noqa: E402
@@ -263,16 +264,13 @@ class Env:
         node[last] = value
         self.write_config(config)
 
-    def runtime(self, step_id: str) -> StepRuntime:
-        resources = build_resources(self.pipeline)
-        return StepRuntime(
+    def judge(self, step_id: str) -> StepJudge:
+        return StepJudge(
             STEPS[step_id],
-            steps=STEPS,
+            graph=StepGraph(STEPS.values()),
             settings=self.pipeline.settings(),
             ledger=self.ledger,
             checkpoints=self.checkpoints,
-            text_model=resources["text_model"],  # type: ignore[arg-type]
-            image_model=resources["image_model"],  # type: ignore[arg-type]
         )
 
     def materialize(self, selection: Sequence[str] | None = None, *, force: bool = False) -> Any:
@@ -382,7 +380,7 @@ def shadow_doubts(env: Env) -> dict[str, str]:
     rows = {k.step_id: r for k, r in env.ledger.get_many(episodes=[EPISODE]).items()}
     for step_id in STEP_IDS:
         try:
-            judgement = env.runtime(step_id).judge(
+            judgement = env.judge(step_id).judge(
                 env.key(step_id), mode=LaunchMode.RESUME, row=rows.get(step_id)
             )
             action = judgement.decision.action

@@ -59,7 +59,8 @@ from pipeline_defs.resume.partition import StepKey  # noqa: E402
 from pipeline_defs.resume.settings import ResumeSettings  # noqa: E402
 from pipeline_defs.steps.assets import build_step_assets  # noqa: E402
 from pipeline_defs.steps.context import StepContext  # noqa: E402
-from pipeline_defs.steps.protocol import StepRuntime  # noqa: E402
+from pipeline_defs.steps.graph import StepGraph  # noqa: E402
+from pipeline_defs.steps.judge import StepJudge  # noqa: E402
 from pipeline_defs.steps.spec import Step  # noqa: E402
 from resources.checkpoints.envelope import Artifact, Checkpoint, mask_secrets  # noqa: E402
 from resources.checkpoints.store import CheckpointStore  # noqa: E402
@@ -192,11 +193,11 @@ def generate(home: Path, ledger: LedgerStore, episodes: int) -> list[str]:
     # a run seals right after its exit verification).
     time.sleep(0.05)
     store = CheckpointStore(home)
-    catalog = {step.step_id: step for step in STEPS}
+    graph = StepGraph(STEPS)
     runtimes = {
-        step.step_id: StepRuntime(
+        step.step_id: StepJudge(
             step,
-            steps=catalog,
+            graph=graph,
             settings=ResumeSettings(home=home),
             ledger=ledger,
             checkpoints=store,

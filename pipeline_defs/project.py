@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pipeline_defs.resume.decision import fingerprint
 from pipeline_defs.resume.errors import PipelineError
 from pipeline_defs.resume.files import read_nofollow, symlink_error
+from pipeline_defs.resume.layout import DataLayout, stat_identity
 from pipeline_defs.resume.partition import validate_id
 
 ABSENT = "<absent>"
@@ -98,11 +99,11 @@ class ProjectConfig(_Strict):
 
 
 def project_dir(home: Path, project_id: str) -> Path:
-    return Path(home) / "projects" / validate_id(project_id, "project_id")
+    return Path(DataLayout(str(home)).project_dir(validate_id(project_id, "project_id")))
 
 
 def project_config_path(home: Path, project_id: str) -> Path:
-    return project_dir(home, project_id) / "project.yaml"
+    return Path(DataLayout(str(home)).project_file(validate_id(project_id, "project_id")))
 
 
 def refuse_input_links(home: Path, path: Path) -> None:
@@ -129,7 +130,8 @@ def refuse_input_links(home: Path, path: Path) -> None:
 def refuse_project_links(home: Path, project_id: str) -> Path:
     """No link from the home down to ``project.yaml`` or to the project's ``episodes/``
     directory (the roots of every input of the project); the project file's path."""
-    refuse_input_links(home, project_dir(home, project_id) / "episodes")
+    episodes = DataLayout(str(home)).episodes_dir(validate_id(project_id, "project_id"))
+    refuse_input_links(home, Path(episodes))
     path = project_config_path(home, project_id)
     refuse_input_links(home, path)
     return path
@@ -169,7 +171,7 @@ def load_project_config(home: Path, project_id: str) -> ProjectConfig:
         stat = os.lstat(path)
     except FileNotFoundError:
         return ProjectConfig()
-    identity = (stat.st_mtime_ns, stat.st_size, stat.st_ino)
+    identity = stat_identity(stat)
     cached = _CACHE.get(path)
     if cached is not None and cached[0] == identity:
         return cached[1]

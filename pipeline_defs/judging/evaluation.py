@@ -1,7 +1,7 @@
 """Batch evaluation of (step, partition) pairs with the single judge. Dagster-free.
 
 The resume sensor and the CLI's shadow ``decide`` both call :func:`evaluate_partitions`:
-every step of every given partition is judged by ``StepRuntime.judge`` in resume mode
+every step of every given partition is judged by ``StepJudge.judge`` in resume mode
 (never force) with ONE ledger query for all rows. A clean checkpoint whose seal still holds
 (resources.checkpoints.seal: every file its run verified keeps its stat identity) is judged
 from the seal; any other is read through the checkpoint store's identity cache and
@@ -58,10 +58,14 @@ from pipeline_defs.resume.decision import (
     config_hash,
 )
 from pipeline_defs.resume.errors import PipelineError
+from pipeline_defs.resume.layout import dir_identity
+from pipeline_defs.resume.layout import file_identity as layout_file_identity
 from pipeline_defs.resume.partition import Episode, StepKey
 from pipeline_defs.resume.settings import ResumeSettings
-from pipeline_defs.steps.protocol import StepRuntime
-from pipeline_defs.steps.spec import Step, order_steps
+from pipeline_defs.resume.status import LedgerRow, StepStatus
+from pipeline_defs.steps.graph import StepGraph, order_steps
+from pipeline_defs.steps.judge import ProjectConfigs, StepJudge
+from pipeline_defs.steps.spec import Step
 from resources.checkpoints.seal import FileIdentity, Seal, identity_of
 from resources.checkpoints.store import CheckpointStore
 from resources.ledger.store import LedgerStore
@@ -139,19 +143,17 @@ class Facts(NamedTuple):
     directory: Identity = ABSENT
 
     @classmethod
-    def observe(
-        cls, row: Mapping[str, Any] | None, seen: str | None, directory: Identity
-    ) -> "Facts":
+    def observe(cls, row: LedgerRow | None, seen: str | None, directory: Identity) -> "Facts":
         """``seen``: which checkpoint version (``Checkpoint.version``) or breakage was judged."""
         if row is None:
             return cls(checkpoint=seen, directory=tuple(directory))
         return cls(
-            _text(row.get("status")),
-            _text(row.get("run_id")),
-            _text(row.get("started_at")),
-            _text(row.get("updated_at")),
-            _int(row.get("recovery_count")),
-            _text(row.get("retry_not_before")),
+            _text(row.status),
+            _text(row.run_id),
+            _text(row.started_at),
+            _text(row.updated_at),
+            row.recovery_count,
+            _text(row.retry_not_before),
             seen,
             tuple(directory),
         )
@@ -162,14 +164,8 @@ class Facts(NamedTuple):
 
 
 def _text(value: Any) -> str | None:
+    # A StepStatus becomes its plain text: facts are hashed into run keys as JSON.
     return value if value is None or type(value) is str else str(value)
-
-
-def _int(value: Any) -> int:
-    try:
-        return int(value) if value is not None else 0
-    except (TypeError, ValueError):
-        return 0
 
 
 _NUMBERS = re.compile(r"\d+(?:\.\d+)?")
@@ -268,7 +264,7 @@ class StepEvaluation:
                 f"fix the crashing verifier of {self.step_id} (a code bug); the next tick "
                 f"re-judges it. To rebuild instead: {force}"
             )
-        if facts.status == "running":
+        if facts.status == StepStatus.RUNNING:
             reset = f"storyboard reset-running {where}"
             if parse_timestamp(facts.started_at) is None:
                 expected = (
@@ -291,7 +287,8 @@ class StepEvaluation:
     @property
     def running_healthy(self) -> bool:
         """Another run holds a live lease: not a fault (its own run shows the check running)."""
-        return self.decision.code == CODE_ALREADY_RUNNING and self.facts.status == "running"
+        running = self.facts.status == StepStatus.RUNNING
+        return self.decision.code == CODE_ALREADY_RUNNING and running
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-friendly view (for ``--json`` output and logs)."""
@@ -315,48 +312,28 @@ class StepEvaluation:
         }
 
 
-# ----------------------------------------------------------------------------- step graph
-
-
-def upstream_closure(steps: Sequence[Step]) -> dict[str, tuple[str, ...]]:
-    """Every step's transitive upstream steps, in dependency order."""
-    ordered = order_steps(steps)
-    position = {s.step_id: i for i, s in enumerate(ordered)}
-    closure: dict[str, set[str]] = {}
-    for step in ordered:
-        found: set[str] = set()
-        for dep in step.deps:
-            if dep in position:
-                found.add(dep)
-                found |= closure[dep]
-        closure[step.step_id] = found
-    return {k: tuple(sorted(v, key=position.__getitem__)) for k, v in closure.items()}
-
-
 # ----------------------------------------------------------------------------- identities
 def directory_identity(path: str) -> Identity:
     """(mtime_ns, inode) of a directory; a file deleted or renamed inside changes it.
 
     ``lstat``: a directory replaced by a link (even to itself, moved) changes identity.
     """
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return ABSENT
-    return (st.st_mtime_ns, st.st_ino)
+    return dir_identity(path) or ABSENT
 
 
 # ----------------------------------------------------------------------------- the judge
 _REFUSED: Identity = (-2, -2, -2)  # no file has it: a refused project is read again
 
 
-class _ProjectCache:
-    """Project configs by project id, re-read only when ``project.yaml`` changes identity."""
+class _ProjectCache(ProjectConfigs):
+    """Project configs by project id, re-read only when ``project.yaml`` changes identity;
+    a step's scoped config of one computed once (the judges of a batch share this)."""
 
     def __init__(self, home: os.PathLike[str] | str) -> None:
-        self.home = Path(home)
+        super().__init__(Path(home))
         self._entries: dict[str, tuple[Identity, ProjectConfig | PipelineError]] = {}
         self._checked: set[str] = set()
+        self._scoped: dict[tuple[int, tuple[str, ...]], tuple[ProjectConfig, ScopedConfig]] = {}
 
     def refresh(self) -> None:
         """Start a new evaluation: every project file is stat'ed again on first use."""
@@ -389,38 +366,20 @@ class _ProjectCache:
             raise entry[1].with_traceback(None)  # a fresh traceback each time
         return entry[1]
 
+    def scoped(self, project: ProjectConfig, keys: tuple[str, ...]) -> ScopedConfig:
+        slot = (id(project), keys)
+        cached = self._scoped.get(slot)
+        if cached is not None and cached[0] is project:
+            return cached[1]
+        scoped = _HashedScopedConfig(super().scoped(project, keys).fingerprints)
+        self._scoped[slot] = (project, scoped)
+        return scoped
+
 
 def file_identity(path: str) -> Identity:
     """(mtime_ns, size, inode) of a file, or ABSENT (``lstat``: a link is noticed, not
     followed)."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return ABSENT
-    return (st.st_mtime_ns, st.st_size, st.st_ino)
-
-
-class _BatchRuntime(StepRuntime):
-    """``StepRuntime`` whose project config and scoped config are read once per evaluation.
-
-    ``judge`` itself is inherited unchanged: same inputs, same decision as a run.
-    """
-
-    def __init__(self, step: Step, *, projects: _ProjectCache, **kwargs: Any) -> None:
-        super().__init__(step, **kwargs)
-        self._projects = projects
-        self._scoped: dict[int, tuple[ProjectConfig, ScopedConfig]] = {}
-
-    def project(self, key: StepKey) -> ProjectConfig:
-        return self._projects.get(key.project_id)
-
-    def scoped_config(self, project: ProjectConfig) -> ScopedConfig:
-        cached = self._scoped.get(id(project))
-        if cached is not None and cached[0] is project:
-            return cached[1]
-        scoped = _HashedScopedConfig(super().scoped_config(project).fingerprints)
-        self._scoped[id(project)] = (project, scoped)
-        return scoped
+    return layout_file_identity(path) or ABSENT
 
 
 class _HashedScopedConfig(ScopedConfig):
@@ -458,7 +417,7 @@ def _unjudgeable(exc: BaseException) -> ResumeDecision:
 class BatchJudge:
     """Judges whole partitions (every step, dependency order) against preloaded rows.
 
-    Keeps the per-step runtimes and the project-config cache between calls, so a long-lived
+    Keeps the per-step judges and the project-config cache between calls, so a long-lived
     owner (the sensor) pays for unchanged project files and envelopes only once.
     """
 
@@ -469,17 +428,18 @@ class BatchJudge:
         self.trust_seals = trust_seals
         self._shared: dict[str, FileIdentity | None] = {}
         self.stores = stores
-        self.upstream = upstream_closure(self.steps)
+        graph = StepGraph(self.steps)
+        self.upstream = graph.upstream_closure()
         self.projects = _ProjectCache(stores.checkpoints.home)
-        catalog = {s.step_id: s for s in self.steps}
-        self.runtimes = {
-            s.step_id: _BatchRuntime(
+        # The same judge a run calls (same inputs, same decision), sharing the cache.
+        self.judges = {
+            s.step_id: StepJudge(
                 s,
-                projects=self.projects,
-                steps=catalog,
+                graph=graph,
                 settings=stores.settings,
                 ledger=stores.ledger,
                 checkpoints=stores.checkpoints,
+                projects=self.projects,
             )
             for s in self.steps
         }
@@ -492,7 +452,7 @@ class BatchJudge:
     def step_ids(self) -> tuple[str, ...]:
         return tuple(s.step_id for s in self.steps)
 
-    def load_rows(self, partition_keys: Iterable[str]) -> dict[StepKey, dict[str, Any]]:
+    def load_rows(self, partition_keys: Iterable[str]) -> dict[StepKey, LedgerRow]:
         """ONE ledger query for every row of these partitions and steps."""
         episodes = [e for e in (_episode(pk) for pk in partition_keys) if e is not None]
         if not episodes:
@@ -528,15 +488,15 @@ class BatchJudge:
             self._shared.clear()  # input identities are only valid for this evaluation
         return out
 
-    def _sealed(self, key: StepKey, row: Mapping[str, Any] | None) -> Seal | None:
+    def _sealed(self, key: StepKey, row: LedgerRow | None) -> Seal | None:
         """The row's seal when it still holds (then the checkpoint is not read at all)."""
-        if not self.trust_seals or row is None or row.get("status") != "completed":
+        if not self.trust_seals or row is None or row.status is not StepStatus.COMPLETED:
             return None
-        text = row.get("checkpoint_seal")
+        text = row.checkpoint_seal
         if not text:
             return None
         seal = self.stores.checkpoints.sealed(key, text, self._shared_identity)
-        if seal is None or seal.revision != self.runtimes[key.step_id].step.verify_revision:
+        if seal is None or seal.revision != self.judges[key.step_id].step.verify_revision:
             return None  # verified by another revision of the step's verifier
         return seal
 
@@ -576,28 +536,28 @@ class BatchJudge:
         upstream = self.upstream
         for step in self.steps:
             step_id = step.step_id
-            row: Mapping[str, Any] | None = None
+            row: LedgerRow | None = None
             seen: str | None = None  # which checkpoint version (or breakage) was judged
             try:
                 key = (episode or Episode.parse(pk)).step(step_id)  # a bad key raises, typed
-                row = rows.get(key)
-                runtime = self.runtimes[step_id]
+                row = LedgerRow.of(rows.get(key))  # the store's rows pass as they are
+                judge = self.judges[step_id]
                 self.judged += 1
                 sealed = self._sealed(key, row)
                 if sealed is not None:
                     seen = sealed.version
                     self._note_artifact_dirs(step_id, sealed.artifacts)
-                    judgement = runtime.judge(
+                    judgement = judge.judge(
                         key, mode=LaunchMode.RESUME, row=row, now=now, sealed=sealed
                     )
                 else:
-                    checkpoint, broken = runtime.load_checkpoint(key)
+                    checkpoint, broken = judge.load_checkpoint(key)
                     if broken is not None:
                         seen = f"broken:{broken.code}:{broken.message}"
                     elif checkpoint is not None:
                         seen = checkpoint.version
                         self._note_artifact_dirs(step_id, [a.path for a in checkpoint.artifacts])
-                    judgement = runtime.judge(
+                    judgement = judge.judge(
                         key, mode=LaunchMode.RESUME, row=row, now=now, loaded=(checkpoint, broken)
                     )
                 decision = judgement.decision
@@ -668,7 +628,7 @@ def _verdict(
 
 
 def next_wake(
-    rows: Iterable[Mapping[str, Any]], settings: ResumeSettings, now: datetime
+    rows: Iterable[LedgerRow | Mapping[str, Any]], settings: ResumeSettings, now: datetime
 ) -> datetime | None:
     """Earliest future moment at which time alone can change a decision of these rows.
 
@@ -683,10 +643,12 @@ def next_wake(
     timeout = timedelta(seconds=settings.running_timeout_seconds)
     lease = timedelta(seconds=settings.lease_seconds)
     found: list[datetime] = []
-    for row in rows:
-        if str(row.get("status") or "").strip().lower() == "running":
-            started = parse_timestamp(row.get("started_at"))
-            beat = parse_timestamp(row.get("heartbeat_at"))
+    for raw in rows:
+        row = LedgerRow.of(raw)
+        assert row is not None
+        if row.status is StepStatus.RUNNING:
+            started = parse_timestamp(row.started_at)
+            beat = parse_timestamp(row.heartbeat_at)
             if beat is not None:  # the lease lapses unless renewed (re-read at that time)
                 with contextlib.suppress(OverflowError):
                     found.append(beat + lease)
@@ -696,7 +658,7 @@ def next_wake(
             if started is not None:
                 with contextlib.suppress(OverflowError):
                     found.append(started - MAX_CLOCK_SKEW)
-        retry = parse_timestamp(row.get("retry_not_before"))
+        retry = parse_timestamp(row.retry_not_before)
         if retry is not None:
             found.append(retry)
     future = [t for t in found if t > now]

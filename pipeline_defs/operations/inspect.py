@@ -13,6 +13,7 @@ from typing import Any
 from pipeline_defs.operations.workspace import Workspace
 from pipeline_defs.resume.clock import MAX_CLOCK_SKEW, beyond_clock_skew, parse_timestamp
 from pipeline_defs.resume.partition import Episode, StepKey
+from pipeline_defs.resume.status import LedgerRow, StepStatus
 
 # Audit actions that record a judge's verdict (the rest are follow-up transitions).
 DECISION_ACTIONS = frozenset(
@@ -28,6 +29,11 @@ DECISION_ACTIONS = frozenset(
         "claim_rejected",
     }
 )
+
+
+# Statuses whose run ended (it has a duration) and statuses waiting for a run.
+_FINISHED = frozenset({StepStatus.COMPLETED, StepStatus.PARTIAL, StepStatus.FAILED})
+_WAITING = frozenset({StepStatus.PENDING, StepStatus.STALE})
 
 
 def utc_now() -> datetime:
@@ -121,12 +127,12 @@ def _queue(ws: Workspace, now: datetime) -> dict[str, Any]:
 
 
 def _in_flight(
-    row: Mapping[str, Any] | None, run_id: str | None, lease_seconds: float, now: datetime
+    row: LedgerRow | None, run_id: str | None, lease_seconds: float, now: datetime
 ) -> bool:
     """An unfinished call of an owner that still holds a live lease: still being answered."""
-    if not row or row.get("status") != "running" or row.get("run_id") != run_id:
+    if row is None or row.status is not StepStatus.RUNNING or row.run_id != run_id:
         return False
-    beat = parse_timestamp(row.get("heartbeat_at"))
+    beat = parse_timestamp(row.heartbeat_at)
     return beat is not None and (now - beat).total_seconds() < lease_seconds
 
 
@@ -176,7 +182,7 @@ def status_report(
             state = StepState(
                 partition=episode.partition_key,
                 step=step_id,
-                status=row["status"] if row else "none",
+                status=str(row.status) if row else "none",
                 provider_calls=calls.get(key, 0),
                 unknown_outcome_calls=unknown.get(key, 0),
             )
@@ -193,20 +199,19 @@ def status_report(
                 state.decided_at = decision["at"]
                 state.launch_path = decision["launch_path"]
             if row is not None:
-                state.recovery_count = int(row.get("recovery_count") or 0)
-                state.last_recovery_reason = row.get("last_recovery_reason")
-                state.retry_not_before = row.get("retry_not_before")
-                state.run_id = row.get("run_id")
-                state.updated_at = row.get("updated_at")
-                state.error = row.get("error_message")
-                if row["status"] in ("completed", "partial", "failed"):
-                    state.last_duration_seconds = _seconds_between(
-                        row.get("started_at"), row.get("completed_at")
-                    )
-                    if state.last_duration_seconds is not None and row["status"] != "failed":
+                state.recovery_count = row.recovery_count
+                state.last_recovery_reason = row.last_recovery_reason
+                state.retry_not_before = row.retry_not_before
+                state.run_id = row.run_id
+                state.updated_at = row.updated_at
+                state.error = row.error_message
+                if row.status in _FINISHED:
+                    state.last_duration_seconds = _seconds_between(row.started_at, row.completed_at)
+                    failed = row.status is StepStatus.FAILED
+                    if state.last_duration_seconds is not None and not failed:
                         durations[step_id].append(state.last_duration_seconds)
-                if row["status"] in ("pending", "stale"):
-                    updated = parse_timestamp(row.get("updated_at"))
+                if row.status in _WAITING:
+                    updated = parse_timestamp(row.updated_at)
                     if updated is not None:
                         pending_ages.append((now - updated).total_seconds())
             states.append(state)
@@ -215,12 +220,12 @@ def status_report(
     totals: dict[str, Any] = {
         "partitions": len(episodes),
         "steps": len(states),
-        "completed": count(lambda s: s.status == "completed"),
-        "running": count(lambda s: s.status == "running"),
+        "completed": count(lambda s: s.status == StepStatus.COMPLETED),
+        "running": count(lambda s: s.status == StepStatus.RUNNING),
         "blocked": verdicts.get("blocked", 0),
-        "failed": count(lambda s: s.status == "failed"),
-        "partial": count(lambda s: s.status == "partial"),
-        "pending": count(lambda s: s.status in ("pending", "stale")),
+        "failed": count(lambda s: s.status == StepStatus.FAILED),
+        "partial": count(lambda s: s.status == StepStatus.PARTIAL),
+        "pending": count(lambda s: s.status in _WAITING),
         "never_run": count(lambda s: s.status == "none"),
         "oldest_pending_age_seconds": round(max(pending_ages), 1) if pending_ages else None,
         "provider_calls": sum(s.provider_calls for s in states),
@@ -323,13 +328,13 @@ def audit_running(ws: Workspace, now: datetime | None = None) -> list[RunningRow
     instance = ws.instance(required=False)
     out: list[RunningRow] = []
     for row in ws.ledger.running_rows():
-        key = StepKey(row["project_id"], row["episode_id"], row["step_id"])
-        raw = row.get("started_at")
+        key = StepKey(str(row.project_id), str(row.episode_id), str(row.step_id))
+        raw = row.started_at
         started = parse_timestamp(raw)
         elapsed = round((now - started).total_seconds(), 1) if started else None
         reset = f"storyboard reset-running --partition {key.partition_key} --step {key.step_id}"
-        dagster_status = _dagster_status(instance, row.get("run_id"))
-        beat = parse_timestamp(row.get("heartbeat_at"))
+        dagster_status = _dagster_status(instance, row.run_id)
+        beat = parse_timestamp(row.heartbeat_at)
         beat_age = round((now - beat).total_seconds(), 1) if beat else None
         if raw is None:
             bucket, hint = "null_started_at", f"investigate, then: {reset} --null-started-at"
@@ -371,9 +376,9 @@ def audit_running(ws: Workspace, now: datetime | None = None) -> list[RunningRow
                 bucket=bucket,
                 started_at=raw,
                 elapsed_seconds=elapsed,
-                run_id=row.get("run_id"),
-                lock_owner=row.get("lock_owner"),
-                heartbeat_at=row.get("heartbeat_at"),
+                run_id=row.run_id,
+                lock_owner=row.lock_owner,
+                heartbeat_at=row.heartbeat_at,
                 dagster_run_status=dagster_status,
                 hint=hint,
                 heartbeat_age_seconds=beat_age,

@@ -24,15 +24,16 @@ from pipeline_defs.project import (
     ProjectConfig,
     load_project_config,
     project_config_path,
-    project_dir,
 )
 from pipeline_defs.resume.causes import root_cause_of_text
 from pipeline_defs.resume.errors import PipelineError
+from pipeline_defs.resume.layout import DataLayout
 from pipeline_defs.resume.partition import Episode, StepKey, validate_id
+from pipeline_defs.resume.status import StepStatus
 from pipeline_defs.steps.assets import LAUNCH_PATH_TAG, MODE_TAG
+from pipeline_defs.steps.graph import downstream_of
 from pipeline_defs.steps.redraw import (
     dependents_of,
-    downstream_of,
     make_redraw,
     resolve_targets,
 )
@@ -103,7 +104,7 @@ def add_episode(
     payload = _read_story(Path(story))
     instance = ws.instance()  # fail before writing anything if DAGSTER_HOME is unusable
     assert instance is not None
-    target = project_dir(ws.home, project_id) / "episodes" / episode_id / "story.md"
+    target = Path(DataLayout(str(ws.home)).story_file(project_id, episode_id))
     if target.is_file() and target.read_bytes() == payload:
         story_state = "unchanged"
     elif target.exists() and keep_existing:
@@ -352,7 +353,7 @@ def summarize_run(
             step=step_id,
             outcome="not_run" if progress is None else "materialized" if progress.ok else "failed",
             decision=decision or (progress.decision if progress else None),
-            status=row["status"] if row else "none",
+            status=str(row.status) if row else "none",
             provider_calls=sum(1 for c in ws.ledger.provider_calls(key) if mine(c)),
             duration_seconds=progress.duration_seconds if progress else None,
         )
@@ -623,7 +624,7 @@ def reset_running(
         found = (
             "there is no ledger row for it"
             if before is None
-            else f"the row is {before['status']} with started_at {before.get('started_at')!r}"
+            else f"the row is {before.status} with started_at {before.started_at!r}"
         )
         raise PipelineError(
             "step.reset_refused",
@@ -634,18 +635,18 @@ def reset_running(
     ws.ledger.append_transition(
         key,
         action="reset_running",
-        from_status="running",
-        to_status="failed",
+        from_status=StepStatus.RUNNING,
+        to_status=StepStatus.FAILED,
         reason=reason,
-        run_id=before.get("run_id") if before else None,
+        run_id=before.run_id if before else None,
         launch_path="cli",
     )
     return {
         "partition": partition_key,
         "step": step_id,
-        "from": "running",
-        "to": "failed",
-        "previous_run_id": before.get("run_id") if before else None,
+        "from": StepStatus.RUNNING.value,
+        "to": StepStatus.FAILED.value,
+        "previous_run_id": before.run_id if before else None,
         "started_at": expected_started_at,
         "reason": reason,
     }
@@ -707,7 +708,8 @@ def episode_id_for(story: Path) -> str:
 
 
 def list_images(ws: Workspace, episode: Episode) -> list[str]:
-    root = ws.checkpoints.root / episode.project_id / episode.episode_id
+    layout = ws.checkpoints.layout
+    root = Path(layout.checkpoint_episode_dir(episode.project_id, episode.episode_id))
     return sorted(
         str(p) for p in root.rglob("*.png") if ARCHIVE_DIR not in p.relative_to(root).parts
     )

@@ -19,14 +19,15 @@ from typing import Any
 import dagster as dg
 import sqlalchemy as sa
 
-from pipeline_defs.project import project_dir
 from pipeline_defs.resume.errors import PipelineError
+from pipeline_defs.resume.layout import EPISODES, STORY_FILE, DataLayout
 from pipeline_defs.resume.partition import Episode, validate_id
 from pipeline_defs.resume.settings import ENV_NAMES, EffectiveSettings, ResumeSettings
 from pipeline_defs.steps.assets import episodes
+from pipeline_defs.steps.graph import StepGraph, order_steps
 from pipeline_defs.steps.io_manager import STEP_METADATA_KEY
-from pipeline_defs.steps.protocol import StepRuntime
-from pipeline_defs.steps.spec import Step, load_step, order_steps
+from pipeline_defs.steps.judge import StepJudge
+from pipeline_defs.steps.spec import Step, load_step
 from resources.checkpoints.store import CheckpointStore
 from resources.ledger.store import MIGRATIONS_DIR, LedgerStore
 from resources.pipeline import PipelineResource
@@ -168,11 +169,11 @@ class Workspace:
                 "input.invalid", f"unknown step {step_id!r}; the code location has: {known}"
             ) from None
 
-    def runtime(self, step: Step) -> StepRuntime:
-        """A read-only runtime (no providers): enough to judge."""
-        return StepRuntime(
+    def judge(self, step: Step) -> StepJudge:
+        """The read-only judge of one step."""
+        return StepJudge(
             step,
-            steps=self.catalog,
+            graph=StepGraph(self.steps),
             settings=self.settings,
             ledger=self.ledger,
             checkpoints=self.checkpoints,
@@ -275,8 +276,8 @@ class Workspace:
         """Registered partitions, partitions with ledger rows and episode folders."""
         keys: set[Episode] = set(self.registered_episodes() or ())
         keys.update(k.episode for k in self.ledger.get_many())
-        projects = self.home / "projects"
-        for story in projects.glob("*/episodes/*/story.md"):
+        projects = Path(DataLayout(str(self.home)).projects)
+        for story in projects.glob(f"*/{EPISODES}/*/{STORY_FILE}"):
             with contextlib.suppress(PipelineError):  # a folder name that is no id
                 keys.add(Episode(story.parent.parent.parent.name, story.parent.name))
         return sorted(keys)
@@ -310,8 +311,8 @@ class Workspace:
 
     def _has_traces(self, episode: Episode) -> bool:
         """Ledger rows or an episode folder (read-only: an unmigrated ledger has no rows)."""
-        folder = project_dir(self.home, episode.project_id) / "episodes" / episode.episode_id
-        if (folder / "story.md").is_file():
+        story = DataLayout(str(self.home)).story_file(episode.project_id, episode.episode_id)
+        if os.path.isfile(story):
             return True
         return self.ledger_ready() and bool(self.ledger.get_many(episodes=[episode]))
 

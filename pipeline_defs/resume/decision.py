@@ -23,6 +23,7 @@ from pipeline_defs.resume.clock import (
 )
 from pipeline_defs.resume.completion import CompletionReport, Origin, report_from_exception
 from pipeline_defs.resume.settings import ResumeSettings
+from pipeline_defs.resume.status import LedgerRow, StepStatus, parse_status
 
 CODE_RESUME_BLOCKED = "step.resume_blocked"
 CODE_VERIFY_CRASHED = "step.verify_crashed"
@@ -185,17 +186,6 @@ class ResumeDecision:
 _CLEAN_SKIP = ResumeDecision(ResumeAction.SKIP, "completed and verified clean", origin=Origin.CLEAN)
 
 
-def _status_of(value: Any) -> str:
-    return str(value).strip().lower() if value is not None else "unknown"
-
-
-def _count_of(value: Any) -> int:
-    try:
-        return int(value) if value is not None else 0
-    except (TypeError, ValueError):
-        return 0
-
-
 def _rerun(reason: str, origin: Origin | None = None) -> ResumeDecision:
     return ResumeDecision(ResumeAction.RERUN_SELF, reason, origin=origin, auto_recovery=True)
 
@@ -228,15 +218,15 @@ def _run_verify(verify: Callable[[], CompletionReport]) -> CompletionReport:
 
 
 def _judge_running(
-    row: Mapping[str, Any], settings: ResumeSettings, now: datetime, owner_ended: str | None
+    row: LedgerRow, settings: ResumeSettings, now: datetime, owner_ended: str | None
 ) -> ResumeDecision:
     """Rows 5, 6 and 6b: another run holds the step; only a lapsed lease may be stolen.
 
     A row with a heartbeat is stale when the heartbeat is older than ``lease_seconds``
     (SPEC §10); a row without one when it started ``running_timeout_seconds`` ago.
     """
-    raw_started = row.get("started_at")
-    run_id = row.get("run_id")
+    raw_started = row.started_at
+    run_id = row.run_id
     started = parse_timestamp(raw_started)
     if started is None:
         return _block(
@@ -254,7 +244,7 @@ def _judge_running(
             f"(owner run {run_id!r}); manual investigation required",
             None,
         )
-    raw_beat = row.get("heartbeat_at")
+    raw_beat = row.heartbeat_at
     if owner_ended:  # whatever the heartbeat says, nobody renews it any more
         return ResumeDecision(
             ResumeAction.STALE_RUNNING_RECOVERY,
@@ -305,14 +295,14 @@ def _judge_running(
 
 
 def _judge_settled(
-    status: str,
+    status: StepStatus | str,
     checkpoint: CheckpointSummary,
     verify: Callable[[], CompletionReport],
     step: JudgedStep,
     config: ScopedConfig,
 ) -> ResumeDecision:
     """Rows 8-11 for a present checkpoint and a non-running status."""
-    if status != "completed":
+    if status is not StepStatus.COMPLETED:
         return _rerun(f"auto recovery from {status}")
     # Row 8: the stored shape is not the shape this code reads.
     if checkpoint.schema_version != step.schema_version:
@@ -360,24 +350,24 @@ def _judge_settled(
 
 def _apply_limits(
     decision: ResumeDecision,
-    row: Mapping[str, Any] | None,
+    row: LedgerRow | None,
     settings: ResumeSettings,
     now: datetime,
 ) -> ResumeDecision:
     """Rows 12 and 13: cap automatic recoveries, and defer them during backoff."""
     if not decision.auto_recovery or row is None:
         return decision
-    count = _count_of(row.get("recovery_count"))
+    count = row.recovery_count
     if count >= settings.max_recovery_attempts:
         return _block(
             f"recovery exhausted after {count} automatic recoveries "
             f"(max_recovery_attempts={settings.max_recovery_attempts}); last recovery reason: "
-            f"{row.get('last_recovery_reason')!r}; would have done {decision.action.value}: "
+            f"{row.last_recovery_reason!r}; would have done {decision.action.value}: "
             f"{decision.reason}",
             decision.origin,
             CODE_RECOVERY_EXHAUSTED,
         )
-    raw_retry = row.get("retry_not_before")
+    raw_retry = row.retry_not_before
     retry_at = parse_timestamp(raw_retry)
     if retry_at is not None and retry_at > now:
         text = raw_retry if isinstance(raw_retry, str) else format_timestamp(retry_at)
@@ -389,7 +379,7 @@ def decide(
     *,
     mode: LaunchMode,
     applicable: bool,
-    row: Mapping[str, Any] | None,
+    row: LedgerRow | Mapping[str, Any] | None,
     checkpoint: CheckpointSummary,
     verify: Callable[[], CompletionReport],
     step: JudgedStep,
@@ -405,8 +395,11 @@ def decide(
 
     ``verify`` is called at most once, and only for a completed step whose contract and
     scoped config still match (row 10, also reached through row 4).
+
+    ``row``: the store's :class:`LedgerRow`; a hand-built mapping (tests) is converted.
     """
     now = as_utc(now)
+    row = LedgerRow.of(row)
     # Row 1.
     if not applicable:
         return ResumeDecision(
@@ -440,7 +433,11 @@ def decide(
         if not checkpoint.present:
             return ResumeDecision(ResumeAction.RERUN_SELF, "first run", first_run=True)
         # Row 4: judge the orphan checkpoint by its own status; a clean one is adopted.
-        status = _status_of(checkpoint.status) if checkpoint.status is not None else "completed"
+        status = (
+            parse_status(checkpoint.status)
+            if checkpoint.status is not None
+            else StepStatus.COMPLETED
+        )
         decision = _judge_settled(status, checkpoint, verify, step, config)
         if decision.action is ResumeAction.SKIP:
             decision = replace(
@@ -449,10 +446,10 @@ def decide(
                 reason="no ledger row; adopts the verified checkpoint as a completed row",
             )
     else:
-        status = _status_of(row.get("status"))
-        if status == "running":
+        status = row.status
+        if status is StepStatus.RUNNING:
             decision = _judge_running(row, settings, now, owner_ended)  # rows 5, 6, 6b
-        elif status == "completed" and not checkpoint.present:
+        elif status is StepStatus.COMPLETED and not checkpoint.present:
             decision = _rerun(  # row 7
                 "ledger says completed but the checkpoint is absent", Origin.ARTIFACT_MISSING
             )

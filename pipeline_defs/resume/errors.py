@@ -1,39 +1,94 @@
 """One typed error for the whole project: a stable ``code``, a message, an HTTP-like status."""
 
 from collections.abc import Mapping
+from enum import StrEnum
 from typing import Any
 
-# Stable codes and their HTTP-like status. 409 = conflict with another owner or a block.
-STATUS_BY_CODE: dict[str, int] = {
-    "step.already_running": 409,
-    "step.resume_blocked": 409,
-    "step.ownership_lost": 409,
-    "step.recovery_exhausted": 409,
-    "step.gate_blocked": 409,
-    "step.verify_crashed": 500,
-    "step.execute_failed": 500,
-    "step.victim_running": 409,
-    "step.victim_not_settled": 409,
-    "step.mutation_rejected": 422,
-    "step.provider_outside_run": 500,
-    "io.integrity_violation": 422,
-    "io.checkpoint_missing": 404,
-    "checkpoint.invalid": 422,  # a checkpoint.json field of the wrong JSON shape
+
+class ErrorCode(StrEnum):
+    """Every stable code the project raises, each with its HTTP-like status.
+
+    The value is the code's text (what JSON output, metadata and tests compare); ``status``
+    is what a ``PipelineError`` of that code carries unless the raiser says otherwise.
+    409 = a conflict with another owner or a block; 4xx a fault of the input, config or
+    checkpoint; 5xx a fault of the upstream provider, the storage or our own code.
+    ``tests/core/test_codes.py`` scans the product code: every code raised is a member.
+    """
+
+    status: int
+
+    def __new__(cls, code: str, status: int) -> "ErrorCode":
+        member = str.__new__(cls, code)
+        member._value_ = code
+        member.status = status
+        return member
+
+    # The run protocol and the judge.
+    STEP_ALREADY_RUNNING = "step.already_running", 409
+    STEP_RESUME_BLOCKED = "step.resume_blocked", 409
+    STEP_OWNERSHIP_LOST = "step.ownership_lost", 409
+    STEP_RECOVERY_EXHAUSTED = "step.recovery_exhausted", 409
+    STEP_GATE_BLOCKED = "step.gate_blocked", 409
+    STEP_VERIFY_CRASHED = "step.verify_crashed", 500
+    STEP_EXECUTE_FAILED = "step.execute_failed", 500
+    STEP_VICTIM_RUNNING = "step.victim_running", 409
+    STEP_VICTIM_NOT_SETTLED = "step.victim_not_settled", 409
+    STEP_MUTATION_REJECTED = "step.mutation_rejected", 422
+    STEP_PROVIDER_OUTSIDE_RUN = "step.provider_outside_run", 500
+    STEP_RESET_REFUSED = "step.reset_refused", 409
+    MUTATION_VICTIM_CHANGED = "mutation.victim_changed", 409
+    REDRAW_INVALID = "redraw.invalid", 400
+    REDRAW_UNKNOWN_ITEM = "redraw.unknown_item", 400
+    REDRAW_UNSUPPORTED = "redraw.unsupported", 400
+    # Checkpoints and their files.
+    IO_INTEGRITY_VIOLATION = "io.integrity_violation", 422
+    IO_CHECKPOINT_MISSING = "io.checkpoint_missing", 404
+    CHECKPOINT_INVALID = "checkpoint.invalid", 422  # a checkpoint.json field of the wrong shape
     # A symlink where a file or directory of ours should be (SPEC §11): a conflict with
     # whoever planted it, resolved by hand; the link is never followed nor removed.
-    "checkpoint.symlink": 409,
-    "settings.invalid": 400,
-    "input.invalid_id": 400,
-    "input.invalid": 400,
-    "config.invalid": 400,
+    CHECKPOINT_SYMLINK = "checkpoint.symlink", 409
+    # Input, configuration, operator commands.
+    SETTINGS_INVALID = "settings.invalid", 400
+    INPUT_INVALID_ID = "input.invalid_id", 400
+    INPUT_INVALID = "input.invalid", 400
+    INPUT_STORY_EXISTS = "input.story_exists", 409
+    CONFIG_INVALID = "config.invalid", 400
+    CONFIG_DAGSTER_HOME = "config.dagster_home", 400
+    LEDGER_NOT_MIGRATED = "ledger.not_migrated", 400
+    LAUNCH_RUN_FAILED = "launch.run_failed", 400
+    LAUNCH_GRAPHQL_FAILED = "launch.graphql_failed", 400
+    # Providers: upstream failures are "bad gateway"/"unavailable", not a user's 400.
+    PROVIDER_HTTP_ERROR = "provider.http_error", 502
+    PROVIDER_RETRIES_EXHAUSTED = "provider.retries_exhausted", 503
+    PROVIDER_BAD_RESPONSE = "provider.bad_response", 502
+    PROVIDER_CONFIG = "provider.config", 400
+    PROVIDER_NO_KEY = "provider.no_key", 400
+    # The reference storyboard's steps.
+    STORY_SOURCE_INVALID_INPUT = "story_source.invalid_input", 400
+    SCENE_DETAIL_CARD_INVALID = "scene_detail.card_invalid", 400
+    SCENE_DETAIL_SENTINEL_MALFORMED = "scene_detail.sentinel_malformed", 400
+    SCENE_DETAIL_SHAPE_VIOLATION = "scene_detail.shape_violation", 400
+    T2I_REVIEW_UNKNOWN_ITEM_ID = "t2i_review.unknown_item_id", 422
+    T2I_REVIEW_SENTINEL_REFRESH_FAILED = "t2i_review.sentinel_refresh_failed", 422
+    T2I_REVIEW_CARD_HASH_UNEXPECTED_CHANGE = "t2i_review.card_hash_unexpected_change", 422
     # The storage under the data root or the ledger refused a write: no step can fix that,
     # an operator must (free space, remount read-write, fix permissions).
-    "storage.full": 507,
-    "storage.read_only": 503,
-    "storage.permission_denied": 503,
+    STORAGE_FULL = "storage.full", 507
+    STORAGE_READ_ONLY = "storage.read_only", 503
+    STORAGE_PERMISSION_DENIED = "storage.permission_denied", 503
     # An exception nobody typed (a bug or an unforeseen fault): kept with its type and text.
-    "internal": 500,
-}
+    INTERNAL = "internal", 500
+
+
+# A code no member names (a user's own step may raise its own): treated as the caller's fault.
+DEFAULT_STATUS = 400
+# The same map as text -> status, for callers holding the code as text.
+STATUS_BY_CODE: dict[str, int] = {code.value: code.status for code in ErrorCode}
+
+
+def status_of(code: str) -> int:
+    """The HTTP-like status of ``code`` (a member or its text)."""
+    return STATUS_BY_CODE.get(code, DEFAULT_STATUS)
 
 
 class PipelineError(Exception):
@@ -41,19 +96,20 @@ class PipelineError(Exception):
 
     def __init__(
         self,
-        code: str,
+        code: ErrorCode | str,
         message: str,
         *,
         status: int | None = None,
         origin: str | None = None,
         details: Mapping[str, Any] | None = None,
     ) -> None:
-        self.code = code
+        # Kept as plain text: codes are compared and serialised as their stable strings.
+        self.code = str(code)
         self.message = message
-        self.status = status if status is not None else STATUS_BY_CODE.get(code, 400)
+        self.status = status if status is not None else status_of(self.code)
         self.origin = origin
         self.details = dict(details or {})
-        super().__init__(f"[{code}] {message}")
+        super().__init__(f"[{self.code}] {message}")
 
     def as_metadata(self) -> dict[str, str]:
         """Flat text view for Dagster metadata and audit rows."""

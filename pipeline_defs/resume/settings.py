@@ -17,6 +17,7 @@ from pydantic import (
 )
 
 from pipeline_defs.resume.errors import PipelineError
+from pipeline_defs.resume.layout import DataLayout
 
 ALLOWED_DB_SCHEMES = (
     "sqlite",
@@ -112,7 +113,8 @@ class ResumeSettings(BaseModel):
     @property
     def ledger_url(self) -> str:
         """The ledger URL: the configured one, else SQLite under the data root."""
-        return self.db_url or f"sqlite:///{(self.home / 'ledger.sqlite3').resolve()}"
+        ledger_file = Path(DataLayout(str(self.home)).ledger_file)
+        return self.db_url or f"sqlite:///{ledger_file.resolve()}"
 
     @classmethod
     def build(

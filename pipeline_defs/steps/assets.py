@@ -10,9 +10,11 @@ import dagster as dg
 from pipeline_defs.resume.causes import root_cause
 from pipeline_defs.resume.decision import LaunchMode
 from pipeline_defs.resume.errors import PipelineError
+from pipeline_defs.steps.graph import StepGraph
 from pipeline_defs.steps.io_manager import STEP_METADATA_KEY
-from pipeline_defs.steps.protocol import RunInfo, StepOutcome, StepRuntime
+from pipeline_defs.steps.judge import StepJudge
 from pipeline_defs.steps.redraw import parse_redraw
+from pipeline_defs.steps.runner import RunInfo, StepOutcome, StepRunner
 from pipeline_defs.steps.spec import Step, step_import_path
 from resources.checkpoints.envelope import Checkpoint
 
@@ -89,7 +91,7 @@ def owner_token(context: dg.AssetExecutionContext) -> str:
 
 def _failure(
     error: PipelineError,
-    runtime: StepRuntime | None,
+    judge: StepJudge | None,
     partition_key: str,
     *,
     allow_retries: bool,
@@ -97,9 +99,9 @@ def _failure(
     """A typed error as the step's Dagster failure: the UI shows its one line first."""
     metadata = {**error.as_metadata(), "resume/partition": partition_key}
     try:  # name the file the failure is about (the key is valid once parsed)
-        if runtime is not None:
-            key = runtime.key(partition_key)
-            metadata["checkpoint/path"] = str(runtime.checkpoints.path_for(key))
+        if judge is not None:
+            key = judge.key(partition_key)
+            metadata["checkpoint/path"] = str(judge.checkpoints.path_for(key))
     except PipelineError:
         pass
     return dg.Failure(description=str(error), metadata=metadata, allow_retries=allow_retries)
@@ -125,7 +127,7 @@ def _outcome_metadata(step: Step, outcome: StepOutcome, path: str) -> dict[str, 
     return metadata
 
 
-def build_step_asset(step: Step, catalog: Mapping[str, Step]) -> dg.AssetsDefinition:
+def build_step_asset(step: Step, graph: StepGraph) -> dg.AssetsDefinition:
     """One judged asset: the run protocol wraps the step; the step never sees Dagster."""
 
     @dg.asset(
@@ -151,38 +153,41 @@ def build_step_asset(step: Step, catalog: Mapping[str, Step]) -> dg.AssetsDefini
     ) -> Iterator[Any]:
         pipeline = context.resources.pipeline
         tags = context.run.tags
-        runtime: StepRuntime | None = None
+        judge: StepJudge | None = None
         try:  # settings and redraw tags are read here too: invalid ones fail typed
             run = RunInfo(
                 owner_token(context), launch_mode(tags), launch_path(tags), parse_redraw(tags)
             )
-            runtime = StepRuntime(
+            judge = StepJudge(
                 step,
-                steps=catalog,
+                graph=graph,
                 settings=pipeline.settings(),
                 ledger=pipeline.ledger(),
                 checkpoints=pipeline.checkpoints(),
-                text_model=context.resources.text_model,
-                image_model=context.resources.image_model,
                 log=context.log,
                 owner_ended=owner_ended_in(context.instance),
             )
-            outcome = runtime.run(context.partition_key, run, inputs)
+            runner = StepRunner(
+                judge,
+                text_model=context.resources.text_model,
+                image_model=context.resources.image_model,
+            )
+            outcome = runner.run(context.partition_key, run, inputs)
         except (dg.DagsterError, dg.Failure, dg.RetryRequested):
             raise  # Dagster's own control flow
         except PipelineError as error:
-            raise _failure(error, runtime, context.partition_key, allow_retries=False) from error
+            raise _failure(error, judge, context.partition_key, allow_retries=False) from error
         except Exception as exc:
             # Raised bare, Dagster describes it as its own wrapper ("Error occurred while
             # executing op ...") and the cause sits in a stack trace below. Typed here, the
             # failure's first line names it: a storage fault by its code, anything else as
             # ``internal`` with its type and message. The traceback stays (raised from it),
             # and so does any retry policy, as for the bare exception.
-            ledger = runtime.ledger.engine.url.render_as_string() if runtime else None
+            ledger = judge.ledger.engine.url.render_as_string() if judge else None
             cause = root_cause(exc, ledger=ledger)
-            raise _failure(cause, runtime, context.partition_key, allow_retries=True) from exc
+            raise _failure(cause, judge, context.partition_key, allow_retries=True) from exc
         assert outcome.checkpoint is not None
-        path = str(runtime.checkpoints.path_for(runtime.key(context.partition_key)))
+        path = str(judge.checkpoints.path_for(judge.key(context.partition_key)))
         metadata = _outcome_metadata(step, outcome, path)
         decision = outcome.decision
         context.log.info(
@@ -219,8 +224,8 @@ def build_step_asset(step: Step, catalog: Mapping[str, Step]) -> dg.AssetsDefini
 
 
 def build_step_assets(steps: Sequence[Step]) -> list[dg.AssetsDefinition]:
-    catalog = {s.step_id: s for s in steps}
-    unknown = sorted({d for s in steps for d in s.deps if d not in catalog})
+    graph = StepGraph(steps)
+    unknown = graph.unknown_deps()
     if unknown:
         raise PipelineError("input.invalid", f"steps depend on undeclared steps {unknown}")
-    return [build_step_asset(s, catalog) for s in steps]
+    return [build_step_asset(s, graph) for s in steps]

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-from pipeline_defs.project import ProjectConfig, project_dir
+from pipeline_defs.project import ProjectConfig
 from pipeline_defs.resume.errors import PipelineError
 from pipeline_defs.resume.partition import StepKey
 from resources.checkpoints.envelope import Artifact, Checkpoint
@@ -119,7 +119,7 @@ class StepContext:
     @property
     def episode_dir(self) -> Path:
         """Inputs of this episode: ``projects/<p>/episodes/<e>/``."""
-        return project_dir(self.home, self.key.project_id) / "episodes" / self.key.episode_id
+        return Path(self.checkpoints.layout.episode_dir(self.key.project_id, self.key.episode_id))
 
     def upstream(self, step_id: str) -> Checkpoint | None:
         return self.checkpoints.load(StepKey(self.key.project_id, self.key.episode_id, step_id))

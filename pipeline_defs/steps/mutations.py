@@ -26,12 +26,17 @@ changed since the review does it review again.
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Protocol
 
+from pipeline_defs.resume.clock import format_timestamp
 from pipeline_defs.resume.completion import CompletionReport, Origin, Severity
 from pipeline_defs.resume.errors import PipelineError
 from pipeline_defs.resume.partition import StepKey
+from pipeline_defs.steps.context import StepContext
 from pipeline_defs.steps.faults import crash_point
+from pipeline_defs.steps.spec import Mutation, Step
 from resources.checkpoints.envelope import Checkpoint
 from resources.checkpoints.store import CheckpointStore, StagedCheckpoint
 from resources.ledger.store import LedgerStore
@@ -188,3 +193,211 @@ def intents_data(data: Mapping[str, Any], intents: Sequence[Intent]) -> dict[str
     """The mutator's data with its intents (part of its content: a review of another victim
     version is another result)."""
     return {**data, INTENTS_KEY: {i.victim: i.as_dict() for i in intents}}
+
+
+# --------------------------------------------------------------------------- a mutator's run
+class Verifier(Protocol):
+    """What applying edits asks of a step's read-only judge (``steps.judge.StepJudge``)."""
+
+    step: Step
+
+    def context(self, key: StepKey) -> StepContext: ...
+
+    def verify(self, ctx: StepContext, checkpoint: Checkpoint) -> CompletionReport: ...
+
+    def verifier_reads(self, ctx: StepContext) -> tuple[Path, ...]: ...
+
+    def load_checkpoint(self, key: StepKey) -> tuple[Checkpoint | None, PipelineError | None]: ...
+
+    def for_step(self, step_id: str) -> "Verifier": ...
+
+
+@dataclass(frozen=True)
+class Settlement:
+    """A published mutator checkpoint whose written-ahead edits can be applied as they are
+    (the process died while settling): no review, no provider call."""
+
+    checkpoint: Checkpoint
+    intents: tuple[Intent, ...]
+    report: CompletionReport  # the mutator's own verification, clean
+    ctx: StepContext
+
+
+class MutatorEdits:
+    """The run protocol's side of one mutator's edits (steps 1 and 4 above, and resuming a
+    cut-short settle), for a run that holds the mutator's claim. Victims are verified by
+    their own judges (``judge.for_step``)."""
+
+    def __init__(
+        self,
+        judge: Verifier,
+        *,
+        ledger: LedgerStore,
+        checkpoints: CheckpointStore,
+        clock: Callable[[], datetime],
+    ) -> None:
+        self.judge = judge
+        self.ledger = ledger
+        self.checkpoints = checkpoints
+        self.clock = clock
+
+    def prepare(
+        self,
+        key: StepKey,
+        run_id: str,
+        mutations: Sequence[Mutation],
+        inputs: Mapping[str, Checkpoint | None],
+    ) -> list[PreparedEdit]:
+        """Every declared victim's intent, each edit built on the victim the mutator read,
+        validated and verified. Writes nothing (SPEC §7: zero fixes = zero writes)."""
+        declared = self.judge.step.modifies_checkpoints
+        by_victim: dict[str, Mutation] = {}
+        for mutation in mutations:
+            if mutation.victim not in declared:
+                raise PipelineError(
+                    "step.mutation_rejected",
+                    f"{key}: {mutation.victim} is not declared in modifies_checkpoints",
+                )
+            by_victim[mutation.victim] = mutation
+        edits = []
+        for victim in declared:
+            victim_key = StepKey(key.project_id, key.episode_id, victim)
+            read = inputs.get(victim) or self.checkpoints.load(victim_key)
+            wanted = by_victim.get(victim)
+            if read is None:
+                if wanted is not None:
+                    raise PipelineError(
+                        "step.mutation_rejected", f"{key}: victim {victim_key} has no checkpoint"
+                    )
+                continue
+            edited = read
+            if wanted is not None and dict(read.data) != dict(wanted.data):
+                edited = self._edited_victim(key, run_id, wanted, read)
+            intent = Intent(victim, read.content_hash, edited.content_hash)
+            edits.append(PreparedEdit(intent, edited))
+        return edits
+
+    def _edited_victim(
+        self, key: StepKey, run_id: str, mutation: Mutation, read: Checkpoint
+    ) -> Checkpoint:
+        victim_key = read.key
+        record = {
+            "by_step": key.step_id,
+            "run_id": run_id,
+            "at": format_timestamp(self.clock()),
+            "fields": list(mutation.fields),
+            "origin": mutation.note,
+        }
+        edited = read.with_changes(data=dict(mutation.data), mutations=(*read.mutations, record))
+        victim = self.judge.for_step(mutation.victim)
+        try:
+            victim.step.validate_data(
+                edited.data, source=str(self.checkpoints.path_for(victim_key))
+            )
+        except PipelineError as exc:
+            raise PipelineError(
+                "step.mutation_rejected",
+                f"{key}: edit of {victim_key} rejected: {exc.message}",
+                origin=exc.origin,
+            ) from exc
+        report = victim.verify(victim.context(victim_key), edited)
+        if not report.is_complete:
+            raise PipelineError(
+                "step.mutation_rejected",
+                f"{key}: edited {victim_key} would not verify "
+                f"({report.origin}: {list(report.missing)[:3]}); left unchanged",
+                origin=report.origin.value if report.origin else None,
+            )
+        return edited
+
+    def settle(
+        self,
+        key: StepKey,
+        intents: Sequence[Intent],
+        checkpoint: Checkpoint,
+        ctx: StepContext,
+        *,
+        run_id: str,
+        launch_path: str,
+        reseal: bool,
+    ) -> tuple[str, ...]:
+        """Apply the written-ahead edits (compare-and-set), audit them; ``reseal`` the
+        mutator's published row (its seal names the victims' files)."""
+
+        def seal_for(edited: Checkpoint, temp: str) -> str | None:
+            # The edit was verified clean: sealed like a publish (the old seal named the
+            # replaced file).
+            victim = self.judge.for_step(edited.step_id)
+            return self.checkpoints.seal(
+                edited,
+                victim.verifier_reads(victim.context(edited.key)),
+                file=Path(temp),
+                revision=victim.step.verify_revision,
+            )
+
+        def applied(intent: Intent, before: Checkpoint, after: Checkpoint) -> None:
+            self._reverify_victim(key, before, after)
+            fields = list(after.mutations[-1].get("fields", [])) if after.mutations else []
+            note = after.mutations[-1].get("origin") if after.mutations else None
+            self.ledger.append_transition(
+                after.key,
+                action="mutated",
+                from_status=None,
+                to_status=None,
+                reason=f"{note or 'edited'} by {key.step_id}: fields {fields}",
+                run_id=run_id,
+                launch_path=launch_path,
+            )
+
+        written = settle(
+            self.checkpoints, self.ledger, key, intents, seal_for=seal_for, on_applied=applied
+        )
+        if reseal and written:
+            # The mutator's seal covers its victims' files: renew it now they hold the edits.
+            seal = self.checkpoints.seal(
+                checkpoint, self.judge.verifier_reads(ctx), revision=self.judge.step.verify_revision
+            )
+            self.ledger.with_settled_row(key, lambda: None, reseal=True, seal=seal)
+        return tuple(written)
+
+    def _reverify_victim(self, key: StepKey, before: Checkpoint, after: Checkpoint) -> None:
+        """Re-verify what is on disk now; roll back to the version read if it does not hold."""
+        victim = self.judge.for_step(after.step_id)
+        reloaded = self.checkpoints.load(after.key)
+        report = victim.verify(victim.context(after.key), reloaded) if reloaded else None
+        if report is not None and report.is_complete:
+            return
+        restore = self.checkpoints.stage(before)
+        try:
+            self.ledger.with_settled_row(after.key, restore.commit, reseal=True, seal=None)
+        finally:
+            restore.discard()
+        raise PipelineError(
+            "step.mutation_rejected",
+            f"{key}: {after.key} failed re-verification after the edit; rolled back",
+        )
+
+    def settlement(self, key: StepKey, ctx_for: Callable[[], StepContext]) -> Settlement | None:
+        """A published mutator checkpoint whose edits are written ahead but not all applied
+        (the process died while settling). None when that is not possible (no intents, or
+        a victim changed since, or it no longer verifies): the mutator reviews again.
+        ``ctx_for`` builds the run's context once the intents allow a settlement."""
+        existing, broken = self.judge.load_checkpoint(key)
+        if existing is None or broken is not None or existing.status != "completed":
+            return None
+        intents = intents_of(existing, source=str(self.checkpoints.path_for(key)))
+        for intent in intents:
+            victim_key = StepKey(key.project_id, key.episode_id, intent.victim)
+            current, _ = self.judge.load_checkpoint(victim_key)
+            found = current.content_hash if current is not None else None
+            pending = self.checkpoints.load_pending(key, intent.victim)
+            ready = pending is not None and pending.content_hash == intent.result
+            if found != intent.result and not (found == intent.base and ready):
+                return None
+        if not intents:
+            return None
+        ctx = ctx_for()
+        report = self.judge.verify(ctx, existing)
+        if not report.is_complete:
+            return None
+        return Settlement(existing, tuple(intents), report, ctx)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from pipeline_defs.resume.errors import PipelineError
 from pipeline_defs.resume.partition import Episode, StepKey, validate_id
+from pipeline_defs.steps.graph import StepGraph
 from pipeline_defs.steps.spec import Step
 from resources.checkpoints.envelope import Checkpoint
 
@@ -79,31 +80,17 @@ def parse_redraw(tags: Mapping[str, str]) -> Redraw | None:
     return make_redraw(tags[REDRAW_TAG].split(","), with_dependents=flag == "true")
 
 
-# --------------------------------------------------------------------------- the graph
-def downstream_of(steps: Iterable[Step], step_id: str) -> tuple[str, ...]:
-    """Every step that transitively depends on ``step_id``, in declaration order."""
-    catalog = list(steps)
-    found: set[str] = set()
-    frontier = [step_id]
-    while frontier:
-        current = frontier.pop()
-        for other in catalog:
-            if current in other.deps and other.step_id not in found:
-                found.add(other.step_id)
-                frontier.append(other.step_id)
-    return tuple(s.step_id for s in catalog if s.step_id in found)
-
-
+# --------------------------------------------------------------------------- dependents
 def dependents_of(
     steps: Iterable[Step], load: Loader, step_id: str, items: Sequence[str]
 ) -> dict[str, list[str]]:
     """Items of downstream steps built (directly or not) from ``items`` of ``step_id``,
     as their checkpoints record it: step id -> item ids (steps without any left out)."""
-    catalog = list(steps)
+    graph = StepGraph(steps)
     changed: set[tuple[str, str]] = {(step_id, i) for i in items}
     found: dict[str, list[str]] = {}
-    for downstream in downstream_of(catalog, step_id):
-        step = next(s for s in catalog if s.step_id == downstream)
+    for downstream in graph.downstream(step_id):
+        step = graph.step(downstream)
         checkpoint = load(downstream)
         if checkpoint is None:
             continue
@@ -174,11 +161,9 @@ def outdated_items(
 # --------------------------------------------------------------------------- targets
 def _listed_upstream(step: Step, items: Sequence[str], load: Loader, steps: Iterable[Step]) -> bool:
     """Whether one redrawable step upstream of ``step`` lists every one of ``items``."""
-    catalog = {s.step_id: s for s in steps}
-    for other in catalog.values():
-        if not other.redrawable or step.step_id not in downstream_of(
-            catalog.values(), other.step_id
-        ):
+    graph = StepGraph(steps)
+    for other in graph.declared:
+        if not other.redrawable or step.step_id not in graph.downstream(other.step_id):
             continue
         found = load(other.step_id)
         if found is not None and set(items) <= set(other.redraw_items(found)):

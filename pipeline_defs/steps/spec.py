@@ -5,13 +5,12 @@ Everything about *when* it runs (judge, claim, fencing, audit) lives in the shar
 protocol; a step never copies it.
 """
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pipeline_defs.resume.completion import CompletionReport, Origin
-from pipeline_defs.resume.errors import PipelineError
 
 if TYPE_CHECKING:
     from pipeline_defs.steps.context import StepContext
@@ -143,23 +142,3 @@ def load_step(path: str) -> Step:
     for part in qualname.split("."):
         target = getattr(target, part)
     return target()  # type: ignore[no-any-return]
-
-
-def order_steps(steps: Iterable[Step]) -> tuple[Step, ...]:
-    """Dependencies first, otherwise declaration order; refuses cycles."""
-    catalog = {s.step_id: s for s in steps}
-    done: dict[str, Step] = {}
-
-    def visit(step: Step, trail: tuple[str, ...]) -> None:
-        if step.step_id in done:
-            return
-        if step.step_id in trail:
-            raise PipelineError("input.invalid", f"step dependency cycle: {[*trail, step.step_id]}")
-        for dep in step.deps:
-            if dep in catalog:
-                visit(catalog[dep], (*trail, step.step_id))
-        done[step.step_id] = step
-
-    for step in catalog.values():
-        visit(step, ())
-    return tuple(done.values())

@@ -45,13 +45,13 @@ from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from pipeline_defs.resume.decision import CheckpointSummary
+from pipeline_defs.resume.layout import FileIdentity, file_identity, stat_identity
 
 SEAL_VERSION = 1
 RACY_NS = 20_000_000  # two 100 Hz timestamp ticks: a file younger than this at sealing is re-hashed
 COARSE_RACY_NS = 2_000_000_000  # filesystems with whole-second timestamps
 BACKDATE_NS = 1_000_000_000  # how far a staged checkpoint's mtime is set into the past
 
-FileIdentity = tuple[int, int, int]  # (st_mtime_ns, st_size, st_ino)
 ABSENT: FileIdentity = (-1, -1, -1)  # a read that did not exist: its appearance voids the seal
 
 
@@ -64,11 +64,7 @@ def identity_of(path: str | os.PathLike[str]) -> FileIdentity | None:
     way reports the link. For regular files and directories it is the ``stat`` identity,
     so seals written before this change stay valid.
     """
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return None
-    return (st.st_mtime_ns, st.st_size, st.st_ino)
+    return file_identity(path)
 
 
 def own_identity_of(path: str | os.PathLike[str]) -> FileIdentity | None:
@@ -86,7 +82,7 @@ def own_identity_of(path: str | os.PathLike[str]) -> FileIdentity | None:
         return None
     if stat.S_ISLNK(st.st_mode):
         return None
-    return (st.st_mtime_ns, st.st_size, st.st_ino)
+    return stat_identity(st)
 
 
 def _is_link(path: Path) -> bool:

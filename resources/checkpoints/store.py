@@ -46,6 +46,7 @@ from pipeline_defs.resume.files import (  # re-exported: the store's callers use
     read_nofollow,
     symlink_error,
 )
+from pipeline_defs.resume.layout import DataLayout, dir_stat_identity, stat_identity
 from pipeline_defs.resume.partition import StepKey
 from resources.checkpoints.envelope import Artifact, Checkpoint
 from resources.checkpoints.seal import (
@@ -141,7 +142,8 @@ class CheckpointStore:
 
     def __init__(self, home: Path, *, keep_archives: int = 5) -> None:
         self.home = Path(home)
-        self.root = self.home / "checkpoints"
+        self.layout = DataLayout(str(self.home))
+        self.root = Path(self.layout.checkpoints)
         self._home, self._root = str(self.home), str(self.root)
         self.keep_archives = keep_archives
         self._cache: dict[Path, tuple[tuple[int, int, int], Checkpoint]] = {}
@@ -163,7 +165,7 @@ class CheckpointStore:
         if found is None:
             if len(self._paths) >= 200_000:
                 self._paths.clear()
-            base = f"{self.root}/{key.project_id}/{key.episode_id}/{key.step_id}"
+            base = self.layout.step_dir(key.project_id, key.episode_id, key.step_id)
             found = self._paths[key] = (Path(base), Path(f"{base}/{CHECKPOINT_FILE}"))
         return found
 
@@ -173,9 +175,13 @@ class CheckpointStore:
         if found is None:
             if len(self._chains) >= 200_000:
                 self._chains.clear()
-            project = f"{self._root}/{key.project_id}"
-            episode = f"{project}/{key.episode_id}"
-            found = self._chains[key] = (self._root, project, episode, f"{episode}/{key.step_id}")
+            layout, p, e = self.layout, key.project_id, key.episode_id
+            found = self._chains[key] = (
+                self._root,
+                layout.checkpoint_project_dir(p),
+                layout.checkpoint_episode_dir(p, e),
+                layout.step_dir(p, e, key.step_id),
+            )
         return found
 
     def step_dir(self, key: StepKey) -> Path:
@@ -267,7 +273,7 @@ class CheckpointStore:
         unchanged ``(mtime_ns, inode)`` means unchanged entries. A directory changed within
         the filesystem's timestamp tick is not remembered (same rule as seals).
         """
-        identity = (found.st_mtime_ns, found.st_ino)
+        identity = dir_stat_identity(found)
         if self._clean_dirs.get(directory) == identity:
             return
         try:
@@ -294,7 +300,7 @@ class CheckpointStore:
         if found is None:
             return False
         step = chain[-1]
-        if self._clean_dirs.get(step) != (found.st_mtime_ns, found.st_ino):
+        if self._clean_dirs.get(step) != dir_stat_identity(found):
             self._refuse_linked_entries(step, found)
         return True
 
@@ -365,7 +371,7 @@ class CheckpointStore:
             raise symlink_error(path, "a checkpoint file")
         if not stat_module.S_ISREG(stat.st_mode):
             raise self._broken(path, "is not a regular file")
-        identity = (stat.st_mtime_ns, stat.st_size, stat.st_ino)
+        identity = stat_identity(stat)
         with self._cache_lock:
             cached = self._cache.get(path)
         if cached is not None and cached[0] == identity:

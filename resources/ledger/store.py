@@ -24,6 +24,7 @@ from pipeline_defs.resume.clock import format_timestamp
 from pipeline_defs.resume.errors import PipelineError
 from pipeline_defs.resume.partition import Episode, StepKey
 from pipeline_defs.resume.settings import validate_ledger_values
+from pipeline_defs.resume.status import SETTLED_RESULT, TERMINAL_STATUSES, LedgerRow, StepStatus
 from resources.ledger.tables import (
     provider_call,
     setting_change,
@@ -33,9 +34,9 @@ from resources.ledger.tables import (
 )
 
 T = TypeVar("T")
+_STATUS_TEXTS = tuple(s.value for s in StepStatus)
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
-TERMINAL_STATUSES = frozenset({"completed", "partial", "failed", "not_applicable"})
 
 # ``claim(seen=...)`` default: no compare-and-set (operators and benchmarks claim blind).
 NOT_JUDGED = object()
@@ -109,8 +110,8 @@ def engine_for(url: str) -> Engine:
         return engine
 
 
-def _row(mapping: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    return dict(mapping) if mapping is not None else None
+def _row(mapping: Mapping[str, Any] | None) -> LedgerRow | None:
+    return LedgerRow.from_row(mapping) if mapping is not None else None
 
 
 # ---------------------------------------------------------------------- prebuilt statements
@@ -149,7 +150,7 @@ def _claim_statement(on_sqlite: bool, seen: str, steal: bool, auto: bool, beat: 
         project_id=_B("k_project"),
         episode_id=_B("k_episode"),
         step_id=_B("k_step"),
-        status="running",
+        status=StepStatus.RUNNING.value,
         run_id=_B("c_run_id"),
         started_at=_B("c_ts"),
         created_at=_B("c_ts"),
@@ -159,7 +160,7 @@ def _claim_statement(on_sqlite: bool, seen: str, steal: bool, auto: bool, beat: 
         recovery_count=1 if auto else 0,
         last_recovery_reason=_B("c_reason") if auto else None,
     )
-    may_take: sa.ColumnElement[bool] = step_run.c.status != "running"
+    may_take: sa.ColumnElement[bool] = step_run.c.status != StepStatus.RUNNING.value
     if seen == "none":
         may_take = sa.false()
     elif seen == "row":
@@ -172,7 +173,7 @@ def _claim_statement(on_sqlite: bool, seen: str, steal: bool, auto: bool, beat: 
         may_take = sa.or_(
             may_take,
             sa.and_(
-                step_run.c.status == "running",
+                step_run.c.status == StepStatus.RUNNING.value,
                 step_run.c.started_at == _B("c_expected_started_at", type_=sa.Text),
                 step_run.c.run_id == _B("c_expected_run_id", type_=sa.String),
                 step_run.c.heartbeat_at == _B("c_expected_heartbeat_at", type_=sa.Text)
@@ -182,7 +183,7 @@ def _claim_statement(on_sqlite: bool, seen: str, steal: bool, auto: bool, beat: 
         )
     update: dict[str, Any] = {
         "run_id": _B("c_run_id"),
-        "status": "running",
+        "status": StepStatus.RUNNING.value,
         "started_at": _B("c_ts"),
         "updated_at": _B("c_ts"),
         "heartbeat_at": _B("c_ts"),
@@ -237,7 +238,8 @@ _AUDIT_STATEMENT = (
 
 
 class LedgerStore:
-    """Named ledger operations over SQLAlchemy Core. Rows come back as plain dicts."""
+    """Named ledger operations over SQLAlchemy Core. ``step_run`` rows come back as
+    :class:`LedgerRow` (built here, once); audit and cost rows as plain dicts."""
 
     def __init__(self, url: str) -> None:
         self.url = url
@@ -406,7 +408,7 @@ class LedgerStore:
             return [dict(r) for r in conn.execute(query).mappings()]
 
     # ----------------------------------------------------------------- reads
-    def get(self, key: StepKey) -> dict[str, Any] | None:
+    def get(self, key: StepKey) -> LedgerRow | None:
         with self._read() as conn:
             return _row(
                 conn.execute(sa.select(step_run).where(self._key_clause(key))).mappings().first()
@@ -419,7 +421,7 @@ class LedgerStore:
         step_ids: Iterable[str] | None = None,
         changed_since: tuple[int, str] | None = None,
         columns: Sequence[str] | None = None,
-    ) -> dict[StepKey, dict[str, Any]]:
+    ) -> dict[StepKey, LedgerRow]:
         """All rows (optionally of some episodes/steps) in ONE query, keyed by StepKey.
 
         With ``changed_since=(transition_seq, updated_at)`` (a :meth:`cursor` value, its
@@ -458,7 +460,7 @@ class LedgerStore:
             else:
                 projects = sorted({p for p, _ in wanted})
                 query = query.where(step_run.c.project_id.in_(projects))
-        out: dict[StepKey, dict[str, Any]] = {}
+        out: dict[StepKey, LedgerRow] = {}
         with self._read() as conn:
             result = conn.execute(query)
             columns = list(result.keys())
@@ -466,15 +468,16 @@ class LedgerStore:
                 row = dict(zip(columns, values, strict=True))
                 if wanted is not None and (row["project_id"], row["episode_id"]) not in wanted:
                     continue
-                out[StepKey(row["project_id"], row["episode_id"], row["step_id"])] = row
+                key = StepKey(row["project_id"], row["episode_id"], row["step_id"])
+                out[key] = LedgerRow.from_row(row)
         return out
 
-    def running_rows(self) -> list[dict[str, Any]]:
+    def running_rows(self) -> list[LedgerRow]:
         with self._read() as conn:
             rows = conn.execute(
-                sa.select(step_run).where(step_run.c.status == "running")
+                sa.select(step_run).where(step_run.c.status == StepStatus.RUNNING.value)
             ).mappings()
-            return [dict(r) for r in rows]
+            return [LedgerRow.from_row(r) for r in rows]
 
     def cursor(self) -> tuple[int, str]:
         """(highest transition_seq, latest updated_at): changes when any row or audit changes."""
@@ -531,7 +534,7 @@ class LedgerStore:
         auto_recovery: bool = False,
         reason: str | None = None,
         now: str | None = None,
-        seen: Mapping[str, Any] | object | None = NOT_JUDGED,
+        seen: LedgerRow | Mapping[str, Any] | object | None = NOT_JUDGED,
     ) -> bool:
         """One atomic upsert: take the row unless another owner is running it.
 
@@ -558,9 +561,10 @@ class LedgerStore:
         if auto_recovery:
             params["c_reason"] = reason
         if shape == "row":
-            assert isinstance(seen, Mapping)
-            params["c_seen_run_id"] = seen.get("run_id")
-            params["c_seen_updated_at"] = seen.get("updated_at")
+            seen_row = LedgerRow.of(seen)  # type: ignore[arg-type]
+            assert seen_row is not None
+            params["c_seen_run_id"] = seen_row.run_id
+            params["c_seen_updated_at"] = seen_row.updated_at
         beat = steal and expected_heartbeat_at is not None
         if steal:
             params["c_expected_started_at"] = expected_started_at
@@ -572,14 +576,16 @@ class LedgerStore:
             won = conn.execute(statement, params).first()
         return won is not None and won[0] == run_id
 
-    def _settled_insert(self, key: StepKey, run_id: str, status: str, summary: str, ts: str) -> Any:
+    def _settled_insert(
+        self, key: StepKey, run_id: str, status: StepStatus, summary: str, ts: str
+    ) -> Any:
         """INSERT of a finished row (adoption, not-applicable) with every NOT NULL column."""
         return self._insert().values(
             id=str(uuid.uuid4()),
             project_id=key.project_id,
             episode_id=key.episode_id,
             step_id=key.step_id,
-            status=status,
+            status=status.value,
             run_id=run_id,
             result_summary=summary,
             completed_at=ts,
@@ -601,7 +607,7 @@ class LedgerStore:
 
         ``seal``: the adopting run verified it clean, so the row can carry its seal.
         """
-        statement = self._settled_insert(key, run_id, "completed", summary, now or _now())
+        statement = self._settled_insert(key, run_id, StepStatus.COMPLETED, summary, now or _now())
         statement = (
             statement.values(checkpoint_seal=seal)
             .on_conflict_do_nothing(
@@ -618,18 +624,18 @@ class LedgerStore:
         """Record that the step does not apply here; never touches a running row."""
         ts = now or _now()
         statement = (
-            self._settled_insert(key, run_id, "not_applicable", reason, ts)
+            self._settled_insert(key, run_id, StepStatus.NOT_APPLICABLE, reason, ts)
             .on_conflict_do_update(
                 index_elements=[step_run.c.project_id, step_run.c.episode_id, step_run.c.step_id],
                 set_={
-                    "status": "not_applicable",
+                    "status": StepStatus.NOT_APPLICABLE.value,
                     "run_id": run_id,
                     "result_summary": reason,
                     "completed_at": ts,
                     "updated_at": ts,
                     "error_message": None,
                 },
-                where=step_run.c.status != "running",
+                where=step_run.c.status != StepStatus.RUNNING.value,
             )
             .returning(step_run.c.id)
         )
@@ -644,7 +650,7 @@ class LedgerStore:
         self,
         key: StepKey,
         run_id: str,
-        status: str,
+        status: StepStatus | str,
         *,
         require_owner: bool = True,
         applicable_count: int | None = None,
@@ -668,9 +674,15 @@ class LedgerStore:
         lease was stolen can neither record a status nor replace the newer checkpoint.
         Returns False (and runs nothing) when the row no longer names this owner.
         """
+        if status not in _STATUS_TEXTS:  # the CHECK constraint would refuse it mid-transaction
+            raise PipelineError(
+                "input.invalid",
+                f"{key}: {status!r} is not a step status (one of {', '.join(_STATUS_TEXTS)})",
+            )
+        status = StepStatus(status)
         ts = now or _now()
         values: dict[str, Any] = {
-            "status": status,
+            "status": status.value,
             "updated_at": ts,
             "error_message": error,
             "checkpoint_seal": seal,
@@ -731,9 +743,10 @@ class LedgerStore:
                 .where(self._key_clause(key))
                 .with_for_update()
             ).first()
-            if row is None or row.status not in ("completed", "partial"):
+            if row is None or row.status not in SETTLED_RESULT:
                 status = "absent" if row is None else row.status
-                code = "step.victim_running" if status == "running" else "step.victim_not_settled"
+                running = status == StepStatus.RUNNING
+                code = "step.victim_running" if running else "step.victim_not_settled"
                 raise PipelineError(
                     code,
                     f"{key}: cannot edit its checkpoint while its ledger row is {status}",
@@ -743,7 +756,7 @@ class LedgerStore:
                 conn.execute(
                     sa.update(step_run)
                     .where(self._key_clause(key))
-                    .values(checkpoint_seal=seal if row.status == "completed" else None)
+                    .values(checkpoint_seal=seal if row.status == StepStatus.COMPLETED else None)
                 )
             return fn()
 
@@ -789,9 +802,12 @@ class LedgerStore:
             for key in keys:
                 result = conn.execute(
                     sa.update(step_run)
-                    .where(self._key_clause(key), step_run.c.status != "running")
+                    .where(self._key_clause(key), step_run.c.status != StepStatus.RUNNING.value)
                     .values(
-                        status="stale", updated_at=ts, result_summary=reason, checkpoint_seal=None
+                        status=StepStatus.STALE.value,
+                        updated_at=ts,
+                        result_summary=reason,
+                        checkpoint_seal=None,
                     )
                 )
                 if result.rowcount == 1:
@@ -809,9 +825,11 @@ class LedgerStore:
         with self._single() as conn:
             result = conn.execute(
                 sa.update(step_run)
-                .where(self._key_clause(key), step_run.c.status == "running", started)
+                .where(
+                    self._key_clause(key), step_run.c.status == StepStatus.RUNNING.value, started
+                )
                 .values(
-                    status="failed",
+                    status=StepStatus.FAILED.value,
                     error_message=reason,
                     updated_at=ts,
                     completed_at=ts,

@@ -2,15 +2,24 @@
 
 import sqlalchemy as sa
 
+from pipeline_defs.resume.status import StepStatus
+
 metadata = sa.MetaData(
     naming_convention={
         "ix": "ix_%(table_name)s_%(column_0_N_name)s",
         "uq": "uq_%(table_name)s_%(column_0_N_name)s",
         "pk": "pk_%(table_name)s",
+        "ck": "ck_%(table_name)s_%(constraint_name)s",
     }
 )
 
-STEP_STATUSES = ("pending", "running", "completed", "partial", "failed", "stale", "not_applicable")
+STEP_STATUSES = tuple(s.value for s in StepStatus)
+
+
+def status_check(column: str) -> str:
+    """The CHECK text allowing ``column`` only the StepStatus values (NULL passes a CHECK)."""
+    return f"{column} IN ({', '.join(repr(s) for s in STEP_STATUSES)})"
+
 
 step_run = sa.Table(
     "step_run",
@@ -42,6 +51,7 @@ step_run = sa.Table(
     # What the owner verified when it published (resources.checkpoints.seal); NULL = none.
     sa.Column("checkpoint_seal", sa.Text),
     sa.UniqueConstraint("project_id", "episode_id", "step_id"),
+    sa.CheckConstraint(status_check("status"), name="status"),
 )
 sa.Index("ix_step_run_status", step_run.c.status)
 sa.Index("ix_step_run_updated_at", step_run.c.updated_at)
@@ -66,6 +76,8 @@ step_transition = sa.Table(
     sa.Column("run_id", sa.String(128)),
     sa.Column("launch_path", sa.String(16)),
     sa.Column("at", sa.Text, nullable=False),
+    sa.CheckConstraint(status_check("from_status"), name="from_status"),
+    sa.CheckConstraint(status_check("to_status"), name="to_status"),
 )
 sa.Index(
     "ix_step_transition_key",

@@ -12,28 +12,19 @@ from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 
-from pipeline_defs.resume.errors import PipelineError
+from pipeline_defs.resume.errors import ErrorCode, PipelineError
 
 if TYPE_CHECKING:
     from pipeline_defs.project import ProviderConfig
 
-# Stable error codes of the provider layer.
-HTTP_ERROR = "provider.http_error"
-RETRIES_EXHAUSTED = "provider.retries_exhausted"
-BAD_RESPONSE = "provider.bad_response"
-CONFIG_ERROR = "provider.config"
-NO_KEY = "provider.no_key"
-INVALID_INPUT = "input.invalid"
-
-# HTTP-like statuses: upstream failures are "bad gateway"/"unavailable", not a user's 400.
-PROVIDER_STATUS_BY_CODE: dict[str, int] = {
-    HTTP_ERROR: 502,
-    RETRIES_EXHAUSTED: 503,
-    BAD_RESPONSE: 502,
-    CONFIG_ERROR: 400,
-    NO_KEY: 400,
-    INVALID_INPUT: 400,
-}
+# Stable error codes of the provider layer (members of the one ErrorCode enum, which also
+# carries their statuses: upstream failures are "bad gateway"/"unavailable", not a 400).
+HTTP_ERROR = ErrorCode.PROVIDER_HTTP_ERROR
+RETRIES_EXHAUSTED = ErrorCode.PROVIDER_RETRIES_EXHAUSTED
+BAD_RESPONSE = ErrorCode.PROVIDER_BAD_RESPONSE
+CONFIG_ERROR = ErrorCode.PROVIDER_CONFIG
+NO_KEY = ErrorCode.PROVIDER_NO_KEY
+INVALID_INPUT = ErrorCode.INPUT_INVALID
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -42,10 +33,10 @@ MAX_IMAGE_EDGE = 4096
 
 
 def provider_error(
-    code: str, message: str, *, details: Mapping[str, Any] | None = None
+    code: ErrorCode, message: str, *, details: Mapping[str, Any] | None = None
 ) -> PipelineError:
-    """Build a ``PipelineError`` with the provider status so callers need not know the map."""
-    return PipelineError(code, message, status=PROVIDER_STATUS_BY_CODE.get(code), details=details)
+    """A ``PipelineError`` of a provider code (its status comes with the code)."""
+    return PipelineError(code, message, details=details)
 
 
 @dataclass(frozen=True)

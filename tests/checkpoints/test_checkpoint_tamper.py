@@ -29,7 +29,8 @@ from pipeline_defs.judging.evaluation import Stores, evaluate_partitions
 from pipeline_defs.resume.completion import Origin
 from pipeline_defs.resume.decision import LaunchMode, ResumeAction, ResumeDecision
 from pipeline_defs.resume.errors import STATUS_BY_CODE, PipelineError
-from pipeline_defs.steps.protocol import StepRuntime
+from pipeline_defs.steps.graph import StepGraph
+from pipeline_defs.steps.judge import StepJudge
 from resources.checkpoints.envelope import Artifact, Checkpoint
 from resources.checkpoints.store import ARCHIVE_DIR
 from resources.pipeline import PipelineResource
@@ -189,11 +190,11 @@ def _stores(h: Harness) -> Stores:
 
 
 def _judge(h: Harness) -> ResumeDecision:
-    """What a run judges (StepRuntime.judge, resume mode), on the live ledger row."""
+    """What a run judges (StepJudge.judge, resume mode), on the live ledger row."""
     stores = _stores(h)
-    runtime = StepRuntime(
+    runtime = StepJudge(
         STEPS[0],
-        steps={s.step_id: s for s in STEPS},
+        graph=StepGraph(STEPS),
         settings=stores.settings,
         ledger=stores.ledger,
         checkpoints=stores.checkpoints,

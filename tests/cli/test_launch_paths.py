@@ -37,7 +37,9 @@ from pipeline_defs.operations.workspace import Workspace, load_workspace
 from pipeline_defs.resume.clock import format_timestamp
 from pipeline_defs.resume.decision import LaunchMode
 from pipeline_defs.resume.partition import Episode, StepKey
-from pipeline_defs.steps.protocol import RunInfo, StepRuntime
+from pipeline_defs.steps.graph import StepGraph
+from pipeline_defs.steps.judge import StepJudge
+from pipeline_defs.steps.runner import RunInfo, StepRunner
 from pipeline_defs.storyboard import STORYBOARD_STEPS, sample_stories
 from resources.pipeline import PipelineResource
 from sensors.report import reported
@@ -150,12 +152,15 @@ class Deployment:
         """Materialize one step through the run protocol (set-up, outside Dagster)."""
         step = self.ws.step(step_id)
         resources = build_resources()
-        runtime = StepRuntime(
+        judge = StepJudge(
             step,
-            steps=self.ws.catalog,
+            graph=StepGraph(self.ws.steps),
             settings=self.ws.settings,
             ledger=self.ws.ledger,
             checkpoints=self.ws.checkpoints,
+        )
+        runtime = StepRunner(
+            judge,
             text_model=resources["text_model"],  # type: ignore[arg-type]
             image_model=resources["image_model"],  # type: ignore[arg-type]
         )

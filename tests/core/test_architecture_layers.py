@@ -44,11 +44,11 @@ def test_the_product_keeps_its_layers() -> None:
 def test_a_wrong_way_import_fails(tmp_path: Path) -> None:
     tree = copy_product(tmp_path)
     store = tree / "resources" / "ledger" / "store.py"
-    store.write_text(store.read_text() + "\nimport pipeline_defs.steps.protocol  # wrong way\n")
+    store.write_text(store.read_text() + "\nimport pipeline_defs.steps.runner  # wrong way\n")
     result = lint_imports(tree)
     assert result.returncode != 0, result.stdout[-4000:]
     assert "BROKEN" in result.stdout
-    assert "resources.ledger.store -> pipeline_defs.steps.protocol" in result.stdout
+    assert "resources.ledger.store -> pipeline_defs.steps.runner" in result.stdout
 
 
 def test_the_pure_core_imports_no_framework(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
 from pipeline_defs.resume.partition import StepKey
+from pipeline_defs.resume.status import StepStatus
 from resources.ledger import tables
 from resources.ledger.store import MIGRATIONS_DIR, LedgerStore, engine_for
 
@@ -174,12 +175,88 @@ def test_a_ledger_from_before_settings_reads_as_holding_none(db_url: str) -> Non
     store = LedgerStore(db_url)
     assert store.stored_settings(max_age=0) == {}
     assert _current(engine) == "0003_provider_call_finished"  # the read did not migrate
-    assert _head() == "0004_settings"
+    assert "0004_settings" in {
+        r.revision for r in ScriptDirectory.from_config(_config()).walk_revisions()
+    }
     store.migrate()
     assert store.set_setting("lease_seconds", "120", changed_by="test") == (None, "120")
     assert store.stored_settings(max_age=0) == {"lease_seconds": "120"}
     _run(engine, command.downgrade, "0003_provider_call_finished")
     assert {"settings", "setting_change"}.isdisjoint(_user_tables(engine))
+
+
+def _check_names(engine: sa.Engine, table: str) -> dict[str, str]:
+    return {c["name"]: c["sqltext"] for c in sa.inspect(engine).get_check_constraints(table)}
+
+
+def _model_check_names(table: str) -> set[str]:
+    return {
+        str(c.name)
+        for c in tables.metadata.tables[table].constraints
+        if isinstance(c, sa.CheckConstraint)
+    }
+
+
+def test_status_columns_refuse_a_status_that_is_not_a_step_status(db_url: str) -> None:
+    """0005: the CHECKs in the migrated database are the ones tables.py declares (alembic's
+    comparison does not look at CHECKs), and they refuse a bogus status, allow every
+    StepStatus and a NULL audit status."""
+    engine = engine_for(db_url)
+    _run(engine, command.upgrade, "head")
+    for table in ("step_run", "step_transition"):
+        found = _check_names(engine, table)
+        assert set(found) == _model_check_names(table) != set(), table
+        for text in found.values():
+            assert all(f"'{s.value}'" in text for s in StepStatus), text
+    row = {"project_id": "p", "episode_id": "e", "created_at": "t", "updated_at": "t"}
+    audit = {"project_id": "p", "episode_id": "e", "step_id": "s", "action": "a", "at": "t"}
+    with engine.begin() as conn:
+        for n, status in enumerate(StepStatus):
+            conn.execute(
+                sa.insert(tables.step_run).values(
+                    id=f"r{n}", step_id=f"s{n}", status=status.value, **row
+                )
+            )
+            conn.execute(
+                sa.insert(tables.step_transition).values(
+                    from_status=status.value, to_status=None, **audit
+                )
+            )
+    bogus = [
+        sa.insert(tables.step_run).values(id="x", step_id="x", status="COMPLETED", **row),
+        sa.insert(tables.step_transition).values(from_status="bogus", **audit),
+        sa.insert(tables.step_transition).values(to_status="done", **audit),
+    ]
+    for statement in bogus:
+        with pytest.raises(sa.exc.IntegrityError), engine.begin() as conn:
+            conn.execute(statement)
+    with pytest.raises(sa.exc.IntegrityError), engine.begin() as conn:
+        conn.execute(
+            sa.update(tables.step_run).where(tables.step_run.c.id == "r0").values(status="done")
+        )
+    with engine.connect() as conn:
+        count = sa.select(sa.func.count()).select_from(tables.step_run)
+        assert conn.execute(count).scalar() == len(StepStatus)
+
+
+def test_status_check_migration_keeps_rows_and_drops_cleanly(db_url: str) -> None:
+    """0004 → 0005 copies step_run (SQLite batch mode) with its rows; the way back drops
+    the CHECKs and a bogus status is accepted again."""
+    engine = engine_for(db_url)
+    _run(engine, command.upgrade, "0004_settings")
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            "INSERT INTO step_run (id, project_id, episode_id, step_id, status, run_id, "
+            "created_at, updated_at) VALUES ('x', 'p', 'e', 's', 'running', 'r:0', 't', 't')"
+        )
+    _run(engine, command.upgrade, "0005_status_check")
+    assert _diff(engine) == []
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT id, status FROM step_run").all() == [("x", "running")]
+    _run(engine, command.downgrade, "0004_settings")
+    assert _check_names(engine, "step_run") == {} and _check_names(engine, "step_transition") == {}
+    with engine.begin() as conn:
+        conn.exec_driver_sql("UPDATE step_run SET status = 'bogus'")
 
 
 def test_store_migrate_is_idempotent_and_usable(db_url: str) -> None:

@@ -2,7 +2,7 @@
 
 An exhaustive grid of prior states of ``src`` (ledger status, recovery count, backoff and
 checkpoint state), each in its own partition, is evaluated in one call and compared with
-``StepRuntime.judge`` called directly, the way a run calls it.
+``StepJudge.judge`` called directly, the way a run calls it.
 """
 
 import itertools
@@ -14,10 +14,10 @@ import pytest
 from sensor_steps import (
     SENSOR_STEPS,
     delete_row,
-    runtime,
     seed,
     set_row,
     snapshot,
+    step_judge,
     stores_for,
     write_input,
 )
@@ -119,7 +119,7 @@ def test_grid_decisions_equal_the_judge_a_run_calls(grid) -> None:
     rows = stores.ledger.get_many()
     for ev in evaluations:
         key = Episode.parse(ev.partition_key).step(ev.step_id)
-        direct = runtime(stores, ev.step_id).judge(
+        direct = step_judge(stores, ev.step_id).judge(
             key, mode=LaunchMode.RESUME, row=rows.get(key), now=NOW
         )
         assert ev.decision == direct.decision, (ev.partition_key, ev.step_id)

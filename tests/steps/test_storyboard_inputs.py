@@ -52,7 +52,7 @@ def env() -> Iterator[Env]:
 
 
 def story_context(env: Env) -> StepContext:
-    runtime = env.runtime("story_source")
+    runtime = env.step_judge("story_source")
     return runtime.context(env.key("story_source"))
 
 

@@ -177,7 +177,7 @@ def test_review_fixes_victims_in_place_and_scene_detail_verifies_clean(env: Env)
         else:
             assert new == old, item  # a fan-out sibling keeps every byte
     # The victim verifies clean (sentinels refreshed) and stays SKIP for the judge.
-    runtime = env.runtime("scene_detail")
+    runtime = env.step_judge("scene_detail")
     scene_detail = env.checkpoint("scene_detail")
     assert scene_detail is not None
     report = runtime.verify(runtime.context(env.key("scene_detail")), scene_detail)

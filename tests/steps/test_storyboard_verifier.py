@@ -36,7 +36,7 @@ def edited(checkpoint: Checkpoint, edit: Edit) -> Checkpoint:
 
 
 def verify(env: Env, step_id: str, checkpoint: Checkpoint) -> CompletionReport:
-    runtime = env.runtime(step_id)
+    runtime = env.step_judge(step_id)
     return STEPS[step_id].verify_completion(runtime.context(env.key(step_id)), checkpoint)
 
 
@@ -217,7 +217,7 @@ def test_priority_conflict_loader_violation_beats_sentinel_drift(home: Env) -> N
 
 def judge_loaded(env: Env, checkpoint: Checkpoint) -> Any:
     key = env.key(checkpoint.step_id)
-    runtime = env.runtime(checkpoint.step_id)
+    runtime = env.step_judge(checkpoint.step_id)
     return runtime.judge(
         key, mode=LaunchMode.RESUME, row=env.ledger.get(key), loaded=(checkpoint, None)
     ).decision

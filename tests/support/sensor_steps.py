@@ -31,7 +31,9 @@ from pipeline_defs.resume.errors import PipelineError
 from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.steps.assets import build_step_assets, episodes
 from pipeline_defs.steps.context import StepContext
-from pipeline_defs.steps.protocol import RunInfo, StepRuntime
+from pipeline_defs.steps.graph import StepGraph
+from pipeline_defs.steps.judge import StepJudge
+from pipeline_defs.steps.runner import RunInfo, StepRunner
 from pipeline_defs.steps.spec import Step, StepResult
 from resources.checkpoints.envelope import Checkpoint
 from resources.ledger.tables import provider_call, step_run, step_transition
@@ -145,22 +147,26 @@ def stores_for(home: Path, db_url: str, **settings: Any) -> Stores:
     return stores
 
 
-def runtime(stores: Stores, step_id: str) -> StepRuntime:
-    catalog = {s.step_id: s for s in SENSOR_STEPS}
-    return StepRuntime(
-        catalog[step_id],
-        steps=catalog,
+def step_judge(stores: Stores, step_id: str) -> StepJudge:
+    graph = StepGraph(SENSOR_STEPS)
+    return StepJudge(
+        graph.step(step_id),
+        graph=graph,
         settings=stores.settings,
         ledger=stores.ledger,
         checkpoints=stores.checkpoints,
     )
 
 
+def runtime(stores: Stores, step_id: str) -> StepRunner:
+    return StepRunner(step_judge(stores, step_id))
+
+
 def seed(stores: Stores, partition_key: str, *step_ids: str, run_id: str = "seed") -> None:
     """Run steps through the real (Dagster-free) run protocol: completed rows + checkpoints."""
     for step_id in step_ids or tuple(s.step_id for s in SENSOR_STEPS):
         rt = runtime(stores, step_id)
-        key = rt.key(partition_key)
+        key = rt.judge.key(partition_key)
         inputs = {
             dep: stores.checkpoints.load(StepKey(key.project_id, key.episode_id, dep))
             for dep in rt.step.deps

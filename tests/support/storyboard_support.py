@@ -24,7 +24,9 @@ from pipeline_defs.operations.inspect import DECISION_ACTIONS
 from pipeline_defs.resume.decision import LaunchMode, ResumeDecision
 from pipeline_defs.resume.partition import Episode, StepKey
 from pipeline_defs.steps.assets import build_step_assets
-from pipeline_defs.steps.protocol import RunInfo, StepOutcome, StepRuntime
+from pipeline_defs.steps.graph import StepGraph
+from pipeline_defs.steps.judge import StepJudge
+from pipeline_defs.steps.runner import RunInfo, StepOutcome, StepRunner
 from pipeline_defs.storyboard import STORYBOARD_STEPS, sample_stories
 from resources.checkpoints.envelope import Checkpoint
 from resources.checkpoints.store import CheckpointStore
@@ -203,27 +205,32 @@ class Env:
             if p.is_file() and "archive" not in p.parts
         }
 
+    def step_judge(self, step_id: str) -> StepJudge:
+        return StepJudge(
+            STEPS[step_id],
+            graph=StepGraph(STEPS.values()),
+            settings=self.pipeline.settings(),
+            ledger=self.ledger,
+            checkpoints=self.checkpoints,
+        )
+
     def runtime(
         self,
         step_id: str,
         *,
         text_model: TextModel | None = None,
         image_model: ImageModel | None = None,
-    ) -> StepRuntime:
+    ) -> StepRunner:
         resources = build_resources(self.pipeline)
-        return StepRuntime(
-            STEPS[step_id],
-            steps=STEPS,
-            settings=self.pipeline.settings(),
-            ledger=self.ledger,
-            checkpoints=self.checkpoints,
+        return StepRunner(
+            self.step_judge(step_id),
             text_model=text_model or resources["text_model"],  # type: ignore[arg-type]
             image_model=image_model or resources["image_model"],  # type: ignore[arg-type]
         )
 
     def judge(self, step_id: str, mode: LaunchMode = LaunchMode.RESUME) -> ResumeDecision:
         key = self.key(step_id)
-        return self.runtime(step_id).judge(key, mode=mode, row=self.ledger.get(key)).decision
+        return self.step_judge(step_id).judge(key, mode=mode, row=self.ledger.get(key)).decision
 
     def run_direct(
         self,

@@ -83,6 +83,29 @@ def intents_of(checkpoint: Checkpoint, *, source: str) -> list[Intent]:
         ) from exc
 
 
+def held_intents(
+    previous: Checkpoint | None, victims: Mapping[str, Checkpoint | None]
+) -> dict[str, Intent]:
+    """The intents of a mutator's ``previous`` checkpoint that its victims still hold (the
+    victim's checkpoint is the version the edits left it at), by victim.
+
+    A mutator re-run because one victim was rebuilt reviews that one again and keeps what
+    the others hold, so the run ends as a clean run would (issue 10 §2).
+    """
+    if previous is None:
+        return {}
+    try:
+        intents = intents_of(previous, source=str(previous.key))
+    except PipelineError:
+        return {}  # a malformed record holds nothing: everything is reviewed again
+    held = {}
+    for intent in intents:
+        current = victims.get(intent.victim)
+        if current is not None and current.content_hash == intent.result:
+            held[intent.victim] = intent
+    return held
+
+
 def intent_report(
     checkpoints: CheckpointStore, mutator: StepKey, checkpoint: Checkpoint
 ) -> CompletionReport:
@@ -249,8 +272,13 @@ class MutatorEdits:
         inputs: Mapping[str, Checkpoint | None],
     ) -> list[PreparedEdit]:
         """Every declared victim's intent, each edit built on the victim the mutator read,
-        validated and verified. Writes nothing (SPEC §7: zero fixes = zero writes)."""
+        validated and verified. Writes nothing (SPEC §7: zero fixes = zero writes).
+
+        A victim the run does not edit that still holds the edits of the mutator's previous
+        checkpoint keeps that intent (its base is the version before those edits), so a
+        re-run records the same intents as the run whose edits it keeps."""
         declared = self.judge.step.modifies_checkpoints
+        held = held_intents(self._previous(key), inputs)
         by_victim: dict[str, Mutation] = {}
         for mutation in mutations:
             if mutation.victim not in declared:
@@ -270,12 +298,23 @@ class MutatorEdits:
                         "step.mutation_rejected", f"{key}: victim {victim_key} has no checkpoint"
                     )
                 continue
+            kept = held.get(victim)
+            if wanted is None and kept is not None and kept.result == read.content_hash:
+                edits.append(PreparedEdit(kept, read))
+                continue
             edited = read
             if wanted is not None and dict(read.data) != dict(wanted.data):
                 edited = self._edited_victim(key, run_id, wanted, read)
             intent = Intent(victim, read.content_hash, edited.content_hash)
             edits.append(PreparedEdit(intent, edited))
         return edits
+
+    def _previous(self, key: StepKey) -> Checkpoint | None:
+        """The mutator's own published checkpoint, if it is readable (else nothing is kept)."""
+        try:
+            return self.checkpoints.load(key)
+        except PipelineError:
+            return None
 
     def _edited_victim(
         self, key: StepKey, run_id: str, mutation: Mutation, read: Checkpoint

@@ -17,6 +17,7 @@ from typing import Any
 from pipeline_defs.project import TEXT_MODEL_KEYS
 from pipeline_defs.resume.errors import PipelineError
 from pipeline_defs.steps.context import StepContext
+from pipeline_defs.steps.mutations import held_intents
 from pipeline_defs.steps.spec import Mutation, Step, StepResult
 from pipeline_defs.storyboard.replies import reply_list, reply_object, reply_text
 from pipeline_defs.storyboard.scene_detail import item_id
@@ -149,6 +150,12 @@ class T2IReview(Step):
     def is_applicable(self, ctx: StepContext) -> bool:
         return ctx.project.review.enabled
 
+    def _previous(self, ctx: StepContext) -> Checkpoint | None:
+        try:
+            return ctx.upstream(self.step_id)
+        except PipelineError:
+            return None  # unreadable: review everything again
+
     def execute(self, ctx: StepContext, inputs: Mapping[str, Checkpoint]) -> StepResult:
         scene_cp, entity_cp = inputs["scene_detail"], inputs["entity_t2i"]
         scenes: list[dict[str, Any]] = copy.deepcopy(list(scene_cp.data["scenes"]))
@@ -159,14 +166,25 @@ class T2IReview(Step):
             {"item_id": item, "t2i_prompt": scenes[lst]["t2i_variations"][v]["t2i_prompt"]}
             for item, (lst, v) in scene_map.items()
         ] + [{"item_id": p["item_id"], "t2i_prompt": p["t2i_prompt"]} for p in prompts]
+        # Re-run because a victim was rebuilt (issue 10 §2): review that victim again and
+        # keep the previous review of a victim that still holds its edits, so the run ends
+        # as a clean run would. With every victim holding (a force), review everything.
+        previous = self._previous(ctx)
+        held = set(held_intents(previous, inputs))
+        if held == set(self.modifies_checkpoints):
+            held = set()
+        victim_of = dict.fromkeys(scene_map, "scene_detail") | dict.fromkeys(
+            entity_map, "entity_t2i"
+        )
+        asked = [i for i in items if victim_of[i["item_id"]] not in held]
         payload = {
             "style": ctx.project.style,
             "required_keywords": list(ctx.project.review.required_keywords),
-            "items": items,
+            "items": asked,
         }
-        prompt = PROMPT + ", ".join(i["item_id"] for i in items)
+        prompt = PROMPT + ", ".join(i["item_id"] for i in asked)
         reply = ctx.providers.text(TextCall(task=TASK, prompt=prompt, payload=payload))
-        fixes = parse_fixes(reply.data, set(scene_map) | set(entity_map))
+        fixes = parse_fixes(reply.data, {i["item_id"] for i in asked})
 
         before = card_hashes(scenes)
         count, applied = apply_fixes(
@@ -214,17 +232,30 @@ class T2IReview(Step):
                     note=MUTATION_NOTE,
                 )
             )
+        records = [
+            {"item_id": f.item_id, "victim": victim_of[f.item_id], "reason": f.reason}
+            for f in fixes
+        ]
+        applied_by_victim: dict[str, list[str]] = {
+            "scene_detail": scene_items,
+            "entity_t2i": entity_applied,
+        }
+        if held and previous is not None:  # the kept victims' part of the previous review
+            kept = [f for f in previous.data.get("fixes") or [] if f.get("victim") in held]
+            records = [
+                f
+                for victim in self.modifies_checkpoints
+                for f in (kept if victim in held else records)
+                if f.get("victim") == victim
+            ]
+            for victim in held:
+                applied_by_victim[victim] = list(
+                    (previous.data.get("applied") or {}).get(victim) or []
+                )
         data = {
             "reviewed": len(items),
-            "fixes": [
-                {
-                    "item_id": f.item_id,
-                    "victim": "scene_detail" if f.item_id in scene_map else "entity_t2i",
-                    "reason": f.reason,
-                }
-                for f in fixes
-            ],
-            "applied": {"scene_detail": scene_items, "entity_t2i": entity_applied},
+            "fixes": records,
+            "applied": applied_by_victim,
             "card_hashes_checked": len(before),
         }
         return StepResult(

@@ -6,6 +6,8 @@ run protocol as UI, sensor and backfill launches; the CLI only adds the tag
 ``resume/launch_path=cli`` (and ``resume/mode=force`` for ``force``).
 """
 
+import os
+import stat as stat_module
 import threading
 import time
 import urllib.parse
@@ -22,11 +24,15 @@ from pipeline_defs.operations.inspect import DECISION_ACTIONS
 from pipeline_defs.operations.workspace import PARTITIONS_NAME, Workspace
 from pipeline_defs.project import (
     ProjectConfig,
+    StoryKnobs,
     load_project_config,
-    project_config_path,
+    parse_project_config,
+    refuse_input_links,
+    refuse_project_links,
 )
 from pipeline_defs.resume.causes import root_cause_of_text
 from pipeline_defs.resume.errors import PipelineError
+from pipeline_defs.resume.files import describe_mode, read_nofollow, write_file_under
 from pipeline_defs.resume.layout import DataLayout
 from pipeline_defs.resume.partition import Episode, StepKey, validate_id
 from pipeline_defs.resume.status import StepStatus
@@ -37,7 +43,8 @@ from pipeline_defs.steps.redraw import (
     make_redraw,
     resolve_targets,
 )
-from resources.checkpoints.store import ARCHIVE_DIR, atomic_write_bytes
+from pipeline_defs.storyboard.story_source import accept_story
+from resources.checkpoints.store import ARCHIVE_DIR
 
 ASSET_JOB = "__ASSET_JOB"
 CLI_TAGS: Mapping[str, str] = {LAUNCH_PATH_TAG: "cli"}
@@ -50,17 +57,44 @@ SAMPLES_DIR = Path(__file__).resolve().parent.parent / "storyboard" / "samples"
 
 
 # --------------------------------------------------------------------------- episodes
-def _read_story(path: Path) -> bytes:
-    if not path.is_file():
-        raise PipelineError("input.invalid", f"story file {str(path)!r} does not exist")
-    payload = path.read_bytes()
-    if not payload.strip():
-        raise PipelineError("input.invalid", f"story file {str(path)!r} is empty")
+def _read_story(path: Path, knobs: StoryKnobs) -> bytes:
+    """The operator's story file, refused at the door by the rules ``story_source`` applies
+    later (size, NUL bytes, encoding, no text), so nothing is registered that cannot run.
+
+    The source is the operator's own file (following a link to it is theirs to choose);
+    what it is when it is not a file is said plainly, and a device or FIFO is never opened
+    (``/dev/zero`` would be read forever, a FIFO would hang).
+    """
     try:
-        payload.decode("utf-8")
-    except UnicodeDecodeError:
-        raise PipelineError("input.invalid", f"story file {str(path)!r} is not UTF-8") from None
+        found = os.stat(path)
+    except FileNotFoundError:
+        raise PipelineError("input.invalid", f"story file {str(path)!r} does not exist") from None
+    except OSError as exc:
+        raise PipelineError(
+            "input.invalid", f"story file {str(path)!r} cannot be read: {exc.strerror}"
+        ) from None
+    if not stat_module.S_ISREG(found.st_mode):
+        raise PipelineError(
+            "input.invalid",
+            f"story file {str(path)!r} is {describe_mode(found.st_mode)}, not a story file",
+        )
+    try:
+        with open(path, "rb") as handle:
+            payload = handle.read(knobs.max_bytes + 1)  # never more than the limit allows
+    except OSError as exc:
+        raise PipelineError(
+            "input.invalid", f"story file {str(path)!r} cannot be read: {exc.strerror}"
+        ) from None
+    accept_story(path, payload, knobs)
     return payload
+
+
+def _story_knobs(home: Path, project_id: str, config_path: Path, template: bytes) -> StoryKnobs:
+    """The story limits in force for the project: its file's, else the template's."""
+    if config_path.exists():
+        return load_project_config(home, project_id).story  # refuses an invalid file
+    raw = yaml.safe_load(template.decode("utf-8"))
+    return parse_project_config(raw, source="the project.yaml template").story
 
 
 def default_project_yaml() -> bytes:
@@ -101,15 +135,28 @@ def add_episode(
     validate_id(project_id, "project_id")
     validate_id(episode_id, "episode_id")
     episode = Episode(project_id, episode_id)
-    payload = _read_story(Path(story))
+    home = Path(ws.home)
+    target = Path(DataLayout(str(home)).story_file(project_id, episode_id))
+    # Nothing outside the home: a link anywhere on either path is refused before anything
+    # below the home is read or created (and the writes re-check it, race-free).
+    config_path = refuse_project_links(home, project_id)
+    refuse_input_links(home, target)
+    template = config_template or default_project_yaml()
+    payload = _read_story(Path(story), _story_knobs(home, project_id, config_path, template))
     instance = ws.instance()  # fail before writing anything if DAGSTER_HOME is unusable
     assert instance is not None
-    target = Path(DataLayout(str(ws.home)).story_file(project_id, episode_id))
-    if target.is_file() and target.read_bytes() == payload:
+    current = os.lstat(target) if target.exists() else None
+    if current is not None and not stat_module.S_ISREG(current.st_mode):
+        raise PipelineError(
+            "input.invalid",
+            f"{target} is {describe_mode(current.st_mode)}, where the episode's story file "
+            "should be: nothing is written over it; remove it to go on",
+        )
+    if current is not None and read_nofollow(target) == payload:
         story_state = "unchanged"
-    elif target.exists() and keep_existing:
+    elif current is not None and keep_existing:
         story_state = "kept existing"
-    elif target.exists() and not replace:
+    elif current is not None and not replace:
         raise PipelineError(
             "input.story_exists",
             f"{target} already holds a different story; pass --replace to overwrite it "
@@ -117,14 +164,13 @@ def add_episode(
             status=409,
         )
     else:
-        story_state = "replaced" if target.exists() else "created"
-        atomic_write_bytes(target, payload)
-    config_path = project_config_path(ws.home, project_id)
+        story_state = "replaced" if current is not None else "created"
+        write_file_under(home, target, payload)
     if config_path.exists():
-        load_project_config(ws.home, project_id)  # refuse an invalid file, naming the key
+        load_project_config(home, project_id)  # refuse an invalid file, naming the key
         config_state = "exists"
     else:
-        atomic_write_bytes(config_path, config_template or default_project_yaml())
+        write_file_under(home, config_path, template)
         config_state = "created"
     added = register_partition(instance, episode.partition_key)
     return {

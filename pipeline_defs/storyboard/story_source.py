@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pipeline_defs.project import refuse_input_links
+from pipeline_defs.project import StoryKnobs, refuse_input_links
 from pipeline_defs.resume.completion import CompletionReport, Origin
 from pipeline_defs.resume.errors import PipelineError
 from pipeline_defs.resume.files import read_nofollow
@@ -36,14 +36,29 @@ def _invalid(path: Path, problem: str) -> PipelineError:
     )
 
 
-def read_story(path: Path, max_bytes: int) -> tuple[bytes, str]:
-    """Raw bytes and decoded text, or a clear error naming the file and what is wrong."""
+def read_story(path: Path, knobs: StoryKnobs) -> tuple[bytes, str, dict[str, Any]]:
+    """Raw bytes, normalized text and parse of the episode's story, or a clear error naming
+    the file and what is wrong."""
     if not path.is_file():
         raise _invalid(path, "is missing (add it with `storyboard add-episode`)")
     size = path.stat().st_size
-    if size > max_bytes:
-        raise _invalid(path, f"is {size} bytes, over the story.max_bytes limit of {max_bytes}")
+    if size > knobs.max_bytes:
+        raise _invalid(
+            path, f"is {size} bytes, over the story.max_bytes limit of {knobs.max_bytes}"
+        )
     raw = read_nofollow(path)  # a link raced in since the caller's check is refused too
+    return (raw, *accept_story(path, raw, knobs))
+
+
+def accept_story(path: Path, raw: bytes, knobs: StoryKnobs) -> tuple[str, dict[str, Any]]:
+    """Normalized text and parse of ``raw`` if it is a story this step accepts; else a typed
+    error naming ``path``. The one definition of an acceptable story: ``storyboard
+    add-episode`` applies it at the door, so nothing is registered that this step would
+    refuse later."""
+    if len(raw) > knobs.max_bytes:
+        raise _invalid(
+            path, f"is {len(raw)} bytes, over the story.max_bytes limit of {knobs.max_bytes}"
+        )
     if b"\x00" in raw:
         raise _invalid(path, "is binary (contains NUL bytes), not a text story")
     try:
@@ -54,7 +69,11 @@ def read_story(path: Path, max_bytes: int) -> tuple[bytes, str]:
         raise _invalid(path, "contains control characters; it looks binary, not a text story")
     if not text.strip():
         raise _invalid(path, "is empty")
-    return raw, text
+    normalized = normalize(text)
+    parsed = parse_story(normalized, knobs.segment_chars)
+    if not any(segment["text"] for segment in parsed["segments"]):
+        raise _invalid(path, "has headings but no story text")
+    return normalized, parsed
 
 
 def normalize(text: str) -> str:
@@ -139,11 +158,7 @@ class StorySource(Step):
     def execute(self, ctx: StepContext, inputs: Mapping[str, Checkpoint]) -> StepResult:
         path = story_path(ctx)
         refuse_input_links(ctx.home, path)  # never read through a link (SPEC §11)
-        raw, text = read_story(path, ctx.project.story.max_bytes)
-        normalized = normalize(text)
-        parsed = parse_story(normalized, ctx.project.story.segment_chars)
-        if not any(segment["text"] for segment in parsed["segments"]):
-            raise _invalid(path, "has headings but no story text")
+        raw, normalized, parsed = read_story(path, ctx.project.story)
         data = {
             "story_file": STORY_FILE,
             "story_sha256": hashlib.sha256(raw).hexdigest(),

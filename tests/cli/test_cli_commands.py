@@ -123,7 +123,7 @@ def test_add_episode_refuses_a_missing_or_binary_story(cli: CliEnv) -> None:
     binary = cli.root / "blob.md"
     binary.write_bytes(b"\xff\xfe\x00garbage")
     result = cli.invoke("add-episode", "--project", "p1", "--episode", "e1", "--story", str(binary))
-    assert result.exit_code == 1 and "not UTF-8" in one_line_error(result.stderr)
+    assert result.exit_code == 1 and "NUL bytes" in one_line_error(result.stderr)
 
 
 # --------------------------------------------------------------------------- runs and status

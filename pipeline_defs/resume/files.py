@@ -105,6 +105,8 @@ def write_file_under(root: Path, path: Path, payload: bytes) -> None:
     parts = Path(path).relative_to(root).parts  # lexical: never resolved
     if not parts or ".." in parts:
         raise ValueError(f"{path} is not a file below {root}")
+    # The home itself is the operator's choice (it may be a link, or not exist yet).
+    os.makedirs(root, exist_ok=True)
     fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
     try:
         shown = Path(root)

@@ -158,3 +158,16 @@ def test_a_story_that_is_not_a_file_says_what_it_is(cli: CliEnv) -> None:
         pytest.fail("add-episode opened a FIFO given as the story and hung")
     assert done[0][0] == 1 and "named pipe" in done[0][1]
     assert partitions(cli) == []
+
+
+def test_the_first_episode_creates_the_home(tmp_path: Path) -> None:
+    """A fresh machine: ``PIPELINE_HOME`` does not exist until the first input is added."""
+    cli = make_env(tmp_path)
+    story = cli.story("fox")
+    if cli.home.exists():
+        for path in sorted(cli.home.rglob("*"), reverse=True):
+            path.rmdir() if path.is_dir() else path.unlink()
+        cli.home.rmdir()
+    code, output = add_episode(cli, "p1", "e1", story)
+    assert code == 0, output
+    assert (cli.home / "projects" / "p1" / "episodes" / "e1" / "story.md").is_file()

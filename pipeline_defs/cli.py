@@ -19,6 +19,7 @@ import click
 
 from pipeline_defs.operations import inspect as views
 from pipeline_defs.operations import launch
+from pipeline_defs.operations import sheet as sheets
 from pipeline_defs.operations.workspace import (
     DEFS_ENV,
     Workspace,
@@ -648,6 +649,31 @@ def _outdated_pictures(
                 for item, sources in items.items()
             ]
     return out
+
+
+@main.command("sheet")
+@click.option("--partition", "partition_key", required=True, help="PROJECT/EPISODE.")
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="The HTML file to write (default: storyboard-PROJECT-EPISODE.html here).",
+)
+@operation("sheet")
+def sheet(*, partition_key: str, out: Path | None, as_json: bool) -> dict[str, Any] | None:
+    """Write one self-contained HTML page of an episode's storyboard, in story order: each
+    scene with its shots (thumbnail, prompt, characters), then the characters' reference
+    sheets. No model call; nothing is written but the page."""
+    ws = _workspace()
+    (episode,) = ws.require_partitions([partition_key], registration_required=False)
+    report = sheets.build_sheet(ws, episode)
+    target = out or Path(f"storyboard-{episode.project_id}-{episode.episode_id}.html")
+    sheets.write_sheet(report, target)
+    if as_json:
+        return {"out": str(target), **report.as_dict()}
+    for line in sheets.sheet_summary_lines(report, target):
+        click.echo(line)
+    return None
 
 
 @main.command("audit-running")

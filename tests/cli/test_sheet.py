@@ -1,0 +1,118 @@
+"""``storyboard sheet``: one self-contained HTML page per episode, in story order.
+
+Built on a real run of the ten storyboard steps (offline models); the CLI is invoked as an
+operator would, against that home. The page must show every shot and reference picture,
+mark a picture whose file no longer matches its checkpoint instead of showing it, name the
+steps a fresh partition is missing, and write nothing but ``--out``.
+"""
+
+import base64
+import io
+import json
+import re
+from collections.abc import Iterator
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+from cli_helpers import tree_snapshot
+from click.testing import CliRunner
+from PIL import Image
+from storyboard_support import PARTITION, Env, scratch_dir, write_episode
+
+from pipeline_defs.cli import main
+from pipeline_defs.storyboard.thumbnails import THUMBNAIL_SIDE
+
+
+@pytest.fixture(scope="module")
+def built() -> Iterator[Env]:
+    env = Env.sqlite(scratch_dir("sheet"))
+    write_episode(env.home)
+    env.materialize()
+    yield env
+    env.destroy()
+
+
+def sheet(env: Env, out: Path, partition: str = PARTITION) -> dict[str, object]:
+    result = CliRunner().invoke(
+        main,
+        ["sheet", "--partition", partition, "--out", str(out), "--json"],
+        env={"PIPELINE_HOME": str(env.home), "PIPELINE_DB_URL": env.db_url, "DAGSTER_HOME": None},
+    )
+    assert result.exit_code == 0, (result.output, result.stderr)
+    payload: dict[str, object] = json.loads(result.stdout)
+    return payload
+
+
+class _Images(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.sources: list[str] = []
+        self.external: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        for name, value in attrs:
+            if name in ("src", "href") and value:
+                (self.sources if value.startswith("data:") else self.external).append(value)
+
+
+def test_the_page_shows_every_shot_and_reference_in_story_order(built: Env, tmp_path: Path) -> None:
+    out = tmp_path / "page.html"
+    before = tree_snapshot(built.home)
+    payload = sheet(built, out)
+    assert tree_snapshot(built.home) == before  # nothing written but --out
+    page = out.read_text(encoding="utf-8")
+    expected_shots = built.checkpoint("scene_image_pipeline").data["expected"]
+    refs = built.checkpoint("ref_image_gen").data["expected"]
+    composites = built.checkpoint("composite_image_gen").data["expected"]
+    assert payload["shots"] == len(expected_shots)
+    assert payload["pictures"] == len(expected_shots) + len(refs) + len(composites)
+    assert payload["missing_steps"] == [] and payload["problems"] == []
+    # story order: the shots appear as scene_detail lists them
+    positions = [page.index(f"<b>{item}</b>") for item in expected_shots]
+    assert positions == sorted(positions)
+    # every prompt is on the page (escaped), and the page is self-contained
+    for entry in built.checkpoint("scene_detail").data["scenes"]:
+        for variation in entry["t2i_variations"]:
+            assert variation["t2i_prompt"].replace("'", "&#x27;") in page
+    images = _Images()
+    images.feed(page)
+    assert images.external == []
+    assert len(images.sources) == payload["pictures"]
+    for uri in images.sources:  # thumbnails, bounded in size
+        png = base64.b64decode(uri.split(",", 1)[1])
+        with Image.open(io.BytesIO(png)) as thumb:
+            assert max(thumb.size) <= THUMBNAIL_SIDE
+
+
+def test_a_replaced_picture_is_marked_not_shown(built: Env, tmp_path: Path) -> None:
+    env = built.clone()
+    try:
+        shot = env.step_dir("scene_image_pipeline") / "shots"
+        victim = sorted(shot.glob("*.png"))[0]
+        other = sorted(shot.glob("*.png"))[1]
+        victim.write_bytes(other.read_bytes())  # an older/other copy put in its place
+        out = tmp_path / "page.html"
+        payload = sheet(env, out)
+        page = out.read_text(encoding="utf-8")
+        assert "file differs from its checkpoint" in page
+        assert payload["pictures"] == sheet(built, tmp_path / "clean.html")["pictures"] - 1
+    finally:
+        env.destroy()
+
+
+def test_a_partition_not_drawn_yet_gets_a_page_naming_the_missing_steps(
+    tmp_path: Path,
+) -> None:
+    env = Env.sqlite(scratch_dir("sheet-new"))
+    try:
+        write_episode(env.home)
+        env.materialize(("story_source",))
+        out = tmp_path / "page.html"
+        payload = sheet(env, out)
+        assert "scene_image_pipeline" in payload["missing_steps"]
+        assert "story_source" not in payload["missing_steps"]
+        page = out.read_text(encoding="utf-8")
+        assert re.search(r"Not drawn yet.*scene_image_pipeline", page)
+    finally:
+        env.destroy()

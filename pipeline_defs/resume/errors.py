@@ -55,6 +55,9 @@ class ErrorCode(StrEnum):
     CONFIG_INVALID = "config.invalid", 400
     CONFIG_DAGSTER_HOME = "config.dagster_home", 400
     LEDGER_NOT_MIGRATED = "ledger.not_migrated", 400
+    # The PostgreSQL ledger stayed unreachable past the store's retry of a dropped
+    # connection (issue 19 §3): the server is down or restarting, nothing the input can fix.
+    LEDGER_UNAVAILABLE = "ledger.unavailable", 503
     LAUNCH_RUN_FAILED = "launch.run_failed", 400
     LAUNCH_GRAPHQL_FAILED = "launch.graphql_failed", 400
     # Providers: upstream failures are "bad gateway"/"unavailable", not a user's 400.
@@ -76,6 +79,20 @@ class ErrorCode(StrEnum):
     STORAGE_FULL = "storage.full", 507
     STORAGE_READ_ONLY = "storage.read_only", 503
     STORAGE_PERMISSION_DENIED = "storage.permission_denied", 503
+    # The object storage (resources/storage, SPEC §12): a local directory or a bucket.
+    # Objects are immutable: a create-only put over an existing key and a compare-and-set
+    # whose expected version is no longer current are conflicts with another writer.
+    STORAGE_OBJECT_EXISTS = "storage.object_exists", 409
+    STORAGE_PRECONDITION_FAILED = "storage.precondition_failed", 409
+    STORAGE_OBJECT_MISSING = "storage.object_missing", 404
+    # A directory, FIFO, device... where an object should be: resolved by hand, never opened.
+    STORAGE_NOT_AN_OBJECT = "storage.not_an_object", 409
+    STORAGE_INVALID_KEY = "storage.invalid_key", 400
+    STORAGE_INVALID_URL = "storage.invalid_url", 400
+    # A well-formed URL the environment does not configure (no Azure account, bad options).
+    STORAGE_CONFIG = "storage.config", 400
+    # The bucket's endpoint cannot be reached or answers with an error nobody typed.
+    STORAGE_UNAVAILABLE = "storage.unavailable", 503
     # An exception nobody typed (a bug or an unforeseen fault): kept with its type and text.
     INTERNAL = "internal", 500
 

@@ -8,15 +8,14 @@ S3 server (``tests/support/s3_server.py``). Then what only a local directory can
 import os
 import socket
 import threading
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import obstore
 import pytest
 from obstore.exceptions import GenericError
-from s3_server import S3Server, running_s3_server
+from s3_server import SECRET, S3Server
 
 from pipeline_defs.resume.errors import PipelineError
 from resources.storage import (
@@ -28,42 +27,6 @@ from resources.storage import (
     open_storage,
 )
 from resources.storage.base import TEMP_PREFIX
-
-# A recognisable credential: it must appear in no message, detail or display URL.
-SECRET = f"SeCrEt-{uuid.uuid4().hex}"
-
-
-@pytest.fixture(scope="module")
-def s3_server() -> Iterator[S3Server]:
-    with running_s3_server() as server:
-        yield server
-
-
-@pytest.fixture
-def aws_env(monkeypatch: pytest.MonkeyPatch) -> Callable[[S3Server], None]:
-    """Point the AWS_* environment (and only it) at a test server, our SECRET as the key."""
-
-    def apply(server: S3Server) -> None:
-        for name in list(os.environ):
-            if name.startswith("AWS_"):
-                monkeypatch.delenv(name)
-        for name, value in server.env(SECRET).items():
-            monkeypatch.setenv(name, value)
-
-    return apply
-
-
-@pytest.fixture(params=["local", "s3"])
-def storage(
-    request: pytest.FixtureRequest, tmp_path: Path, aws_env: Callable[[S3Server], None]
-) -> Storage:
-    if request.param == "local":
-        return open_storage(None, home=tmp_path / "home")
-    server: S3Server = request.getfixturevalue("s3_server")
-    aws_env(server)
-    opened = open_storage(f"s3://{server.new_bucket()}/pipeline/home", home=tmp_path)
-    assert isinstance(opened, ObjectStorage)
-    return opened
 
 
 def _error(call: Callable[[], Any]) -> PipelineError:

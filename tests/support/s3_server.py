@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 
 ACCESS_KEY_ID = "AKIASTORAGETESTS0000"
+# A recognisable credential: it must appear in no message, detail or display URL.
+SECRET = f"SeCrEt-{uuid.uuid4().hex}"
 REGION = "us-east-1"
 
 

@@ -50,6 +50,11 @@ step_run = sa.Table(
     sa.Column("heartbeat_at", sa.Text),
     # What the owner verified when it published (resources.checkpoints.seal); NULL = none.
     sa.Column("checkpoint_seal", sa.Text),
+    # On object storage, the published checkpoint: its manifest (resources.checkpoints
+    # .manifest), the commit pointer. Set only by an owner-aware update; kept whatever the
+    # status (a failed re-run leaves the last published checkpoint in place, as a local
+    # file stays). NULL on a local directory, where the file itself is published.
+    sa.Column("checkpoint_pointer", sa.Text),
     sa.UniqueConstraint("project_id", "episode_id", "step_id"),
     sa.CheckConstraint(status_check("status"), name="status"),
 )
@@ -138,4 +143,32 @@ setting_change = sa.Table(
     sa.Column("new_value", sa.Text, nullable=False),
     sa.Column("changed_at", sa.Text, nullable=False),
     sa.Column("changed_by", sa.Text, nullable=False),
+)
+
+# Previous commit pointers of a step on object storage (the local store's ``archive/``): a
+# publish that replaces a pointer keeps the old one here, in the same transaction, and the
+# newest ``keep_archives`` per step are kept. Garbage collection keeps every object that a
+# current or archived pointer names.
+checkpoint_archive = sa.Table(
+    "checkpoint_archive",
+    metadata,
+    sa.Column(
+        "id",
+        sa.BigInteger().with_variant(sa.Integer, "sqlite"),
+        primary_key=True,
+        autoincrement=True,
+    ),
+    sa.Column("project_id", sa.String(64), nullable=False),
+    sa.Column("episode_id", sa.String(64), nullable=False),
+    sa.Column("step_id", sa.String(64), nullable=False),
+    sa.Column("pointer", sa.Text, nullable=False),
+    sa.Column("reason", sa.String(32), nullable=False),
+    sa.Column("run_id", sa.String(128)),  # who replaced it
+    sa.Column("archived_at", sa.Text, nullable=False),
+)
+sa.Index(
+    "ix_checkpoint_archive_key",
+    checkpoint_archive.c.project_id,
+    checkpoint_archive.c.episode_id,
+    checkpoint_archive.c.step_id,
 )

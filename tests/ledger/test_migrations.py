@@ -20,7 +20,14 @@ from pipeline_defs.resume.status import StepStatus
 from resources.ledger import tables
 from resources.ledger.store import MIGRATIONS_DIR, LedgerStore, engine_for
 
-LEDGER_TABLES = {"step_run", "step_transition", "provider_call", "settings", "setting_change"}
+LEDGER_TABLES = {
+    "step_run",
+    "step_transition",
+    "provider_call",
+    "settings",
+    "setting_change",
+    "checkpoint_archive",
+}
 
 
 def _config(conn: sa.Connection | None = None) -> Config:
@@ -250,13 +257,36 @@ def test_status_check_migration_keeps_rows_and_drops_cleanly(db_url: str) -> Non
             "created_at, updated_at) VALUES ('x', 'p', 'e', 's', 'running', 'r:0', 't', 't')"
         )
     _run(engine, command.upgrade, "0005_status_check")
-    assert _diff(engine) == []
+    assert set(_check_names(engine, "step_run")) == {"ck_step_run_status"}
     with engine.connect() as conn:
         assert conn.exec_driver_sql("SELECT id, status FROM step_run").all() == [("x", "running")]
     _run(engine, command.downgrade, "0004_settings")
     assert _check_names(engine, "step_run") == {} and _check_names(engine, "step_transition") == {}
     with engine.begin() as conn:
         conn.exec_driver_sql("UPDATE step_run SET status = 'bogus'")
+
+
+def test_pointer_migration_keeps_rows_and_drops_cleanly(db_url: str) -> None:
+    """0005 → 0006 adds the commit pointer (NULL for existing rows: a local home publishes
+    files) and the archive of pointers; the way back removes both and keeps the rows."""
+    engine = engine_for(db_url)
+    _run(engine, command.upgrade, "0005_status_check")
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            "INSERT INTO step_run (id, project_id, episode_id, step_id, status, run_id, "
+            "created_at, updated_at) VALUES ('x', 'p', 'e', 's', 'completed', 'r:0', 't', 't')"
+        )
+    _run(engine, command.upgrade, "0006_checkpoint_pointer")
+    assert _diff(engine) == [] and "checkpoint_archive" in _user_tables(engine)
+    with engine.connect() as conn:
+        rows = conn.exec_driver_sql("SELECT id, checkpoint_pointer FROM step_run").all()
+    assert rows == [("x", None)]
+    _run(engine, command.downgrade, "0005_status_check")
+    assert "checkpoint_archive" not in _user_tables(engine)
+    columns = {c["name"] for c in sa.inspect(engine).get_columns("step_run")}
+    assert "checkpoint_pointer" not in columns
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT id FROM step_run").all() == [("x",)]
 
 
 def test_store_migrate_is_idempotent_and_usable(db_url: str) -> None:

@@ -34,6 +34,29 @@ STORAGE_DB_MARKERS: tuple[tuple[str, str, str], ...] = (
     ("storage.read_only", "read-only transaction", "the ledger database is read-only"),
 )
 DB_MODULES = frozenset({"sqlite3", "sqlalchemy", "psycopg", "psycopg2"})
+# PostgreSQL gone or restarting, as libpq and the server word it. The ledger store retries
+# these (resources.ledger.retry) and past its budget raises ``ledger.unavailable`` itself;
+# these markers type the same fault when it reaches us some other way (a raw engine use, a
+# failure known only as text), so that it never reads as ``[internal] OperationalError``.
+LEDGER_DOWN_MARKERS = (
+    "terminating connection due to administrator command",
+    "server closed the connection unexpectedly",
+    "the database system is starting up",
+    "the database system is shutting down",
+    "the database system is in recovery mode",
+    "connection to server at",  # libpq: connection to server at "h", port p failed: ...
+    "connection to server on socket",
+)
+# ... unless the text says the server answered and refused us for good.
+LEDGER_PERMANENT_MARKERS = (
+    "does not exist",
+    "authentication failed",
+    "password",
+    "no pg_hba.conf entry",
+    "permission denied",
+    "could not translate host name",
+    "invalid",
+)
 _ERRNO_TEXT = re.compile(r"\[Errno (\d+)\]")
 
 
@@ -88,12 +111,34 @@ def storage_fault(exc: BaseException, *, ledger: str | None = None) -> PipelineE
     return None
 
 
+def ledger_down(text: str) -> bool:
+    """Whether a database error's text says the PostgreSQL ledger is down or restarting."""
+    lowered = text.lower()
+    return any(m in lowered for m in LEDGER_DOWN_MARKERS) and not any(
+        m in lowered for m in LEDGER_PERMANENT_MARKERS
+    )
+
+
+def _ledger_outage(exc: BaseException, ledger: str | None) -> PipelineError | None:
+    for item in exception_chain(exc):
+        if type(item).__module__.split(".")[0] in DB_MODULES:
+            driver = getattr(item, "orig", None) or item
+            text = one_line(str(driver).split("\n", 1)[0], 300)
+            if ledger_down(text):
+                where = f" ({ledger})" if ledger else ""
+                return PipelineError(
+                    "ledger.unavailable", f"the ledger database{where} is unreachable: {text}"
+                )
+    return None
+
+
 def root_cause(exc: BaseException, *, ledger: str | None = None) -> PipelineError:
     """One typed error naming what went wrong: a PipelineError as it is, a storage fault by
-    its code, anything else as ``internal`` with its own type and message."""
+    its code, a PostgreSQL ledger that is down as ``ledger.unavailable``, anything else as
+    ``internal`` with its own type and message."""
     if isinstance(exc, PipelineError):
         return exc
-    fault = storage_fault(exc, ledger=ledger)
+    fault = storage_fault(exc, ledger=ledger) or _ledger_outage(exc, ledger)
     if fault is not None:
         return fault
     return PipelineError(
@@ -111,4 +156,6 @@ def root_cause_of_text(text: str) -> PipelineError:
     for code, marker, wording in STORAGE_DB_MARKERS:
         if marker in flat.lower():
             return PipelineError(code, f"{wording}: {flat}")
+    if ledger_down(flat):
+        return PipelineError("ledger.unavailable", f"the ledger database is unreachable: {flat}")
     return PipelineError("internal", flat)

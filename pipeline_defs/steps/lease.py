@@ -7,9 +7,15 @@ a step may run as long as it takes and is never stolen while its owner lives. A 
 matches no row means another run took the row over: the lease is lost, and :meth:`check`
 (called by the provider meter before every model call, and by the protocol before it
 publishes) raises ``step.ownership_lost`` — at most the calls already in flight are spent
-twice. A renewal that fails with an error (the database is unreachable) is retried at the
-next beat: if the outage outlasts the lease, the row becomes stealable and the next
-successful renewal finds it lost.
+twice.
+
+A blip of the ledger (one dropped connection, a quick server restart) costs no beat: the
+store re-runs the renewal on a fresh connection (resources.ledger.retry), and a renewal run
+twice after a lost answer still matches the owner's row, so it never reads as "lost". Only
+an outage longer than the store's retry budget fails a renewal (``ledger.unavailable``); it
+is retried at the next beat, and the thread lives on whatever error a renewal raises. If the
+outage outlasts the lease, the row becomes stealable and the next successful renewal finds
+it lost.
 """
 
 import logging
@@ -39,6 +45,8 @@ class Lease:
         self.interval = interval_seconds
         self.log = log
         self.renewals = 0
+        # Renewals that failed with an error (not "lost"): an outage past the store's retry.
+        self.failures = 0
         self._lost = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name=f"lease-{key.step_id}", daemon=True)
@@ -59,7 +67,8 @@ class Lease:
         while not self._stop.wait(self.interval):
             try:
                 renewed = self.ledger.heartbeat(self.key, self.run_id)
-            except Exception as exc:  # an outage: try again at the next beat
+            except Exception as exc:  # an outage past the store's retry: the next beat tries
+                self.failures += 1
                 self.log.warning("%s: lease renewal failed (%s); retrying", self.key, exc)
                 continue
             if not renewed:

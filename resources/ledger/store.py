@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
@@ -25,6 +25,7 @@ from pipeline_defs.resume.errors import PipelineError
 from pipeline_defs.resume.partition import Episode, StepKey
 from pipeline_defs.resume.settings import validate_ledger_values
 from pipeline_defs.resume.status import SETTLED_RESULT, TERMINAL_STATUSES, LedgerRow, StepStatus
+from resources.ledger.retry import Once, is_dropped_connection, retry_dropped
 from resources.ledger.tables import (
     provider_call,
     setting_change,
@@ -34,6 +35,8 @@ from resources.ledger.tables import (
 )
 
 T = TypeVar("T")
+# A result row as the mapping it is (SQLAlchemy types RowMapping's keys wider than str).
+_Mapping = Mapping[str, Any]
 _STATUS_TEXTS = tuple(s.value for s in StepStatus)
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
@@ -48,6 +51,11 @@ _PAIR_FILTER_LIMIT = 500
 # How stale a process's copy of the settings table may be: a run's steps and a sensor's tick
 # read it at most once per this many seconds, and a change applies everywhere within it.
 SETTINGS_MAX_AGE_SECONDS = 5.0
+# How the PostgreSQL ledger's sessions are named (pg_stat_activity.application_name).
+APPLICATION_NAME = "storyboard-ledger"
+# One connection attempt's limit (seconds): a refused connection fails at once, this only
+# bounds a host that does not answer at all.
+CONNECT_TIMEOUT_SECONDS = 10
 
 
 def _now() -> str:
@@ -91,6 +99,23 @@ def _sqlite_events(engine: Engine) -> None:
         conn.exec_driver_sql(f"BEGIN {mode}")
 
 
+def _pg_connect_args(url: str) -> dict[str, Any]:
+    """Name our sessions and bound a connection attempt, unless the URL says otherwise.
+
+    ``application_name`` (``storyboard-ledger:<pid>``) lets an operator, or a test, find
+    this process's sessions in ``pg_stat_activity``. ``connect_timeout``: without it a
+    connection attempt to an unreachable host waits for the OS TCP timeout (minutes),
+    which would make the bounded retry of a dropped connection unbounded.
+    """
+    query = sa.engine.make_url(url).query
+    args: dict[str, Any] = {}
+    if "application_name" not in query:
+        args["application_name"] = f"{APPLICATION_NAME}:{os.getpid()}"
+    if "connect_timeout" not in query:
+        args["connect_timeout"] = CONNECT_TIMEOUT_SECONDS
+    return args
+
+
 def engine_for(url: str) -> Engine:
     """One pooled engine per URL and process, created on first use (never at import)."""
     key = (url, os.getpid())
@@ -104,8 +129,17 @@ def engine_for(url: str) -> Engine:
                 _sqlite_events(engine)
             else:
                 # No pre-ping: it would add a round trip to every operation of the claim
-                # path; connections are recycled instead.
-                engine = sa.create_engine(url, pool_recycle=1800, pool_size=5, max_overflow=10)
+                # path. A pooled connection the server dropped fails its first statement
+                # before the server runs anything, SQLAlchemy then invalidates the whole
+                # pool, and the store re-runs the operation on a fresh connection
+                # (resources.ledger.retry): the same recovery, paid only after a blip.
+                engine = sa.create_engine(
+                    url,
+                    pool_recycle=1800,
+                    pool_size=5,
+                    max_overflow=10,
+                    connect_args=_pg_connect_args(url),
+                )
             _ENGINES[key] = engine
         return engine
 
@@ -230,6 +264,10 @@ _AUDIT_COLUMNS = (
     "launch_path",
     "at",
 )
+# The next provider_call id on PostgreSQL (drawn before the insert: see start_provider_call).
+_NEXT_CALL_ID = sa.select(
+    sa.func.nextval(sa.func.pg_get_serial_sequence(provider_call.name, provider_call.c.id.name))
+)
 _AUDIT_STATEMENT = (
     sa.insert(step_transition)
     .values({column: _B(f"a_{column}") for column in _AUDIT_COLUMNS})
@@ -278,6 +316,37 @@ class LedgerStore:
             return self.engine.connect().execution_options(read_only=True)
         return self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
 
+    # Every operation below runs as ``body(attempt)`` through :meth:`_retry`: one whole unit
+    # of work (connection, transaction, statements, commit) that PostgreSQL may make run
+    # again after a dropped connection (resources.ledger.retry). A write whose effect is
+    # not the same when run twice looks for its own earlier success on ``attempt > 1``.
+    def _retry(
+        self,
+        what: str,
+        body: Callable[[int], T],
+        *,
+        callbacks: Sequence[Once[Any]] = (),
+    ) -> T:
+        if self.is_sqlite:  # embedded: no server to lose; "database is locked" is no blip
+            return body(1)
+        return retry_dropped(body, url=self.url, what=what, callbacks=callbacks)
+
+    def _in_single(self, what: str, fn: Callable[[Connection], T]) -> T:
+        """One statement whose second run changes nothing more (fixed values, owner-aware)."""
+
+        def body(_attempt: int) -> T:
+            with self._single() as conn:
+                return fn(conn)
+
+        return self._retry(what, body)
+
+    def _in_read(self, what: str, fn: Callable[[Connection], T]) -> T:
+        def body(_attempt: int) -> T:
+            with self._read() as conn:
+                return fn(conn)
+
+        return self._retry(what, body)
+
     @staticmethod
     def _key_clause(key: StepKey) -> sa.ColumnElement[bool]:
         return sa.and_(
@@ -288,6 +357,10 @@ class LedgerStore:
 
     def migrate(self) -> str:
         """Bring the database to the head revision; returns the revision."""
+        return self._retry("migrate", lambda _attempt: self._migrate())
+
+    def _migrate(self) -> str:
+        """:meth:`migrate` without the retry (run inside an operation that retries)."""
         from alembic import command
         from alembic.config import Config
         from alembic.runtime.migration import MigrationContext
@@ -303,7 +376,9 @@ class LedgerStore:
                 with self.engine.begin() as conn:
                     cfg.attributes["connection"] = conn
                     command.upgrade(cfg, "head")
-            except sa.exc.DBAPIError:
+            except sa.exc.DBAPIError as exc:
+                if is_dropped_connection(exc):
+                    raise  # not a concurrent migration: the caller's retry runs it again
                 # A concurrent process may have migrated first; accept it if it reached head.
                 with self.engine.connect() as conn:
                     if MigrationContext.configure(conn).get_current_revision() != head:
@@ -312,8 +387,9 @@ class LedgerStore:
         return str(head)
 
     def ensure_schema(self) -> None:
+        """Migrate on first use; called inside every operation, so inside its retry."""
         if not self._migrated:
-            self.migrate()
+            self._migrate()
 
     # ----------------------------------------------------------------- settings
     def stored_settings(self, max_age: float = SETTINGS_MAX_AGE_SECONDS) -> dict[str, str]:
@@ -326,7 +402,7 @@ class LedgerStore:
         cached = self._settings_cache
         if cached is not None and time.monotonic() - cached[0] < max_age:
             return dict(cached[1])
-        values = self._read_settings()
+        values = self._retry("read settings", lambda _attempt: self._read_settings())
         self._settings_cache = (time.monotonic(), values)
         return dict(values)
 
@@ -343,7 +419,9 @@ class LedgerStore:
                 conn = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
             with conn:
                 return {str(k): str(v) for k, v in conn.execute(query).all()}
-        except sa.exc.DBAPIError:
+        except sa.exc.DBAPIError as exc:
+            if is_dropped_connection(exc):
+                raise  # the server, not the table, is missing: retried whole
             with self.engine.connect() as conn:
                 if sa.inspect(conn).has_table(settings.name):
                     raise
@@ -368,51 +446,71 @@ class LedgerStore:
     def _change_settings(
         self, values: Mapping[str, str], *, changed_by: Mapping[str, str], keep: bool
     ) -> dict[str, tuple[str | None, str]]:
-        changes: dict[str, tuple[str | None, str]] = {}
-        with self._write() as conn:
-            if not self.is_sqlite:
-                # Serialize changes: two keys validated apart (lease, heartbeat) could make
-                # a pair neither change alone would allow. SQLite's BEGIN IMMEDIATE does this.
-                conn.exec_driver_sql("LOCK TABLE settings IN SHARE ROW EXCLUSIVE MODE")
-            rows = conn.execute(sa.select(settings.c.key, settings.c.value)).all()
-            current = {str(k): str(v) for k, v in rows}
-            wanted = {k: v for k, v in values.items() if not (keep and k in current)}
-            merged = validate_ledger_values({**current, **wanted})  # raises: nothing written
-            now = _now()
-            for key in wanted:
-                old, new = current.get(key), merged[key]
-                if old == new:
-                    continue
-                row = {"value": new, "updated_at": now, "updated_by": changed_by[key]}
-                if old is None:
-                    conn.execute(sa.insert(settings).values(key=key, **row))
-                else:
-                    conn.execute(sa.update(settings).where(settings.c.key == key).values(**row))
-                conn.execute(
-                    sa.insert(setting_change).values(
-                        key=key,
-                        old_value=old,
-                        new_value=new,
-                        changed_at=now,
-                        changed_by=changed_by[key],
-                    )
-                )
-                changes[key] = (old, new)
+        # Run again after a dropped commit, the unit re-reads the table and writes only what
+        # still differs: nothing twice (a change whose commit was lost and yet applied is
+        # then reported as no change).
+        def body(_attempt: int) -> dict[str, tuple[str | None, str]]:
+            with self._write() as conn:
+                return self._apply_settings(conn, values, changed_by=changed_by, keep=keep)
+
+        changes = self._retry("change settings", body)
         self._settings_cache = None  # this process sees its own change at once
+        return changes
+
+    def _apply_settings(
+        self,
+        conn: Connection,
+        values: Mapping[str, str],
+        *,
+        changed_by: Mapping[str, str],
+        keep: bool,
+    ) -> dict[str, tuple[str | None, str]]:
+        changes: dict[str, tuple[str | None, str]] = {}
+        if not self.is_sqlite:
+            # Serialize changes: two keys validated apart (lease, heartbeat) could make
+            # a pair neither change alone would allow. SQLite's BEGIN IMMEDIATE does this.
+            conn.exec_driver_sql("LOCK TABLE settings IN SHARE ROW EXCLUSIVE MODE")
+        rows = conn.execute(sa.select(settings.c.key, settings.c.value)).all()
+        current = {str(k): str(v) for k, v in rows}
+        wanted = {k: v for k, v in values.items() if not (keep and k in current)}
+        merged = validate_ledger_values({**current, **wanted})  # raises: nothing written
+        now = _now()
+        for key in wanted:
+            old, new = current.get(key), merged[key]
+            if old == new:
+                continue
+            row = {"value": new, "updated_at": now, "updated_by": changed_by[key]}
+            if old is None:
+                conn.execute(sa.insert(settings).values(key=key, **row))
+            else:
+                conn.execute(sa.update(settings).where(settings.c.key == key).values(**row))
+            conn.execute(
+                sa.insert(setting_change).values(
+                    key=key,
+                    old_value=old,
+                    new_value=new,
+                    changed_at=now,
+                    changed_by=changed_by[key],
+                )
+            )
+            changes[key] = (old, new)
         return changes
 
     def setting_changes(self) -> list[dict[str, Any]]:
         """The audit trail of the settings table, oldest first."""
-        with self._read() as conn:
-            query = sa.select(setting_change).order_by(setting_change.c.id)
-            return [dict(r) for r in conn.execute(query).mappings()]
+        query = sa.select(setting_change).order_by(setting_change.c.id)
+        return self._in_read(
+            "read setting changes",
+            lambda conn: [dict(r) for r in conn.execute(query).mappings()],
+        )
 
     # ----------------------------------------------------------------- reads
     def get(self, key: StepKey) -> LedgerRow | None:
-        with self._read() as conn:
-            return _row(
-                conn.execute(sa.select(step_run).where(self._key_clause(key))).mappings().first()
-            )
+        query = sa.select(step_run).where(self._key_clause(key))
+        return self._in_read(
+            "read a step row",
+            lambda conn: _row(cast(_Mapping, conn.execute(query).mappings().first())),
+        )
 
     def get_many(
         self,
@@ -460,31 +558,39 @@ class LedgerStore:
             else:
                 projects = sorted({p for p, _ in wanted})
                 query = query.where(step_run.c.project_id.in_(projects))
-        out: dict[StepKey, LedgerRow] = {}
-        with self._read() as conn:
+
+        def fetch(conn: Connection) -> tuple[list[str], list[Sequence[Any]]]:
             result = conn.execute(query)
-            columns = list(result.keys())
-            for values in result.all():
-                row = dict(zip(columns, values, strict=True))
-                if wanted is not None and (row["project_id"], row["episode_id"]) not in wanted:
-                    continue
-                key = StepKey(row["project_id"], row["episode_id"], row["step_id"])
-                out[key] = LedgerRow.from_row(row)
+            return list(result.keys()), list(result.all())
+
+        labels, fetched = self._in_read("read step rows", fetch)
+        out: dict[StepKey, LedgerRow] = {}
+        for values in fetched:
+            row = dict(zip(labels, values, strict=True))
+            if wanted is not None and (row["project_id"], row["episode_id"]) not in wanted:
+                continue
+            key = StepKey(row["project_id"], row["episode_id"], row["step_id"])
+            out[key] = LedgerRow.from_row(row)
         return out
 
     def running_rows(self) -> list[LedgerRow]:
-        with self._read() as conn:
-            rows = conn.execute(
-                sa.select(step_run).where(step_run.c.status == StepStatus.RUNNING.value)
-            ).mappings()
-            return [LedgerRow.from_row(r) for r in rows]
+        query = sa.select(step_run).where(step_run.c.status == StepStatus.RUNNING.value)
+        return self._in_read(
+            "read running rows",
+            lambda conn: [
+                LedgerRow.from_row(cast(_Mapping, r)) for r in conn.execute(query).mappings()
+            ],
+        )
 
     def cursor(self) -> tuple[int, str]:
         """(highest transition_seq, latest updated_at): changes when any row or audit changes."""
-        with self._read() as conn:
+
+        def read(conn: Connection) -> tuple[int, str]:
             seq = conn.execute(sa.select(sa.func.max(step_transition.c.transition_seq))).scalar()
             updated = conn.execute(sa.select(sa.func.max(step_run.c.updated_at))).scalar()
-        return int(seq or 0), str(updated or "")
+            return int(seq or 0), str(updated or "")
+
+        return self._in_read("read the ledger cursor", read)
 
     def transitions(
         self, key: StepKey | None = None, *, since_seq: int = 0
@@ -496,9 +602,10 @@ class LedgerStore:
                 step_transition.c.episode_id == key.episode_id,
                 step_transition.c.step_id == key.step_id,
             )
-        with self._read() as conn:
-            rows = conn.execute(query.order_by(step_transition.c.transition_seq)).mappings()
-            return [dict(r) for r in rows]
+        ordered = query.order_by(step_transition.c.transition_seq)
+        return self._in_read(
+            "read transitions", lambda conn: [dict(r) for r in conn.execute(ordered).mappings()]
+        )
 
     def provider_calls(
         self,
@@ -518,8 +625,10 @@ class LedgerStore:
             )
         if run_id is not None:
             query = query.where(provider_call.c.run_id == run_id)
-        with self._read() as conn:
-            return [dict(r) for r in conn.execute(query.order_by(provider_call.c.id)).mappings()]
+        ordered = query.order_by(provider_call.c.id)
+        return self._in_read(
+            "read provider calls", lambda conn: [dict(r) for r in conn.execute(ordered).mappings()]
+        )
 
     # ----------------------------------------------------------------- claims
     def claim(
@@ -572,9 +681,29 @@ class LedgerStore:
         if beat:
             params["c_expected_heartbeat_at"] = expected_heartbeat_at
         statement = _claim_statement(self.is_sqlite, shape, steal, auto_recovery, beat)
-        with self._single() as conn:
-            won = conn.execute(statement, params).first()
-        return won is not None and won[0] == run_id
+
+        def body(attempt: int) -> bool:
+            with self._single() as conn:
+                # A retry after a dropped connection: the first attempt may have committed
+                # (its answer lost). The row then names this run_id (unique per claim) and
+                # this claim's started_at: that is our win, not another owner's row.
+                if attempt > 1 and self._row_is(
+                    conn, key, run_id=run_id, status=StepStatus.RUNNING, started_at=ts
+                ):
+                    return True
+                won = conn.execute(statement, params).first()
+            return won is not None and won[0] == run_id
+
+        return self._retry("claim", body)
+
+    def _row_is(self, conn: Connection, key: StepKey, **expected: Any) -> bool:
+        """Whether the key's row exists with exactly these column values (after an unknown
+        outcome: did our own write land?)."""
+        columns = [step_run.c[name] for name in expected]
+        found = conn.execute(sa.select(*columns).where(self._key_clause(key))).first()
+        return found is not None and all(
+            value == want for value, want in zip(found, expected.values(), strict=True)
+        )
 
     def _settled_insert(
         self, key: StepKey, run_id: str, status: StepStatus, summary: str, ts: str
@@ -607,7 +736,8 @@ class LedgerStore:
 
         ``seal``: the adopting run verified it clean, so the row can carry its seal.
         """
-        statement = self._settled_insert(key, run_id, StepStatus.COMPLETED, summary, now or _now())
+        ts = now or _now()
+        statement = self._settled_insert(key, run_id, StepStatus.COMPLETED, summary, ts)
         statement = (
             statement.values(checkpoint_seal=seal)
             .on_conflict_do_nothing(
@@ -615,8 +745,17 @@ class LedgerStore:
             )
             .returning(step_run.c.id)
         )
-        with self._single() as conn:
-            return conn.execute(statement).first() is not None
+
+        def body(attempt: int) -> bool:
+            with self._single() as conn:
+                # After a lost answer, our own insert is the row with our run and timestamp.
+                if attempt > 1 and self._row_is(
+                    conn, key, run_id=run_id, status=StepStatus.COMPLETED, created_at=ts
+                ):
+                    return True
+                return conn.execute(statement).first() is not None
+
+        return self._retry("adopt", body)
 
     def mark_not_applicable(
         self, key: StepKey, run_id: str, reason: str, now: str | None = None
@@ -639,8 +778,14 @@ class LedgerStore:
             )
             .returning(step_run.c.id)
         )
-        with self._single() as conn:
-            return conn.execute(statement).first() is not None
+
+        # Run again after a lost answer, the upsert finds our not-applicable row (not
+        # running) and writes the same values: the same answer.
+        def body(_attempt: int) -> bool:
+            with self._single() as conn:
+                return conn.execute(statement).first() is not None
+
+        return self._retry("mark not applicable", body)
 
     # ----------------------------------------------------------------- owner-aware writes
     def _owned(self, key: StepKey, run_id: str) -> sa.ColumnElement[bool]:
@@ -702,30 +847,50 @@ class LedgerStore:
         params: dict[str, Any] = {**_key_params(key), "k_mine": run_id}
         params.update({f"v_{column}": value for column, value in values.items()})
         statement = _transition_statement(tuple(sorted(values)), require_owner)
-        with self._write() as conn:
-            if publish is not None:
-                locked = conn.execute(_lock_statement(require_owner), params).first()
-                if locked is None:
+        # Retried after a dropped connection, the unit writes the same values (``ts``
+        # included) where the row still names this owner: a commit that did land is
+        # simply confirmed. ``publish`` (the checkpoint rename) runs at most once: a retry
+        # after it ran re-takes the row lock, re-checks the owner and commits. A rename
+        # cannot be taken back; a session lost while it ran leaves the window that a lost
+        # commit always left (another run could only take the row after our lease lapsed).
+        once = Once(publish) if publish is not None else None
+
+        def body(_attempt: int) -> bool:
+            with self._write() as conn:
+                if once is not None:
+                    locked = conn.execute(_lock_statement(require_owner), params).first()
+                    if locked is None:
+                        return False
+                changed = conn.execute(statement, params).rowcount
+                if changed != 1:
                     return False
-            changed = conn.execute(statement, params).rowcount
-            if changed != 1:
-                return False
-            if publish is not None:
-                publish()
-        return True
+                if once is not None:
+                    once()
+            return True
+
+        return self._retry("transition", body, callbacks=(once,) if once else ())
 
     def publish(self, key: StepKey, run_id: str, fn: Callable[[], T]) -> T:
-        """Run ``fn`` while holding the row lock of a row that still names this owner."""
-        with self._write() as conn:
-            locked = conn.execute(
-                sa.select(step_run.c.id).where(self._owned(key, run_id)).with_for_update()
-            ).first()
-            if locked is None:
-                raise PipelineError(
-                    "step.ownership_lost",
-                    f"{key}: run {run_id} no longer owns the ledger row; refusing to publish",
-                )
-            return fn()
+        """Run ``fn`` while holding the row lock of a row that still names this owner.
+
+        After a dropped connection the lock is taken again; ``fn`` runs at most once (a
+        retry after it ran only re-checks the owner and returns its result).
+        """
+        once = Once(fn)
+
+        def body(_attempt: int) -> T:
+            with self._write() as conn:
+                locked = conn.execute(
+                    sa.select(step_run.c.id).where(self._owned(key, run_id)).with_for_update()
+                ).first()
+                if locked is None:
+                    raise PipelineError(
+                        "step.ownership_lost",
+                        f"{key}: run {run_id} no longer owns the ledger row; refusing to publish",
+                    )
+                return once()
+
+        return self._retry("publish", body, callbacks=(once,))
 
     def with_settled_row(
         self, key: StepKey, fn: Callable[[], T], *, reseal: bool = False, seal: str | None = None
@@ -737,82 +902,93 @@ class LedgerStore:
         ``reseal`` the row's checkpoint seal becomes ``seal`` in the same transaction (a
         partial row never keeps one).
         """
-        with self._write() as conn:
-            row = conn.execute(
-                sa.select(step_run.c.status, step_run.c.run_id)
-                .where(self._key_clause(key))
-                .with_for_update()
-            ).first()
-            if row is None or row.status not in SETTLED_RESULT:
-                status = "absent" if row is None else row.status
-                running = status == StepStatus.RUNNING
-                code = "step.victim_running" if running else "step.victim_not_settled"
-                raise PipelineError(
-                    code,
-                    f"{key}: cannot edit its checkpoint while its ledger row is {status}",
-                    status=409,
-                )
-            if reseal:
-                conn.execute(
-                    sa.update(step_run)
-                    .where(self._key_clause(key))
-                    .values(checkpoint_seal=seal if row.status == StepStatus.COMPLETED else None)
-                )
-            return fn()
+        once = Once(fn)  # retried after a dropped connection: the edit runs at most once
 
+        def body(_attempt: int) -> T:
+            with self._write() as conn:
+                row = conn.execute(
+                    sa.select(step_run.c.status, step_run.c.run_id)
+                    .where(self._key_clause(key))
+                    .with_for_update()
+                ).first()
+                if row is None or row.status not in SETTLED_RESULT:
+                    status = "absent" if row is None else row.status
+                    running = status == StepStatus.RUNNING
+                    code = "step.victim_running" if running else "step.victim_not_settled"
+                    raise PipelineError(
+                        code,
+                        f"{key}: cannot edit its checkpoint while its ledger row is {status}",
+                        status=409,
+                    )
+                if reseal:
+                    completed = row.status == StepStatus.COMPLETED
+                    conn.execute(
+                        sa.update(step_run)
+                        .where(self._key_clause(key))
+                        .values(checkpoint_seal=seal if completed else None)
+                    )
+                return once()
+
+        return self._retry("edit a settled row", body, callbacks=(once,))
+
+    # The three owner-aware updates below write fixed values (timestamps taken once, before
+    # the first attempt): run twice, they match the same row and leave it the same.
     def reset_recovery(self, key: StepKey, run_id: str) -> bool:
-        with self._single() as conn:
-            result = conn.execute(
-                sa.update(step_run)
-                .where(self._owned(key, run_id))
-                .values(
-                    recovery_count=0,
-                    last_recovery_reason=None,
-                    retry_not_before=None,
-                    updated_at=_now(),
-                )
+        statement = (
+            sa.update(step_run)
+            .where(self._owned(key, run_id))
+            .values(
+                recovery_count=0,
+                last_recovery_reason=None,
+                retry_not_before=None,
+                updated_at=_now(),
             )
-            return result.rowcount == 1
+        )
+        return self._in_single("reset recovery", lambda c: c.execute(statement).rowcount == 1)
 
     def set_retry_not_before(self, key: StepKey, run_id: str, when: str) -> bool:
-        with self._single() as conn:
-            result = conn.execute(
-                sa.update(step_run)
-                .where(self._owned(key, run_id))
-                .values(retry_not_before=when, updated_at=_now())
-            )
-            return result.rowcount == 1
+        statement = (
+            sa.update(step_run)
+            .where(self._owned(key, run_id))
+            .values(retry_not_before=when, updated_at=_now())
+        )
+        return self._in_single("set retry_not_before", lambda c: c.execute(statement).rowcount == 1)
 
     def heartbeat(self, key: StepKey, run_id: str, now: str | None = None) -> bool:
-        with self._single() as conn:
-            result = conn.execute(
-                sa.update(step_run)
-                .where(self._owned(key, run_id))
-                .values(heartbeat_at=now or _now())
-            )
-            return result.rowcount == 1
+        """Renew the owner's lease; False when the row no longer names ``run_id``."""
+        statement = (
+            sa.update(step_run).where(self._owned(key, run_id)).values(heartbeat_at=now or _now())
+        )
+        return self._in_single("heartbeat", lambda c: c.execute(statement).rowcount == 1)
 
     def invalidate(
         self, keys: Iterable[StepKey], reason: str, now: str | None = None
     ) -> list[StepKey]:
         """Mark rows stale (explicit force only). Running rows are left to their owner."""
         ts = now or _now()
-        done: list[StepKey] = []
-        with self._write() as conn:
-            for key in keys:
-                result = conn.execute(
-                    sa.update(step_run)
-                    .where(self._key_clause(key), step_run.c.status != StepStatus.RUNNING.value)
-                    .values(
-                        status=StepStatus.STALE.value,
-                        updated_at=ts,
-                        result_summary=reason,
-                        checkpoint_seal=None,
+        wanted = list(keys)  # a retry walks them again
+
+        # Run again after a lost commit, each update finds its row stale (not running) and
+        # writes the same values: the same keys come back.
+        def body(_attempt: int) -> list[StepKey]:
+            done: list[StepKey] = []
+            with self._write() as conn:
+                for key in wanted:
+                    result = conn.execute(
+                        sa.update(step_run)
+                        .where(self._key_clause(key), step_run.c.status != StepStatus.RUNNING.value)
+                        .values(
+                            status=StepStatus.STALE.value,
+                            updated_at=ts,
+                            result_summary=reason,
+                            checkpoint_seal=None,
+                        )
                     )
-                )
-                if result.rowcount == 1:
-                    done.append(key)
-        return done
+                    if result.rowcount == 1:
+                        done.append(key)
+            return done
+
+        return self._retry("invalidate", body)
 
     def reset_running(self, key: StepKey, expected_started_at: str | None, reason: str) -> bool:
         """Operator reset of a stuck row to failed; refuses unless it is unchanged."""
@@ -822,21 +998,34 @@ class LedgerStore:
             else step_run.c.started_at == expected_started_at
         )
         ts = _now()
-        with self._single() as conn:
-            result = conn.execute(
-                sa.update(step_run)
-                .where(
-                    self._key_clause(key), step_run.c.status == StepStatus.RUNNING.value, started
-                )
-                .values(
-                    status=StepStatus.FAILED.value,
+        statement = (
+            sa.update(step_run)
+            .where(self._key_clause(key), step_run.c.status == StepStatus.RUNNING.value, started)
+            .values(
+                status=StepStatus.FAILED.value,
+                error_message=reason,
+                updated_at=ts,
+                completed_at=ts,
+                checkpoint_seal=None,
+            )
+        )
+
+        def body(attempt: int) -> bool:
+            with self._single() as conn:
+                if conn.execute(statement).rowcount == 1:
+                    return True
+                # After a lost answer the row is no longer running: ours if it is the reset
+                # this call wrote (same reason, same timestamp).
+                return attempt > 1 and self._row_is(
+                    conn,
+                    key,
+                    status=StepStatus.FAILED,
                     error_message=reason,
                     updated_at=ts,
                     completed_at=ts,
-                    checkpoint_seal=None,
                 )
-            )
-            return result.rowcount == 1
+
+        return self._retry("reset running", body)
 
     # ----------------------------------------------------------------- audit and cost
     def append_transition(
@@ -865,9 +1054,25 @@ class LedgerStore:
             "launch_path": launch_path,
             "at": now or _now(),
         }
-        with self._single() as conn:
-            result = conn.execute(_AUDIT_STATEMENT, {f"a_{k}": v for k, v in values.items()})
-            return int(result.scalar_one())
+        params = {f"a_{k}": v for k, v in values.items()}
+
+        def body(attempt: int) -> int:
+            with self._single() as conn:
+                if attempt > 1:
+                    # After a lost answer our row may be there: the same key, action, run,
+                    # reason and microsecond timestamp is ours, not a second transition.
+                    same = [
+                        step_transition.c[k].is_not_distinct_from(sa.literal(v, sa.Text))
+                        for k, v in values.items()
+                    ]
+                    found = conn.execute(
+                        sa.select(step_transition.c.transition_seq).where(*same)
+                    ).first()
+                    if found is not None:
+                        return int(found[0])
+                return int(conn.execute(_AUDIT_STATEMENT, params).scalar_one())
+
+        return self._retry("append transition", body)
 
     def start_provider_call(self, key: StepKey, run_id: str | None, *, kind: str) -> int:
         """Record a call before it is sent (a kill during it leaves it unfinished)."""
@@ -875,29 +1080,47 @@ class LedgerStore:
             raise PipelineError(
                 "input.invalid", f"provider call kind must be text or image, not {kind!r}"
             )
-        with self._single() as conn:
-            inserted = conn.execute(
-                sa.insert(provider_call)
-                .values(
-                    project_id=key.project_id,
-                    episode_id=key.episode_id,
-                    step_id=key.step_id,
-                    run_id=run_id,
-                    kind=kind,
-                    units=0,
-                    at=_now(),
+        values = {
+            "project_id": key.project_id,
+            "episode_id": key.episode_id,
+            "step_id": key.step_id,
+            "run_id": run_id,
+            "kind": kind,
+            "units": 0,
+            "at": _now(),
+        }
+        if self.is_sqlite:  # never retried (see _retry): the id comes back with the insert
+            with self._single() as conn:
+                inserted = conn.execute(
+                    sa.insert(provider_call).values(values).returning(provider_call.c.id)
+                ).scalar_one()
+            return int(inserted)
+        # PostgreSQL: the row's id is drawn from its sequence before the insert is sent, so
+        # an insert retried after a lost answer names the same row (ON CONFLICT DO NOTHING)
+        # and a paid call is never counted twice. One more round trip per provider call.
+        allocated: list[int] = []
+
+        def body(_attempt: int) -> int:
+            with self._single() as conn:
+                if not allocated:
+                    allocated.append(int(conn.execute(_NEXT_CALL_ID).scalar_one()))
+                conn.execute(
+                    postgresql.insert(provider_call)
+                    .values(id=allocated[0], **values)
+                    .on_conflict_do_nothing(index_elements=[provider_call.c.id])
                 )
-                .returning(provider_call.c.id)
-            ).scalar_one()
-        return int(inserted)
+            return allocated[0]
+
+        return self._retry("record a provider call", body)
 
     def finish_provider_call(self, call_id: int, *, units: int, model: str | None) -> None:
-        with self._single() as conn:
-            conn.execute(
-                sa.update(provider_call)
-                .where(provider_call.c.id == call_id)
-                .values(units=units, model=model, finished_at=_now())
-            )
+        # Fixed values by primary key: run twice after a lost answer, the same row results.
+        statement = (
+            sa.update(provider_call)
+            .where(provider_call.c.id == call_id)
+            .values(units=units, model=model, finished_at=_now())
+        )
+        self._in_single("finish a provider call", lambda conn: conn.execute(statement))
 
     def record_provider_call(
         self, key: StepKey, run_id: str | None, *, kind: str, units: int, model: str | None

@@ -90,6 +90,7 @@ class LedgerRow(Mapping[str, Any]):
     lock_owner: str | None = None
     heartbeat_at: str | None = None
     checkpoint_seal: str | None = None
+    checkpoint_pointer: str | None = None  # object storage: the published manifest
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> "LedgerRow":

@@ -25,6 +25,7 @@ from pipeline_defs.resume.errors import PipelineError
 from pipeline_defs.resume.partition import Episode, StepKey
 from pipeline_defs.resume.settings import validate_ledger_values
 from pipeline_defs.resume.status import SETTLED_RESULT, TERMINAL_STATUSES, LedgerRow, StepStatus
+from resources.ledger import pointers
 from resources.ledger.retry import Once, is_dropped_connection, retry_dropped
 from resources.ledger.tables import (
     provider_call,
@@ -807,9 +808,16 @@ class LedgerStore:
         input_hash: str | None = None,
         publish: Callable[[], Any] | None = None,
         seal: str | None = None,
+        pointer: str | None = None,
+        keep_archives: int = 5,
         now: str | None = None,
     ) -> bool:
         """Move the row to ``status`` if this run still owns it.
+
+        ``pointer`` (object storage): the manifest of the checkpoint this transition
+        publishes, stored on the locked row in the same transaction as the status; the
+        pointer it replaces goes to ``checkpoint_archive`` (newest ``keep_archives`` kept).
+        A worker that lost the row publishes nothing: its objects stay in its own attempt.
 
         ``seal`` (resources.checkpoints.seal) describes the clean checkpoint this transition
         publishes or keeps; every transition writes it, so any other status clears it.
@@ -857,13 +865,25 @@ class LedgerStore:
 
         def body(_attempt: int) -> bool:
             with self._write() as conn:
-                if once is not None:
+                if once is not None or pointer is not None:
                     locked = conn.execute(_lock_statement(require_owner), params).first()
                     if locked is None:
                         return False
+                previous = pointers.current_pointer(conn, key) if pointer is not None else None
                 changed = conn.execute(statement, params).rowcount
                 if changed != 1:
                     return False
+                if pointer is not None:  # a retry finds its own pointer: nothing archived
+                    pointers.set_pointer(
+                        conn,
+                        key,
+                        pointer,
+                        previous=previous,
+                        reason="replaced",
+                        run_id=run_id,
+                        keep=keep_archives,
+                        now=ts,
+                    )
                 if once is not None:
                     once()
             return True
@@ -891,6 +911,51 @@ class LedgerStore:
                 return once()
 
         return self._retry("publish", body, callbacks=(once,))
+
+    def swap_pointer(
+        self,
+        key: StepKey,
+        *,
+        expected: str,
+        pointer: str,
+        run_id: str | None,
+        reason: str = "mutation",
+        keep_archives: int = 5,
+        now: str | None = None,
+    ) -> bool:
+        """Compare-and-set of a settled row's commit pointer (a mutator's edit of a victim
+        on object storage): applied only while the row is not running and still publishes
+        ``expected``; the replaced pointer is archived. A retry after a lost answer finds
+        its own pointer in place and reports success."""
+        ts = now or _now()
+
+        def body(attempt: int) -> bool:
+            with self._write() as conn:
+                if attempt > 1 and pointers.current_pointer(conn, key) == pointer:
+                    return True
+                return pointers.swap_pointer(
+                    conn,
+                    key,
+                    expected=expected,
+                    pointer=pointer,
+                    reason=reason,
+                    run_id=run_id,
+                    keep=keep_archives,
+                    now=ts,
+                )
+
+        return self._retry("swap a commit pointer", body)
+
+    def archived_pointers(self, key: StepKey) -> list[str]:
+        """The step's replaced commit pointers, newest first."""
+        return self._in_read(
+            "read archived pointers", lambda conn: pointers.archived_pointers(conn, key)
+        )
+
+    def references(self) -> pointers.References:
+        """Every commit pointer (current and archived) and every claim: what object-storage
+        garbage collection must keep."""
+        return self._in_read("read references", pointers.referenced)
 
     def with_settled_row(
         self, key: StepKey, fn: Callable[[], T], *, reseal: bool = False, seal: str | None = None

@@ -1,0 +1,146 @@
+"""Commit pointers of checkpoints on object storage, written inside a ledger transaction.
+
+A step's published checkpoint on a bucket is the manifest in ``step_run.checkpoint_pointer``
+(resources.checkpoints.manifest). These statements run inside the transaction of the
+owner-aware transition that publishes (or of the review's compare-and-set on a victim),
+after the row is locked, so the pointer, the status and the archive of the pointer it
+replaces commit together or not at all: a worker that lost its row publishes nothing.
+
+The replaced pointer goes to ``checkpoint_archive`` (the local store's ``archive/``) and
+the newest ``keep`` archives of the step are kept; garbage collection reads every current
+and archived pointer (:func:`referenced`) and keeps every object they name.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from pipeline_defs.resume.partition import StepKey
+from resources.ledger.tables import checkpoint_archive, step_run
+
+
+def _where(key: StepKey) -> sa.ColumnElement[bool]:
+    return sa.and_(
+        step_run.c.project_id == key.project_id,
+        step_run.c.episode_id == key.episode_id,
+        step_run.c.step_id == key.step_id,
+    )
+
+
+def _archive_where(key: StepKey) -> sa.ColumnElement[bool]:
+    return sa.and_(
+        checkpoint_archive.c.project_id == key.project_id,
+        checkpoint_archive.c.episode_id == key.episode_id,
+        checkpoint_archive.c.step_id == key.step_id,
+    )
+
+
+def current_pointer(conn: Connection, key: StepKey) -> str | None:
+    return conn.execute(sa.select(step_run.c.checkpoint_pointer).where(_where(key))).scalar()
+
+
+def set_pointer(
+    conn: Connection,
+    key: StepKey,
+    pointer: str | None,
+    *,
+    previous: str | None,
+    reason: str,
+    run_id: str | None,
+    keep: int,
+    now: str,
+) -> None:
+    """Store ``pointer`` on the (already locked) row; archive ``previous`` if it differs.
+
+    The caller holds the row lock and has checked ownership (or the compare-and-set): this
+    only writes. ``pointer=None`` takes the checkpoint out of service (a force), keeping
+    the old pointer in the archive.
+    """
+    if pointer == previous:
+        return
+    conn.execute(sa.update(step_run).where(_where(key)).values(checkpoint_pointer=pointer))
+    if previous is None:
+        return
+    conn.execute(
+        sa.insert(checkpoint_archive).values(
+            project_id=key.project_id,
+            episode_id=key.episode_id,
+            step_id=key.step_id,
+            pointer=previous,
+            reason=reason,
+            run_id=run_id,
+            archived_at=now,
+        )
+    )
+    stale = (
+        sa.select(checkpoint_archive.c.id)
+        .where(_archive_where(key))
+        .order_by(checkpoint_archive.c.id.desc())
+        .offset(max(keep, 0))
+    )
+    old_ids = [row[0] for row in conn.execute(stale)]
+    if old_ids:
+        conn.execute(sa.delete(checkpoint_archive).where(checkpoint_archive.c.id.in_(old_ids)))
+
+
+def swap_pointer(
+    conn: Connection,
+    key: StepKey,
+    *,
+    expected: str,
+    pointer: str,
+    reason: str,
+    run_id: str | None,
+    keep: int,
+    now: str,
+) -> bool:
+    """Compare-and-set on a settled row's pointer (the review's edit of a victim): applied
+    only while the row is not running and still names ``expected``; False otherwise."""
+    locked = conn.execute(
+        sa.select(step_run.c.checkpoint_pointer)
+        .where(sa.and_(_where(key), step_run.c.status != "running"))
+        .with_for_update()
+    ).first()
+    if locked is None or locked[0] != expected:
+        return False
+    set_pointer(
+        conn, key, pointer, previous=expected, reason=reason, run_id=run_id, keep=keep, now=now
+    )
+    return True
+
+
+@dataclass(frozen=True)
+class References:
+    """What garbage collection must keep: every pointer any row names (current and
+    archived) and every claim (``run_id``, ``started_at``) whose attempt may be writing."""
+
+    pointers: Sequence[str]
+    claims: Sequence[tuple[str, str]]
+
+
+def referenced(conn: Connection) -> References:
+    current = conn.execute(
+        sa.select(step_run.c.checkpoint_pointer).where(step_run.c.checkpoint_pointer.is_not(None))
+    )
+    archived = conn.execute(sa.select(checkpoint_archive.c.pointer))
+    claims = conn.execute(
+        sa.select(step_run.c.run_id, step_run.c.started_at).where(
+            sa.and_(step_run.c.run_id.is_not(None), step_run.c.started_at.is_not(None))
+        )
+    )
+    return References(
+        pointers=[r[0] for r in current] + [r[0] for r in archived],
+        claims=[(str(r[0]), str(r[1])) for r in claims],
+    )
+
+
+def archived_pointers(conn: Connection, key: StepKey) -> list[str]:
+    """The step's archived pointers, newest first."""
+    query = (
+        sa.select(checkpoint_archive.c.pointer)
+        .where(_archive_where(key))
+        .order_by(checkpoint_archive.c.id.desc())
+    )
+    return [r[0] for r in conn.execute(query)]

@@ -1,24 +1,32 @@
-"""Benchmark: one resume-sensor tick on PostgreSQL at 100 / 1,000 / 10,000 episodes x 10 steps.
+"""Benchmark: one resume-sensor tick on PostgreSQL at 1,000 / 10,000 / 30,000 episodes x 10 steps
+(``--sizes 100000`` on request), each tick reported as a multiple of the physical floor.
 
 Synthetic state: every (episode, step) has a completed ledger row, a valid checkpoint
-envelope (three image steps also carry a small PNG artifact each, one of them in a
+envelope (three image steps also carry a small PNG artifact each, two of them in a
 sub-directory) and an episode input file, and every row carries the seal its run would
-have written (``CheckpointStore.seal`` with the run protocol's ``verifier_reads``), so the
-judge reaches table row 10 everywhere. The steps are ten trivial stand-ins with the real
-step ids and dependency graph of SPEC §8.
+have written, so the judge reaches table row 10 everywhere. The steps are ten trivial
+stand-ins with the real step ids and dependency graph of
+docs/DESIGN.md#reference-pipeline. One episode is built the real way (``Checkpoint``
+envelopes, ``CheckpointStore.seal`` with the run protocol's ``verifier_reads``); every
+other one is a byte copy with its own ids and timestamps, sealed with its own stat
+identities, and the rows are loaded with one ``COPY``.
+
+The floor: a bare ``lstat`` of every entry of the generated tree (``scandir`` walk of the
+checkpoints and inputs), measured right before every tick (floor, cold, floor, warm, ...).
+Each tick is printed as a multiple of it (wall and CPU; and against the run's median floor).
 
 Each size runs in a fresh child process (empty envelope cache, no sensor memory) and
 measures, through the real sensor (``evaluate_tick`` with a Dagster test instance holding
-the ``episodes`` partitions):
+the ``episodes`` partitions; Dagster's own partition listing is also timed apart):
 
 - cold: first tick (judges everything: one row query, every seal checked by ``stat``);
 - warm: the next tick with nothing changed (cursor: two aggregate reads + stats);
 - 1 %: a tick after 1 % of the partitions changed (half lost a PNG, half got a failed
   ledger row): only those are re-judged, one re-run launched for each;
 - full: a forced full re-judgement (the periodic safety net);
-- cold without seals: a second sensor with ``trust_seals=False`` (every envelope read,
-  parsed and verified: artifact sha256, ``validate_data``, ``verify_completion``), i.e.
-  what rows without a seal cost.
+- cold without seals (``--skip-unsealed`` leaves it out): a second sensor with
+  ``trust_seals=False`` (every envelope read, parsed and verified), i.e. what rows without
+  a seal cost.
 
     .venv/bin/python benchmarks/sensor_tick.py --pg-url postgresql+psycopg://postgres@127.0.0.1:5432/test
 
@@ -28,6 +36,7 @@ Each size creates (and drops) its own database ``bench_sensor_<n>`` on that serv
 import argparse
 import cProfile
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -37,6 +46,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Mapping
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -49,7 +59,8 @@ import sqlalchemy as sa  # noqa: E402
 
 from pipeline_defs.definitions import build_resources  # noqa: E402
 from pipeline_defs.judging.parallel import default_workers  # noqa: E402
-from pipeline_defs.judging.tick import TickConfig, ticker_for  # noqa: E402
+from pipeline_defs.judging.registry import ticker_for  # noqa: E402
+from pipeline_defs.judging.tick import TickConfig  # noqa: E402
 from pipeline_defs.project import ProjectConfig, scoped_fingerprints  # noqa: E402
 from pipeline_defs.resume.clock import format_timestamp  # noqa: E402
 from pipeline_defs.resume.completion import CompletionReport, Origin  # noqa: E402
@@ -63,9 +74,9 @@ from pipeline_defs.steps.graph import StepGraph  # noqa: E402
 from pipeline_defs.steps.judge import StepJudge  # noqa: E402
 from pipeline_defs.steps.spec import Step  # noqa: E402
 from resources.checkpoints.envelope import Artifact, Checkpoint, mask_secrets  # noqa: E402
+from resources.checkpoints.seal import Seal, SealedEntry  # noqa: E402
 from resources.checkpoints.store import CheckpointStore  # noqa: E402
 from resources.ledger.store import LedgerStore  # noqa: E402
-from resources.ledger.tables import step_run  # noqa: E402
 from resources.pipeline import PipelineResource  # noqa: E402
 from sensors.report import REPORT_JOB, reported  # noqa: E402
 from sensors.resume_sensor import build_resume_sensor  # noqa: E402
@@ -130,94 +141,191 @@ STEPS: tuple[Step, ...] = (
 
 
 # ----------------------------------------------------------------------------- generation
-def generate(home: Path, ledger: LedgerStore, episodes: int) -> list[str]:
-    """Completed rows and valid envelopes (+ PNGs) for every (episode, step)."""
+TEMPLATE = "e00000"  # the episode generated the slow, real way; every other one is a copy
+
+
+def _template(home: Path, ledger: LedgerStore, ts: str) -> dict[str, tuple[bytes, Seal]]:
+    """Episode ``bench/e00000`` built the real way: ``Checkpoint`` envelopes, PNGs, the input
+    file, and each row's seal from ``CheckpointStore.seal`` with the run protocol's
+    ``verifier_reads``. Per step: the envelope bytes and the decoded seal.
+
+    Nothing in an envelope but ``episode_id``, ``run_id`` and the timestamps names the
+    episode (``content_hash`` covers schema, status, data and artifacts only), so the
+    copies are valid envelopes of their own episodes."""
     config = ProjectConfig().as_dict()
     masked = mask_secrets(config)
-    base = datetime.now(UTC) - timedelta(hours=1)
-    rows: list[dict[str, Any]] = []
-    keys = [f"bench/e{n:05d}" for n in range(episodes)]
     png_sha256 = hashlib.sha256(PNG).hexdigest()
-    for n, pk in enumerate(keys):
-        project, episode = pk.split("/")
-        inputs = home / "projects" / project / "episodes" / episode
-        inputs.mkdir(parents=True, exist_ok=True)
-        (inputs / "story.md").write_text(f"# {episode}\n\nOnce upon a time.\n")
-        # Rows finished over the past days (newest first), like a real ledger.
-        ts = format_timestamp(base - timedelta(seconds=60 * n))
-        for step in STEPS:
-            assert isinstance(step, BenchStep)
-            folder = home / "checkpoints" / project / episode / step.step_id
-            artifacts: tuple[Artifact, ...] = ()
-            if step.image:
-                target = folder / step.image
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(PNG)
-                artifacts = (Artifact(step.image, png_sha256, len(PNG)),)
-            else:
-                folder.mkdir(parents=True, exist_ok=True)
-            fingerprints = scoped_fingerprints(config, step.resume_config_keys)
-            run_id = f"gen-{episode}-{step.step_id}:0"
-            checkpoint = Checkpoint(
-                step_id=step.step_id,
-                project_id=project,
-                episode_id=episode,
-                status="completed",
-                schema_version=step.schema_version,
-                config_hash=config_hash(fingerprints),
-                resume_config_keys=tuple(step.resume_config_keys),
-                config_fingerprints=fingerprints,
-                project_config_snapshot=masked,
-                data={"items": [f"{episode}-{step.step_id}-{i}" for i in range(3)], "count": 3},
-                artifacts=artifacts,
-                produced_by={"run_id": run_id, "started_at": ts},
-                created_at=ts,
-            )
-            (folder / "checkpoint.json").write_text(checkpoint.to_json(), encoding="utf-8")
-            rows.append(
-                {
-                    "id": str(uuid.uuid4()),
-                    "project_id": project,
-                    "episode_id": episode,
-                    "step_id": step.step_id,
-                    "status": "completed",
-                    "run_id": run_id,
-                    "started_at": ts,
-                    "completed_at": ts,
-                    "created_at": ts,
-                    "updated_at": ts,
-                    "recovery_count": 0,
-                }
-            )
-    # Seal every row as its run would have (the same store call, after the files settled:
-    # a run seals right after its exit verification).
-    time.sleep(0.05)
+    project, episode = "bench", TEMPLATE
+    inputs = home / "projects" / project / "episodes" / episode
+    inputs.mkdir(parents=True, exist_ok=True)
+    (inputs / "story.md").write_text("# episode\n\nOnce upon a time.\n")
+    for step in STEPS:
+        assert isinstance(step, BenchStep)
+        folder = home / "checkpoints" / project / episode / step.step_id
+        artifacts: tuple[Artifact, ...] = ()
+        if step.image:
+            target = folder / step.image
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(PNG)
+            artifacts = (Artifact(step.image, png_sha256, len(PNG)),)
+        else:
+            folder.mkdir(parents=True, exist_ok=True)
+        fingerprints = scoped_fingerprints(config, step.resume_config_keys)
+        run_id = f"gen-{episode}-{step.step_id}:0"
+        checkpoint = Checkpoint(
+            step_id=step.step_id,
+            project_id=project,
+            episode_id=episode,
+            status="completed",
+            schema_version=step.schema_version,
+            config_hash=config_hash(fingerprints),
+            resume_config_keys=tuple(step.resume_config_keys),
+            config_fingerprints=fingerprints,
+            project_config_snapshot=masked,
+            data={"items": [f"{step.step_id}-{i}" for i in range(3)], "count": 3},
+            artifacts=artifacts,
+            produced_by={"run_id": run_id, "started_at": ts},
+            created_at=ts,
+        )
+        (folder / "checkpoint.json").write_text(checkpoint.to_json(), encoding="utf-8")
+    time.sleep(0.05)  # settled: not racily clean when sealed
     store = CheckpointStore(home)
     graph = StepGraph(STEPS)
-    runtimes = {
-        step.step_id: StepJudge(
+    out: dict[str, tuple[bytes, Seal]] = {}
+    for step in STEPS:
+        runtime = StepJudge(
             step,
             graph=graph,
             settings=ResumeSettings(home=home),
             ledger=ledger,
             checkpoints=store,
         )
-        for step in STEPS
-    }
-    for row in rows:
-        key = StepKey(row["project_id"], row["episode_id"], row["step_id"])
-        runtime = runtimes[key.step_id]
+        key = StepKey(project, episode, step.step_id)
         checkpoint = store.load(key)
         assert checkpoint is not None
         reads = runtime.verifier_reads(runtime.context(key))
-        row["checkpoint_seal"] = store.seal(
-            checkpoint, reads, revision=runtime.step.verify_revision
-        )
-        assert row["checkpoint_seal"], key
-    with ledger.engine.begin() as conn:  # synthetic bulk load (the benchmark's own SQL)
-        for start in range(0, len(rows), 5000):
-            conn.execute(sa.insert(step_run), rows[start : start + 5000])
+        text = store.seal(checkpoint, reads, revision=step.verify_revision)
+        seal = Seal.decode(text)
+        assert seal is not None, key
+        out[step.step_id] = (store.path_for(key).read_bytes(), seal)
+    return out
+
+
+def _copy_seal(template: Seal, home: str, episode: str, version: str, sealed_ns: int) -> str:
+    """The template's seal for ``episode``: same summary, its own paths and stat identities."""
+
+    def entries(files: tuple[SealedEntry, ...]) -> tuple[SealedEntry, ...]:
+        out = []
+        for path, *_rest in files:
+            mine = path.replace(f"/{TEMPLATE}/", f"/{episode}/").replace(
+                f"/{TEMPLATE}", f"/{episode}"
+            )
+            st = os.lstat(f"{home}/{mine}")
+            out.append((mine, st.st_mtime_ns, st.st_size, st.st_ino, None))
+        return tuple(out)
+
+    return replace(
+        template,
+        checkpoint=(0, 0, 0),  # set by the caller
+        version=version,
+        files=entries(template.files),
+        reads=entries(template.reads),
+        sealed_ns=sealed_ns,
+    ).encode()
+
+
+def generate(home: Path, ledger: LedgerStore, episodes: int) -> list[str]:
+    """Completed, sealed rows and valid envelopes (+ PNGs) for every (episode, step).
+
+    Fast: one episode is built the real way (:func:`_template`), every other one is a
+    byte copy with its own ids and timestamps, sealed with its own stat identities, and
+    the rows go in with one ``COPY``."""
+    base = datetime.now(UTC) - timedelta(hours=1)
+    keys = [f"bench/e{n:05d}" for n in range(episodes)]
+    stamps = [format_timestamp(base - timedelta(seconds=60 * n)) for n in range(episodes)]
+    template = _template(home, ledger, stamps[0])
+    story = (home / "projects/bench/episodes" / TEMPLATE / "story.md").read_bytes()
+    root = str(home)
+    for n, pk in enumerate(keys[1:], start=1):
+        episode = pk.split("/")[1]
+        inputs = f"{root}/projects/bench/episodes/{episode}"
+        os.makedirs(inputs)
+        with open(f"{inputs}/story.md", "wb") as handle:
+            handle.write(story)
+        for step in STEPS:
+            assert isinstance(step, BenchStep)
+            folder = f"{root}/checkpoints/bench/{episode}/{step.step_id}"
+            if step.image and "/" in step.image:
+                os.makedirs(f"{folder}/{step.image.rsplit('/', 1)[0]}")
+            else:
+                os.makedirs(folder)
+            if step.image:
+                with open(f"{folder}/{step.image}", "wb") as handle:
+                    handle.write(PNG)
+            envelope = template[step.step_id][0]
+            envelope = envelope.replace(TEMPLATE.encode(), episode.encode()).replace(
+                stamps[0].encode(), stamps[n].encode()
+            )
+            with open(f"{folder}/checkpoint.json", "wb") as handle:
+                handle.write(envelope)
+    time.sleep(0.05)  # every file settled before sealing (not racily clean)
+    sealed_ns = time.time_ns()
+    buffer = io.StringIO()
+    for n, pk in enumerate(keys):
+        episode = pk.split("/")[1]
+        ts = stamps[n]
+        for step in STEPS:
+            run_id = f"gen-{episode}-{step.step_id}:0"
+            seal = template[step.step_id][1]
+            if n:
+                envelope = f"{root}/checkpoints/bench/{episode}/{step.step_id}/checkpoint.json"
+                st = os.lstat(envelope)
+                text = _copy_seal(seal, root, episode, f"{ts}|{run_id}|0", sealed_ns)
+                text = text.replace(
+                    '"cp":[0,0,0]', f'"cp":[{st.st_mtime_ns},{st.st_size},{st.st_ino}]'
+                )
+            else:
+                text = seal.encode()
+            fields = [str(uuid.uuid4()), "bench", episode, step.step_id, "completed", run_id]
+            fields += [ts, ts, ts, ts, "0", text]
+            buffer.write("\t".join(f.replace("\\", "\\\\") for f in fields) + "\n")
+    raw = ledger.engine.raw_connection()  # synthetic bulk load (the benchmark's own SQL)
+    try:
+        with raw.cursor() as cur:
+            columns = (
+                "id, project_id, episode_id, step_id, status, run_id, started_at, "
+                "completed_at, created_at, updated_at, recovery_count, checkpoint_seal"
+            )
+            with cur.copy(f"COPY step_run ({columns}) FROM STDIN") as copy:
+                copy.write(buffer.getvalue())
+        raw.commit()
+        with raw.cursor() as cur:
+            # What autovacuum does within a minute of a bulk load: without statistics the
+            # planner takes a tiny table and scans where a real ledger uses its indexes.
+            cur.execute("ANALYZE step_run")
+        raw.commit()
+    finally:
+        raw.close()
     return keys
+
+
+# ----------------------------------------------------------------------------- the floor
+def floor_walk(home: Path) -> tuple[float, float, int]:
+    """(wall s, CPU s, entries): ``lstat`` of every entry of the generated tree (checkpoints
+    and inputs), walked with ``scandir``: the physical floor of noticing any change by stat."""
+    lstat, scandir = os.lstat, os.scandir
+    t0, c0 = time.perf_counter(), time.process_time()
+    count = 0
+    pending = [f"{home}/checkpoints", f"{home}/projects"]
+    while pending:
+        directory = pending.pop()
+        with scandir(directory) as entries:
+            for entry in entries:
+                lstat(entry.path)
+                count += 1
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append(entry.path)
+    return time.perf_counter() - t0, time.process_time() - c0, count
 
 
 def change_one_percent(home: Path, ledger: LedgerStore, keys: list[str]) -> int:
@@ -243,7 +351,9 @@ def change_one_percent(home: Path, ledger: LedgerStore, keys: list[str]) -> int:
 
 
 # ----------------------------------------------------------------------------- one size
-def run_size(episodes: int, server_url: str, keep: bool, workers: int | None) -> dict[str, Any]:
+def run_size(
+    episodes: int, server_url: str, keep: bool, workers: int | None, unsealed_tick: bool = True
+) -> dict[str, Any]:
     name = f"bench_sensor_{episodes}"
     admin = sa.create_engine(server_url, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
@@ -294,6 +404,20 @@ def run_size(episodes: int, server_url: str, keep: bool, workers: int | None) ->
             cursor: list[str | None] = [None]
 
             def tick(label: str, which: dg.SensorDefinition = sensor) -> None:
+                # The floor right before each tick (same caches, same load): floor, cold,
+                # floor, warm, ...; every tick is reported as a multiple of it.
+                floor_s, floor_cpu, entries = floor_walk(home)
+                out.setdefault("floor", []).append(
+                    {
+                        "before": label,
+                        "seconds": round(floor_s, 4),
+                        "cpu_seconds": round(floor_cpu, 4),
+                    }
+                )
+                out["entries"] = entries
+                t_list = time.perf_counter()
+                instance.get_dynamic_partitions("episodes")
+                listing = time.perf_counter() - t_list
                 context = dg.build_sensor_context(
                     instance=instance,
                     cursor=cursor[0] if which is sensor else None,
@@ -337,6 +461,12 @@ def run_size(episodes: int, server_url: str, keep: bool, workers: int | None) ->
                     ),
                     "blocks": len(reported(result.run_requests or [])),
                     "cursor_bytes": len(result.cursor or ""),
+                    "floor_seconds": round(floor_s, 4),
+                    "x_floor": round(seconds / floor_s, 2),
+                    "cpu_x_floor": round(cpu / floor_cpu, 2),  # CPU over the floor's CPU
+                    "engine_x_floor": round(stats.seconds / floor_s, 2),
+                    "partition_listing_seconds": round(listing, 4),  # Dagster's, measured apart
+                    "cpu_us_per_step_partition": round(cpu / (episodes * len(STEPS)) * 1e6, 2),
                 }
 
             tick("cold")
@@ -346,7 +476,19 @@ def run_size(episodes: int, server_url: str, keep: bool, workers: int | None) ->
             tick("warm_after")
             now[0] += timedelta(seconds=FULL_REFRESH + 1)
             tick("full")
-            tick("cold_unsealed", unsealed)
+            if unsealed_tick:
+                tick("cold_unsealed", unsealed)
+        # Ratios against the median of all the floors of this run as well (the floor right
+        # before a tick moves with the host's load as much as the tick does).
+        floors = sorted(f["seconds"] for f in out["floor"])
+        cpu_floors = sorted(f["cpu_seconds"] for f in out["floor"])
+        out["floor_median"] = floors[len(floors) // 2]
+        out["floor_cpu_median"] = cpu_floors[len(cpu_floors) // 2]
+        for kind in ("cold", "warm", "one_percent", "warm_after", "full", "cold_unsealed"):
+            if kind in out:
+                t = out[kind]
+                t["x_floor_median"] = round(t["seconds"] / out["floor_median"], 2)
+                t["cpu_x_floor_median"] = round(t["cpu_seconds"] / out["floor_cpu_median"], 2)
         return out
     finally:
         if not keep:
@@ -366,36 +508,71 @@ def pipeline_stores(pipeline: PipelineResource) -> Any:
 
 
 # ----------------------------------------------------------------------------- driver
+KINDS = ("cold", "warm", "one_percent", "full", "cold_unsealed")
+
+
 def table(results: list[dict[str, Any]]) -> str:
-    """Wall seconds (CPU seconds of the sensor process) per tick kind."""
+    """Wall time (CPU of the sensor process), and the wall time as a multiple of the floor
+    (the bare ``lstat`` walk of the same tree, measured right before the tick), then the
+    tick's CPU time as a multiple of the floor's CPU time."""
 
     def cell(r: dict[str, Any], kind: str) -> str:
         t = r[kind]
         if t["seconds"] < 1:
-            return f"{t['seconds'] * 1000:.0f} ms ({t['cpu_seconds'] * 1000:.0f} ms CPU)"
-        return f"{t['seconds']:.2f} s ({t['cpu_seconds']:.2f} s CPU)"
+            took = f"{t['seconds'] * 1000:.0f} ms ({t['cpu_seconds'] * 1000:.0f} ms CPU)"
+        else:
+            took = f"{t['seconds']:.2f} s ({t['cpu_seconds']:.2f} s CPU)"
+        return (
+            f"{took} = **{t['x_floor']:.2f}x** ({t['cpu_x_floor']:.2f}x CPU; vs the median "
+            f"floor {t['x_floor_median']:.2f}x / {t['cpu_x_floor_median']:.2f}x CPU)"
+        )
 
     head = (
-        "| episodes x steps | cold tick | warm, no change | after 1 % changed | "
-        "re-judged after 1 % | full re-judge, warm caches | cold tick without seals | "
-        "load avg (before / max) |"
+        "| episodes x steps | floor (lstat walk: entries, median) | cold tick | warm, no change | "
+        "after 1 % changed | full re-judge | cold without seals | cold CPU per "
+        "(step, partition) | load avg (before / max) |"
     )
-    lines = [head, "|---|---:|---:|---:|---|---:|---:|---:|"]
+    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
-        one = r["one_percent"]
+        floors = sorted(f["seconds"] for f in r["floor"])
+        median = floors[len(floors) // 2]
         lines.append(
-            f"| {r['episodes']:,} x 10 | {cell(r, 'cold')} | {cell(r, 'warm')} | "
-            f"{cell(r, 'one_percent')} | {one['partitions_judged']} partitions "
-            f"({one['judged']} judge calls), {one['row_queries']} row query "
-            f"({one['rows']} rows), {one['launches']} launches | {cell(r, 'full')} | "
-            f"{cell(r, 'cold_unsealed')} | {r['load_before']} / {max(r['load_during'])} |"
+            f"| {r['episodes']:,} x 10 | {r['entries']:,} entries, {median * 1000:.0f} ms | "
+            + " | ".join(cell(r, k) if k in r else "-" for k in KINDS)
+            + f" | {r['cold']['cpu_us_per_step_partition']:.1f} µs"
+            f" | {r['load_before']} / {max(r['load_during'])} |"
         )
+    one = results[-1]["one_percent"]
+    lines.append("")
+    lines.append(
+        f"1 % tick at {results[-1]['episodes']:,}: {one['partitions_judged']} partitions "
+        f"({one['judged']} judge calls), {one['row_queries']} row query ({one['rows']} rows), "
+        f"{one['launches']} launches; warm {results[-1]['warm']['seconds'] * 1000:.0f} ms."
+    )
+    if len(results) > 1:
+        first, last = results[0], results[-1]
+        ratio = (
+            last["cold"]["cpu_us_per_step_partition"] / first["cold"]["cpu_us_per_step_partition"]
+        )
+        lines.append(
+            f"Linearity: cold CPU per (step, partition) at {last['episodes']:,} is "
+            f"{ratio:.2f}x that at {first['episodes']:,}."
+        )
+    lines.append(
+        "Dagster's partition listing, measured apart: "
+        + ", ".join(
+            f"{r['episodes']:,}: {r['cold']['partition_listing_seconds'] * 1000:.0f} ms"
+            for r in results
+        )
+    )
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--sizes", default="100,1000,10000")
+    parser.add_argument(
+        "--sizes", default="1000,10000,30000", help="episodes per run, e.g. 100000 on request"
+    )
     parser.add_argument(
         "--pg-url",
         default=os.environ.get(
@@ -408,10 +585,19 @@ def main() -> None:
         "--workers", type=int, default=None, help="judge processes (default: one per CPU)"
     )
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--skip-unsealed",
+        action="store_true",
+        help="leave out the cold tick without seals (the slowest, ~17x the sealed one)",
+    )
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(run_size(args.one, args.pg_url, args.keep, args.workers)))
+        print(
+            json.dumps(
+                run_size(args.one, args.pg_url, args.keep, args.workers, not args.skip_unsealed)
+            )
+        )
         return
     results = []
     for size in (int(s) for s in args.sizes.split(",")):
@@ -419,7 +605,8 @@ def main() -> None:
             child = subprocess.run(
                 [sys.executable, __file__, "--one", str(size), "--pg-url", args.pg_url]
                 + (["--keep"] if args.keep else [])
-                + (["--workers", str(args.workers)] if args.workers else []),
+                + (["--workers", str(args.workers)] if args.workers else [])
+                + (["--skip-unsealed"] if args.skip_unsealed else []),
                 capture_output=True,
                 text=True,
                 env={**os.environ, "DAGSTER_HOME": dagster_home},

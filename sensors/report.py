@@ -5,7 +5,7 @@ Why a run and not run-less events. Dagster stores a sensor's run-less
 a unique index on (asset, check, run id, partition): the second run-less evaluation of the
 same asset partition (a "passed" after a "failed", or a new block after a cleared one) is
 refused and the whole sensor tick fails in the daemon — every later tick too, so nothing
-is ever launched again (issue 9 §1, reproduced by ``tests/sensor/test_sensor_daemon.py``).
+is ever launched again.
 
 Evaluations logged inside a run are stored under that run's id, which is unique. So the
 sensor requests one ``resume_report`` run per tick that changed any block (at most

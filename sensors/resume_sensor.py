@@ -24,11 +24,12 @@ from datetime import UTC, datetime
 
 import dagster as dg
 
+from pipeline_defs.judging.blocks import CheckChange
 from pipeline_defs.judging.evaluation import StepEvaluation, Stores, order_steps
-from pipeline_defs.judging.tick import CheckChange, TickConfig, TickResult, ticker_for
+from pipeline_defs.judging.registry import ticker_for
+from pipeline_defs.judging.scan import episode_of
+from pipeline_defs.judging.tick import TickConfig, TickResult
 from pipeline_defs.resume.decision import ResumeAction
-from pipeline_defs.resume.errors import PipelineError
-from pipeline_defs.resume.partition import Episode
 from pipeline_defs.steps.assets import episodes, owner_ended_in
 from pipeline_defs.steps.spec import Step
 from resources.ledger.store import LedgerStore
@@ -52,9 +53,7 @@ def split_partition_keys(keys: Sequence[str]) -> tuple[list[str], frozenset[str]
     partition that cannot exist would only mislead)."""
     valid, invalid = [], set()
     for key in keys:
-        try:
-            Episode.parse(key)
-        except PipelineError:
+        if episode_of(key) is None:  # Episode.parse, cached per key (every tick asks)
             invalid.add(key)
         else:
             valid.append(key)
@@ -95,7 +94,7 @@ def dead_owner_requests(
     launching: set[tuple[str, str]],
     job_name: str = STEPS_JOB,
 ) -> list[dg.RunRequest]:
-    """A launch for every running row whose owner run has ended in Dagster (SPEC §11).
+    """A launch for every running row whose owner run has ended (docs/DESIGN.md#dead-owners).
 
     The tick judges leases by time (a lapsed heartbeat); a run that run monitoring marked
     FAILURE is dead now. The launched run's own judge sees the ended owner and takes the row

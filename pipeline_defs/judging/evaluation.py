@@ -38,6 +38,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
+from pipeline_defs.judging.verdicts import SealedVerdicts
 from pipeline_defs.project import (
     ProjectConfig,
     load_project_config,
@@ -64,7 +65,7 @@ from pipeline_defs.resume.partition import Episode, StepKey
 from pipeline_defs.resume.settings import ResumeSettings
 from pipeline_defs.resume.status import LedgerRow, StepStatus
 from pipeline_defs.steps.graph import StepGraph, order_steps
-from pipeline_defs.steps.judge import ProjectConfigs, StepJudge
+from pipeline_defs.steps.judge import ProjectConfigs, StepJudge, recovery_way_out
 from pipeline_defs.steps.spec import Step
 from resources.checkpoints.seal import FileIdentity, Seal, identity_of
 from resources.checkpoints.store import CheckpointStore
@@ -249,8 +250,9 @@ class StepEvaluation:
             "downstream checkpoints are invalidated"
         )
         facts = self.facts
-        if decision.code == CODE_RECOVERY_EXHAUSTED:
-            return f"fix the cause of the repeated failures, then {force}"
+        if decision.code == CODE_RECOVERY_EXHAUSTED:  # a running row needs a reset first
+            key = Episode.parse(self.partition_key).step(self.step_id)
+            return recovery_way_out(key, facts.status, facts.run_id, facts.started_at)
         if decision.reason.startswith(UNJUDGEABLE):
             # An invalid project.yaml or the like: every run, forced or not, fails the same way.
             _, code, message = [*decision.reason.split(": ", 2), "", ""][:3]
@@ -444,6 +446,7 @@ class BatchJudge:
             for s in self.steps
         }
         self.judged = 0  # judge calls so far (instrumentation, timing-free)
+        self._verdicts = SealedVerdicts()  # holding seals: each distinct state judged once
         # Sub-directories (relative to the step directory) that hold artifacts, per step:
         # a file deleted there changes that directory's mtime, not the step directory's.
         self.artifact_dirs: dict[str, set[str]] = {}
@@ -478,6 +481,7 @@ class BatchJudge:
         now = as_utc(now)
         self.projects.refresh()
         self._shared.clear()
+        self._verdicts.clear()
         where = directories or self._directory
         out: list[StepEvaluation] = []
         try:
@@ -547,9 +551,8 @@ class BatchJudge:
                 if sealed is not None:
                     seen = sealed.version
                     self._note_artifact_dirs(step_id, sealed.artifacts)
-                    judgement = judge.judge(
-                        key, mode=LaunchMode.RESUME, row=row, now=now, sealed=sealed
-                    )
+                    assert row is not None  # a seal is only taken from a completed row
+                    decision = self._verdicts.decide(judge, key, row, now, sealed)
                 else:
                     checkpoint, broken = judge.load_checkpoint(key)
                     if broken is not None:
@@ -557,10 +560,9 @@ class BatchJudge:
                     elif checkpoint is not None:
                         seen = checkpoint.version
                         self._note_artifact_dirs(step_id, [a.path for a in checkpoint.artifacts])
-                    judgement = judge.judge(
+                    decision = judge.judge(
                         key, mode=LaunchMode.RESUME, row=row, now=now, loaded=(checkpoint, broken)
-                    )
-                decision = judgement.decision
+                    ).decision
             except Exception as exc:  # one bad partition must not sink the tick
                 decision = _unjudgeable(exc)
             facts = observed[step_id] = Facts.observe(row, seen, directories(pk, step_id))

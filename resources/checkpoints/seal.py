@@ -59,7 +59,7 @@ def identity_of(path: str | os.PathLike[str]) -> FileIdentity | None:
     """(mtime_ns, size, inode) of a file or directory, or None when absent.
 
     A directory's mtime moves whenever an entry is added, removed or renamed in it. Taken
-    with ``lstat`` (SPEC §11): an input or read replaced by a link, even to the very file
+    with lstat (docs/DESIGN.md#no-escape): an input or read replaced by a link, even to the file
     moved elsewhere, has the link's own identity, so the seal no longer holds and the long
     way reports the link. For regular files and directories it is the ``stat`` identity,
     so seals written before this change stay valid.
@@ -149,7 +149,7 @@ def _files(raw: Any) -> tuple[SealedEntry, ...]:
     # No conversions: a value of the wrong type simply never equals a stat identity (or a
     # sha256), so a tampered seal fails closed, i.e. is judged the long way.
     files = tuple(map(tuple, raw))
-    if any(len(entry) != 5 for entry in files):
+    if files and (min(map(len, files)) != 5 or max(map(len, files)) != 5):
         raise ValueError("a sealed file is [path, mtime_ns, size, ino, sha256]")
     return files  # type: ignore[return-value]
 
@@ -229,7 +229,7 @@ class Seal:
                     else (),
                 ),
                 version=str(raw["ver"]),
-                artifacts=tuple(str(a) for a in raw["art"]),
+                artifacts=tuple(map(str, raw["art"])),
                 files=_files(raw["af"]),
                 reads=_files(raw["rf"]),
                 sealed_ns=int(raw["at"]),

@@ -1,4 +1,4 @@
-"""Issue 11 §4: one source of the judge's limits, the ledger's ``settings`` table.
+"""one source of the judge's limits, the ledger's ``settings`` table.
 
 The sensor daemon and every run worker read the same table, so they judge with the same
 lease, timeout and retry limits. Precedence: a ``PIPELINE_*`` variable (per-process
@@ -18,7 +18,7 @@ from sensor_steps import SENSOR_STEPS, seed
 
 from pipeline_defs.definitions import build_resources
 from pipeline_defs.judging.evaluation import Stores
-from pipeline_defs.judging.tick import forget_tickers
+from pipeline_defs.judging.registry import forget_tickers
 from pipeline_defs.resume.clock import format_timestamp
 from pipeline_defs.resume.errors import PipelineError
 from pipeline_defs.resume.partition import StepKey

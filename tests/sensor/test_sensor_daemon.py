@@ -1,4 +1,4 @@
-"""The resume sensor through the real daemon, which stores what every tick returns (issue 9 §1).
+"""The resume sensor through the real daemon, which stores what every tick returns.
 
 Calling the sensor function shows what it returns, not what Dagster then does with it. Here a
 ``dagster dev`` (webserver + daemon) runs the shipped wiring (``build_defs``) on two real

@@ -209,7 +209,7 @@ def test_grid_rows(grid, case, action: str, verdict: str, code: str | None) -> N
 
 def test_what_to_do_names_the_right_remedy(grid) -> None:
     healthy = _src(grid, "running_healthy", 0, None, "present")["src"]
-    # A live lease: no reset hint, which would invite resetting a live run (issue 9 §3).
+    # A live lease: no reset hint, which would invite resetting a live run.
     assert "run 'r-run:0' is working on it" in healthy.what_to_do
     assert "reset-running" not in healthy.what_to_do and healthy.running_healthy
     null = _src(grid, "running_null", 0, None, "present")["src"]

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from sensor_steps import SENSOR_STEPS, Src, seed, stores_for, write_input
 
-import pipeline_defs.judging.tick as tick_module
+import pipeline_defs.judging.dispatch as dispatch_module
 from pipeline_defs.judging.evaluation import Verdict
 from pipeline_defs.judging.tick import ResumeTicker, TickConfig, TickResult
 from pipeline_defs.resume.partition import StepKey
@@ -40,7 +40,7 @@ def test_workers_reach_the_same_verdicts(sqlite_url: str, pipeline_home: Path) -
     pooled_ticker = ResumeTicker(SENSOR_STEPS, stores, TickConfig(workers=2, parallel_from=1))
     try:
         pooled = pooled_ticker.tick(keys, now, None)
-        assert pooled_ticker._judge_pool is not None  # the workers really judged it
+        assert pooled_ticker.dispatch.pool is not None  # the workers really judged it
     finally:
         pooled_ticker.close()
     assert _summary(pooled) == _summary(alone)
@@ -62,7 +62,7 @@ def test_a_broken_pool_falls_back_to_judging_in_process(
         result = ticker.tick(keys, datetime.now(UTC), None)
     finally:
         ticker.close()
-    assert ticker._pool_failed
+    assert ticker.dispatch.pool_failed
     assert result.stats.judged == len(keys) * len(SENSOR_STEPS)
     assert {(e.step_id, e.partition_key) for e in result.launches} >= {("src", "p/e1")}
 
@@ -71,7 +71,7 @@ def test_a_tick_over_budget_leaves_the_rest_for_the_next_ticks(
     sqlite_url: str, pipeline_home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Dagster gives a sensor evaluation 60 s: a huge cold start is spread over ticks."""
-    monkeypatch.setattr(tick_module, "_BUDGET_SLICE", 1)
+    monkeypatch.setattr(dispatch_module, "_BUDGET_SLICE", 1)
     stores = stores_for(pipeline_home, sqlite_url)
     keys = ["p/e1", "p/e2", "p/e3"]  # never run: first-run launches of src
     ticker = ResumeTicker(SENSOR_STEPS, stores, TickConfig(workers=1, budget_seconds=0))

@@ -29,7 +29,8 @@ from sensor_steps import (
 
 from pipeline_defs.definitions import build_defs, build_resources
 from pipeline_defs.judging.evaluation import Stores
-from pipeline_defs.judging.tick import TickConfig, TickStats, forget_tickers, ticker_for
+from pipeline_defs.judging.registry import forget_tickers, ticker_for
+from pipeline_defs.judging.tick import TickConfig, TickStats
 from pipeline_defs.resume.clock import format_timestamp
 from pipeline_defs.resume.partition import Episode, StepKey
 from pipeline_defs.steps.assets import RESUME_CHECK, build_step_assets
@@ -442,7 +443,7 @@ def test_a_running_row_turns_stale_by_time_alone(sqlite_rig: Rig) -> None:
     assert rig.stores.ledger.claim(key, "w:0", now=started)
     rig.tick()
     assert not rig.requests()
-    assert not rig.checks()  # a live lease is no failure (issue 9 §3)
+    assert not rig.checks()  # a live lease is no failure
     rig.now += timedelta(seconds=TIMEOUT)
     request = rig.requests(rig.tick())[("mid", "p/e1")]
     assert request.tags["resume/action"] == "stale_running_recovery"
@@ -503,7 +504,7 @@ def test_reports_are_stored_by_the_instance_again_and_again(sqlite_rig: Rig) -> 
 
 
 def test_malformed_partition_keys_are_reported_once_and_never_judged(sqlite_rig: Rig) -> None:
-    """Issue 9 §3: a key added by hand in the UI ("oops no slash") used to become a block
+    """a key added by hand in the UI ("oops no slash") used to become a block
     per step with a force hint for a partition that cannot exist."""
     rig = sqlite_rig
     seed(rig.stores, "p/e1")
@@ -535,7 +536,7 @@ def test_an_invalid_project_file_asks_for_a_fix_not_a_force(sqlite_rig: Rig) -> 
 
 
 def test_a_row_whose_owner_run_ended_is_relaunched_without_waiting(sqlite_rig: Rig) -> None:
-    """SPEC §11 dead owners: the owner run is FAILURE in the instance while its heartbeat is
+    """Dead owners (docs/DESIGN.md#dead-owners): the owner run is FAILURE while its heartbeat is
     fresh; the sensor launches the step at once (its run's judge takes the row over)."""
     rig = sqlite_rig
     seed(rig.stores, "p/e1")

@@ -16,16 +16,12 @@ from typing import Any, cast
 
 from sensor_steps import SENSOR_STEPS, seed, stores_for
 
+from pipeline_defs.judging.blocks import block_diff
+from pipeline_defs.judging.cursor import CursorState
 from pipeline_defs.judging.evaluation import ABSENT, StepEvaluation, Verdict
-from pipeline_defs.judging.tick import (
-    CursorState,
-    PartitionScan,
-    ResumeTicker,
-    TickConfig,
-    TickStats,
-    block_diff,
-    memoise,
-)
+from pipeline_defs.judging.memo import memoise
+from pipeline_defs.judging.scan import PartitionScan
+from pipeline_defs.judging.tick import ResumeTicker, TickConfig, TickStats
 from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.resume.settings import ResumeSettings
 
@@ -137,7 +133,7 @@ def test_plan_cold_then_unchanged_then_incremental(sqlite_url: str, pipeline_hom
 def test_judge_phase_judges_every_step_of_the_chosen(sqlite_url: str, pipeline_home: Path) -> None:
     ticker, keys = _ticker(pipeline_home, sqlite_url)
     plan = ticker._plan(keys, NOW, None, TickStats())
-    evaluations, calls, judged = ticker._judge(
+    evaluations, calls, judged = ticker.dispatch.judge_batch(
         plan.chosen, NOW, plan.rows, plan.scanned, plan.shape, {}, deadline=float("inf")
     )
     assert judged == keys and calls == len(keys) * len(SENSOR_STEPS)

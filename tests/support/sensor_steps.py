@@ -22,6 +22,7 @@ from typing import Any
 
 import dagster as dg
 import sqlalchemy as sa
+from cli_helpers import dump_tables
 
 from pipeline_defs.definitions import build_resources
 from pipeline_defs.judging.evaluation import Stores
@@ -36,7 +37,7 @@ from pipeline_defs.steps.judge import StepJudge
 from pipeline_defs.steps.runner import RunInfo, StepRunner
 from pipeline_defs.steps.spec import Step, StepResult
 from resources.checkpoints.envelope import Checkpoint
-from resources.ledger.tables import provider_call, step_run, step_transition
+from resources.ledger.tables import step_run
 from resources.pipeline import PipelineResource
 
 VERIFY_CALLS: Counter[str] = Counter()
@@ -189,11 +190,9 @@ def set_row(stores: Stores, key: StepKey, **values: Any) -> None:
 
 
 def snapshot(stores: Stores) -> tuple[Any, ...]:
-    """Every ledger row and audit row, and every file under the home (bytes), for diffs."""
-    with stores.ledger.engine.connect() as conn:
-        rows = sorted(tuple(r) for r in conn.execute(sa.select(step_run)).all())
-        audit = [tuple(r) for r in conn.execute(sa.select(step_transition)).all()]
-        calls = [tuple(r) for r in conn.execute(sa.select(provider_call)).all()]
+    """Every row of every ledger table (the settings and their audit too), and every file
+    under the home (bytes), for diffs."""
+    tables = dump_tables(stores.ledger.engine)
     home = stores.checkpoints.home
     files = {
         str(p.relative_to(home)): (p.read_bytes(), p.stat().st_mtime_ns)
@@ -203,7 +202,7 @@ def snapshot(stores: Stores) -> tuple[Any, ...]:
     dirs = sorted(
         (str(p.relative_to(home)), p.stat().st_mtime_ns) for p in home.rglob("*") if p.is_dir()
     )
-    return rows, audit, calls, files, dirs
+    return tables, files, dirs
 
 
 def delete_row(stores: Stores, key: StepKey) -> None:

@@ -1,8 +1,8 @@
 """The single judge: one pure function maps a step's observed state to a resume action.
 
 UI launches, sensor ticks, backfills and scripts all call ``decide`` with the same inputs
-and therefore reach the same decision (SPEC §4). ``decide`` performs no I/O and reads no
-clock: the caller passes ``now`` and a lazy ``verify`` that is only run when the table
+and so reach the same decision (docs/DESIGN.md#decision-table). ``decide`` does no I/O and
+reads no clock: the caller passes ``now`` and a lazy ``verify`` that is only run when the table
 needs it (verification can be expensive).
 """
 
@@ -36,6 +36,9 @@ BLOCK_CODES = frozenset(
 )
 
 FORCE_HINT = "launch with tag resume/mode=force to rebuild"
+# Row 3's reason. A first run is a RERUN_SELF (it claims and runs like one) but re-runs
+# nothing: operator views show it as "first run", and find it in audit rows by this text.
+FIRST_RUN_REASON = "first run"
 MAX_LISTED_MISSING = 5
 
 
@@ -96,6 +99,9 @@ class CheckpointSummary:
     status: str | None = None
     config_hash: str | None = None
     config_fingerprints: Mapping[str, str] = field(default_factory=dict)
+    # Present but unreadable or tampered (corrupt JSON, no or a wrong content_hash, not a
+    # regular file): the verifier reports how; the other fields are placeholders.
+    unusable: bool = False
 
     @classmethod
     def absent(cls) -> "CheckpointSummary":
@@ -223,7 +229,7 @@ def _judge_running(
     """Rows 5, 6 and 6b: another run holds the step; only a lapsed lease may be stolen.
 
     A row with a heartbeat is stale when the heartbeat is older than ``lease_seconds``
-    (SPEC §10); a row without one when it started ``running_timeout_seconds`` ago.
+    (docs/DESIGN.md#settings); a row without one when it started ``running_timeout_seconds`` ago.
     """
     raw_started = row.started_at
     run_id = row.run_id
@@ -256,6 +262,19 @@ def _judge_running(
             auto_recovery=True,
         )
     beat = parse_timestamp(raw_beat)
+    # Row 5 for the heartbeat: one from beyond the allowed clock skew ahead
+    # has a negative age that never reaches the lease, so the row would count as healthy
+    # forever. The allowance is the started_at one: the owner's host writes both from the
+    # same clock (a claim writes them equal). An ended owner was recovered above: nobody
+    # renews its heartbeat, whatever its text says.
+    if beat is not None and beyond_clock_skew(beat, now):
+        ahead = (beat - now).total_seconds()
+        return _block(
+            f"ledger row is running but heartbeat_at {raw_beat!r} is {ahead:.0f}s in the "
+            f"future, beyond the {MAX_CLOCK_SKEW.total_seconds():.0f}s allowed clock skew "
+            f"(owner run {run_id!r}); manual investigation required",
+            None,
+        )
     if beat is not None:  # a renewed lease: its age decides, however long the step runs
         age = (now - beat).total_seconds()
         if age < settings.lease_seconds:
@@ -268,7 +287,7 @@ def _judge_running(
         return ResumeDecision(
             ResumeAction.STALE_RUNNING_RECOVERY,
             f"run {run_id!r} last renewed its lease {age:.0f}s ago, at or past the "
-            f"{settings.lease_seconds:g}s lease; recovering the stale lease",
+            f"{settings.lease_seconds:g}s lease; recovering the expired lease",
             expected_started_at=raw_started,
             expected_run_id=run_id,
             expected_heartbeat_at=raw_beat,
@@ -287,7 +306,7 @@ def _judge_running(
     return ResumeDecision(
         ResumeAction.STALE_RUNNING_RECOVERY,
         f"run {run_id!r} has been running for {elapsed.total_seconds():.0f}s, at or past the "
-        f"{settings.running_timeout_seconds}s timeout; recovering the stale lease",
+        f"{settings.running_timeout_seconds}s timeout; recovering the expired lease",
         expected_started_at=raw_started,
         expected_run_id=run_id,
         auto_recovery=True,
@@ -302,7 +321,15 @@ def _judge_settled(
     config: ScopedConfig,
 ) -> ResumeDecision:
     """Rows 8-11 for a present checkpoint and a non-running status."""
-    if status is not StepStatus.COMPLETED:
+    # Row 11 does not apply to an unusable checkpoint: re-running a failed or
+    # partial row would write over the evidence of the tampering as silently as a completed
+    # row must not; it is judged as on a completed row (row 10 reports how it is broken).
+    recover = status is not StepStatus.COMPLETED and not checkpoint.unusable
+    if recover and status is StepStatus.STALE:
+        # The ledger's "stale" is a row an explicit force upstream invalidated; "stale"
+        # for a running row means a lapsed lease. Operators read one word for each.
+        return _rerun("auto recovery: invalidated by an explicit force upstream")
+    if recover:
         return _rerun(f"auto recovery from {status}")
     # Row 8: the stored shape is not the shape this code reads.
     if checkpoint.schema_version != step.schema_version:
@@ -388,10 +415,10 @@ def decide(
     now: datetime,
     owner_ended: str | None = None,
 ) -> ResumeDecision:
-    """Apply the SPEC §4 table (first match wins). Pure: no I/O, no writes, no wall clock.
+    """Apply docs/DESIGN.md#decision-table (first match wins). Pure: no I/O, no writes, no clock.
 
     ``owner_ended``: for a running row, the terminal state (e.g. ``FAILURE``) of the Dagster
-    run that owns it, when the caller knows it has ended: its lease is dead at once (SPEC §11).
+    run owning it, if known to have ended: its lease is dead at once (docs/DESIGN.md#dead-owners).
 
     ``verify`` is called at most once, and only for a completed step whose contract and
     scoped config still match (row 10, also reached through row 4).
@@ -431,7 +458,7 @@ def decide(
     if row is None:
         # Row 3.
         if not checkpoint.present:
-            return ResumeDecision(ResumeAction.RERUN_SELF, "first run", first_run=True)
+            return ResumeDecision(ResumeAction.RERUN_SELF, FIRST_RUN_REASON, first_run=True)
         # Row 4: judge the orphan checkpoint by its own status; a clean one is adopted.
         status = (
             parse_status(checkpoint.status)

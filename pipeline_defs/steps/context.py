@@ -131,7 +131,7 @@ class StepContext:
         return self.checkpoints.write_artifact(self.key, relative, payload)
 
     def fenced(self, write: Callable[[], T]) -> T:
-        """Make a file visible only while this run still owns the step (issue 11 §3): under
+        """Make a file visible only while this run still owns the step: under
         the ledger row lock, so a worker whose lease was taken over can neither replace nor
         archive what the new owner published (``step.ownership_lost`` instead). Outside a
         claimed run (no owner) the write simply happens."""

@@ -6,20 +6,20 @@ handler, ``finally`` or atexit runs, exactly as when the machine or the OOM kill
 worker. Read per call (never at import) and a no-op unless set. The stages, in order:
 ``claimed``, ``executed``, ``mutation.pending_written``, ``published``,
 ``mutation.victim_written`` (after each victim edit), ``finished``.
+
+Any other value is refused when the code location loads and when the CLI starts
+(``check_environment``, naming the variable): a misspelt stage never fired, and a crash
+test believed it had killed the process where it had not.
 """
 
 import os
 import signal
 
-CRASH_ENV = "PIPELINE_CRASH_AT"
-STAGES = (
-    "claimed",
-    "executed",
-    "mutation.pending_written",
-    "published",
-    "mutation.victim_written",
-    "finished",
-)
+# Defined in the core, where the start-up check of every PIPELINE_* variable reads them.
+from pipeline_defs.resume.settings import CRASH_ENV, CRASH_STAGES, check_crash_point
+
+STAGES = CRASH_STAGES
+__all__ = ["CRASH_ENV", "STAGES", "check_crash_point", "crash_point"]
 
 
 def crash_point(stage: str, step_id: str) -> None:

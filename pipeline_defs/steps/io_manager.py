@@ -41,7 +41,7 @@ def _as_failure(error: PipelineError, asset_key: dg.AssetKey, partition_key: str
 
 
 class CheckpointIOManager(dg.ConfigurableIOManager):
-    """Stores each asset partition as a checkpoint envelope (SPEC §6).
+    """Stores each asset partition as a checkpoint envelope (docs/DESIGN.md#checkpoints).
 
     The run protocol has normally published the checkpoint already (under the ledger row
     lock); saving identical content again is a no-op, so a SKIP never touches the disk.

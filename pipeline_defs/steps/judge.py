@@ -8,7 +8,10 @@ judge. Dagster-free.
 """
 
 import logging
-from collections.abc import Callable, Mapping
+import os
+import posixpath
+import stat as stat_module
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -29,19 +32,122 @@ from pipeline_defs.resume.decision import (
 from pipeline_defs.resume.errors import PipelineError
 from pipeline_defs.resume.partition import Episode, StepKey
 from pipeline_defs.resume.settings import ResumeSettings
-from pipeline_defs.resume.status import LedgerRow
+from pipeline_defs.resume.status import LedgerRow, StepStatus
 from pipeline_defs.steps.context import StepContext
 from pipeline_defs.steps.graph import StepGraph
 from pipeline_defs.steps.mutations import intent_report
 from pipeline_defs.steps.spec import Step
 from resources.checkpoints.envelope import Checkpoint
 from resources.checkpoints.seal import Seal
-from resources.checkpoints.store import SYMLINK_CODE, CheckpointStore
+from resources.checkpoints.store import ARCHIVE_DIR, SYMLINK_CODE, CheckpointStore, file_sha256
 from resources.ledger.store import LedgerStore
 
 Loaded = tuple[Checkpoint | None, PipelineError | None]  # a checkpoint, or why it is unusable
 
 _SEALED_CLEAN = CompletionReport.clean(sealed=True)
+
+# The code of a checkpoint that is not a regular file or not the recorded bytes
+# (``CheckpointStore.load``), used the same way for the files a checkpoint lists.
+INTEGRITY_CODE = "io.integrity_violation"
+_KINDS = (
+    (stat_module.S_ISDIR, "a directory"),
+    (stat_module.S_ISFIFO, "a FIFO"),
+    (stat_module.S_ISSOCK, "a socket"),
+    (stat_module.S_ISCHR, "a character device"),
+    (stat_module.S_ISBLK, "a block device"),
+)
+
+
+def not_a_file_error(path: str | os.PathLike[str], mode: int, what: str) -> PipelineError:
+    """The typed refusal of something that is not a regular file where ``what`` should be.
+
+    A writer would only find out after its provider call (``os.replace`` onto a directory
+    raises, onto a FIFO it silently replaces it) and a reader may hang on a FIFO: so the
+    judge blocks on it before any claim, and a step checks again before any call.
+    """
+    kind = next((name for test, name in _KINDS if test(mode)), "a special file")
+    return PipelineError(
+        INTEGRITY_CODE,
+        f"{path} is {kind}, not a regular file, where {what} should be "
+        f"[{INTEGRITY_CODE}]: nothing is drawn, written or replaced there and it is left in "
+        "place; move it away (or remove it) to go on",
+        origin=Origin.CONTRACT_DRIFT.value,
+        details={"path": str(path)},
+    )
+
+
+def not_a_file(
+    checkpoints: CheckpointStore, key: StepKey, relatives: Iterable[str], what: str
+) -> PipelineError | None:
+    """The refusal for the first of ``relatives`` (paths in ``key``'s step directory) that
+    exists and is not a regular file; None when each is a regular file or absent.
+
+    Paths are reached through ``artifact_path``: a link on the way raises
+    ``checkpoint.symlink`` (the caller's own block) instead of being followed.
+    """
+    for relative in relatives:
+        path = checkpoints.artifact_path(key, relative)
+        try:
+            mode = os.lstat(path).st_mode
+        except (FileNotFoundError, NotADirectoryError):
+            continue  # absent: a re-run writes it (NotADirectory: the parent reports itself)
+        if not stat_module.S_ISREG(mode):
+            return not_a_file_error(path, mode, what)
+    return None
+
+
+# The launch path of runs the resume sensor requests (``steps.assets.launch_path``): the
+# only automatic launcher. Only its recoveries count toward ``max_recovery_attempts``.
+AUTOMATIC_LAUNCH_PATH = "sensor"
+
+
+def recovery_way_out(
+    key: StepKey, status: object, run_id: str | None, started_at: str | None
+) -> str:
+    """What an operator runs once the automatic recoveries of ``key`` are exhausted, each
+    command whole, for its row's ``status``, ``run_id`` and ``started_at`` texts: the sensor
+    launches nothing more, and a resume is refused until a success resets the count.
+
+    A running row (its owner died, its lease lapsed) is reset first, compare-and-set on the
+    ``started_at`` read here: a force never takes over a running row. Then a force rebuilds
+    the step (it is not an automatic recovery, so the cap does not apply to it).
+    """
+    where = f"--partition {key.partition_key} --step {key.step_id}"
+    force = (  # the launchpad tag for UI users, the command for the CLI
+        f"launch it with tag resume/mode=force (storyboard force {where}); downstream "
+        "checkpoints are invalidated"
+    )
+    if str(status) != StepStatus.RUNNING.value:
+        return f"fix the cause of the repeated failures, then {force}"
+    expected = (
+        "--null-started-at" if started_at is None else f"--expected-started-at {started_at!r}"
+    )
+    return (
+        f"its row is still held by run {run_id!r}, whose lease lapsed: release it with "
+        f"storyboard reset-running {where} {expected}; then {force}"
+    )
+
+
+def _with_companions(
+    checkpoints: CheckpointStore, key: StepKey, artifacts: Iterable[str]
+) -> list[str]:
+    """Each artifact and the files beside it named after it (``C01.png.receipt.json``):
+    what a re-run reads or replaces along with it."""
+    out: list[str] = []
+    listed: dict[str, list[str]] = {}  # artifact directory -> its entries, scanned once
+    base = checkpoints.step_dir(key)
+    for relative in artifacts:
+        out.append(relative)
+        folder, name = posixpath.split(posixpath.normpath(relative))
+        if folder not in listed:
+            try:
+                with os.scandir(base / folder if folder else base) as entries:
+                    listed[folder] = [e.name for e in entries]
+            except (FileNotFoundError, NotADirectoryError):
+                listed[folder] = []
+        prefix = f"{name}."
+        out.extend(posixpath.join(folder, n) for n in listed[folder] if n.startswith(prefix))
+    return out
 
 
 def _sealed_clean() -> CompletionReport:
@@ -200,7 +306,7 @@ class StepJudge:
 
     def refuse_links_to_write(self, key: StepKey, decision: ResumeDecision) -> None:
         """``checkpoint.symlink`` if a step directory this claiming run may write in holds a
-        link anywhere (SPEC §11): its own (pending edits, archive, artifacts) and, for an
+        link anywhere (docs/DESIGN.md#no-escape): its own (pending, archive, artifacts) and, for an
         explicit force, every downstream one it will invalidate and clear.
 
         The judge checks this for every claiming decision (a block before the claim, any
@@ -213,6 +319,58 @@ class StepJudge:
             targets += self.downstream_keys(key)
         for target in targets:
             self.checkpoints.refuse_links_in_tree(target)
+
+    def not_a_file(self, key: StepKey, checkpoint: Checkpoint | None) -> PipelineError | None:
+        """Something that is not a regular file (a directory, a FIFO, …) where an artifact
+        of ``key``'s checkpoint, or a file named after one (its receipt), should be."""
+        if checkpoint is None or not checkpoint.artifacts:
+            return None
+        relatives = _with_companions(self.checkpoints, key, (a.path for a in checkpoint.artifacts))
+        return not_a_file(self.checkpoints, key, relatives, f"a file of {key.step_id}'s checkpoint")
+
+    def older_copy(self, key: StepKey, checkpoint: Checkpoint | None) -> PipelineError | None:
+        """An artifact of ``key``'s checkpoint whose bytes are not the recorded ones but those
+        of one of its archived copies: an older version put back by hand.
+
+        On a completed row the verifier blocks on any other bytes; a failed or partial row
+        is re-run without verifying, and an image step then adopts a picture its receipt
+        vouches for, an older one included. A picture a killed run drew (and placed, never
+        published) is never in the archive: only what was replaced is. Hashes only the
+        artifacts that have archived copies (``CheckpointStore.archive_artifact`` names them
+        ``<sha256[:16]>-<name>``).
+        """
+        if checkpoint is None or not checkpoint.artifacts:
+            return None
+        archive = self.checkpoints.step_dir(key) / ARCHIVE_DIR
+        try:
+            names = os.listdir(archive)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        archived: dict[str, set[str]] = {}  # file name -> sha256 prefixes of its copies
+        for name in names:
+            prefix, dash, original = name.partition("-")
+            if dash and len(prefix) == 16:
+                archived.setdefault(original, set()).add(prefix)
+        for artifact in checkpoint.artifacts:
+            copies = archived.get(posixpath.basename(artifact.path))
+            if not copies:
+                continue
+            path = self.checkpoints.artifact_path(key, artifact.path)
+            try:
+                found = file_sha256(path)
+            except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+                continue  # absent: re-drawn; not a file: ``not_a_file`` reports it
+            if found != artifact.sha256 and found[:16] in copies:
+                return PipelineError(
+                    INTEGRITY_CODE,
+                    f"{path} holds an older copy of it (sha256 {found[:16]}…, as archived in "
+                    f"{archive}), not the {artifact.sha256[:16]}… the checkpoint of "
+                    f"{key.step_id} records: nothing is adopted silently; move it away to "
+                    "have it drawn again, or force the step to adopt it",
+                    origin=Origin.INVARIANT_DRIFT.value,
+                    details={"path": str(path)},
+                )
+        return None
 
     # ------------------------------------------------------------------ judging
     def judge(
@@ -254,13 +412,27 @@ class StepJudge:
             now=now or self.clock(),
         )
         broken = loaded[1] if loaded is not None else None
+        in_the_way: PipelineError | None = None
         if broken is None and decision.action in CLAIMING_ACTIONS:
             try:  # a re-run would write there: a link anywhere in its way blocks it first
                 self.refuse_links_to_write(key, decision)
+                in_the_way = self.not_a_file(key, checkpoint)
+                if in_the_way is None and decision.auto_recovery:
+                    in_the_way = self.older_copy(key, checkpoint)
             except PipelineError as exc:
                 if exc.code != SYMLINK_CODE:
                     raise
                 broken = exc
+        if in_the_way is not None:
+            # Not a regular file: the verifier calls it "missing" and a re-run (or a force)
+            # would pay for the item, then fail to move it into place. An older copy: a
+            # re-run would adopt it silently. Blocked before either.
+            decision = ResumeDecision(
+                ResumeAction.BLOCK,
+                in_the_way.message,
+                origin=Origin(in_the_way.origin or Origin.CONTRACT_DRIFT),
+                code=CODE_RESUME_BLOCKED,
+            )
         if (
             broken is not None
             and broken.code == SYMLINK_CODE
@@ -268,7 +440,7 @@ class StepJudge:
         ):
             # The table reaches the verifier (which reports the link) only for some rows; a
             # failed or stale row would be re-run, i.e. written through or over the link.
-            # A link where our file should be blocks whatever the row says (SPEC §11), in
+            # A link where our file should be blocks whatever the row says (DESIGN.md#no-escape), in
             # the sensor too (a block reported, not a launch that would only fail).
             decision = ResumeDecision(
                 ResumeAction.BLOCK,
@@ -298,6 +470,7 @@ class StepJudge:
                 status="completed",
                 config_hash=config.hash,
                 config_fingerprints=dict(config.fingerprints),
+                unusable=True,
             )
             origin = (
                 Origin(broken.origin) if broken.origin in set(Origin) else Origin.CONTRACT_DRIFT

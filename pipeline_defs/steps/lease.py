@@ -1,4 +1,4 @@
-"""The owner's lease on a claimed step: renewed while the step runs (issue 11 §2).
+"""The owner's lease on a claimed step: renewed while the step runs.
 
 A claimed row carries ``heartbeat_at``. While the owner works on it, a daemon thread renews
 it every ``heartbeat_seconds`` with an owner-aware update (``WHERE run_id = :mine``); the

@@ -1,4 +1,4 @@
-"""A mutator and its edits are one recoverable unit (SPEC §7, §11; issue 10 §1-§2).
+"""A mutator and its edits are one recoverable unit (docs/DESIGN.md#review).
 
 A mutator (``Step.modifies_checkpoints``) edits other steps' checkpoints in place. Its run
 used to publish its own checkpoint first and edit the victims afterwards: a process killed
@@ -9,7 +9,8 @@ skipped everything. Now:
    hash is the intent's ``base``), validated and verified; its content hash is ``result``.
    A victim the mutator left alone gets ``base == result``.
 2. **write ahead**: every edit that changes something is written to the mutator's
-   ``pending/<victim>.json``.
+   ``pending/<victim>.json``, then the checkpoint the mutator is about to publish to
+   ``pending/<mutator>.json`` (last: its presence means every edit is durable).
 3. the mutator **publishes** its checkpoint, whose data carries the intents under
    ``INTENTS_KEY``. From here on the intents are the truth about what the review expects.
 4. **settle**: each victim is a compare-and-set under its row lock: at ``base`` → the
@@ -20,8 +21,9 @@ Judging (read-only, :func:`intent_report`): a mutator whose every victim is at i
 ``result`` is clean. A victim at ``base`` (the process died before settling) or at any
 other version (rebuilt since the review) makes it incomplete (``artifact_missing``), so the
 judge re-runs the mutator alone. That re-run first settles what the write-ahead edits
-allow, with no provider call (each fix is applied exactly once); only when a victim
-changed since the review does it review again.
+allow, with no provider call (each fix is applied exactly once): from the published
+checkpoint, or, when the process died before publishing it, from the written-ahead copy
+(docs/DESIGN.md#write-ahead). Only when a victim changed since the review does it review again.
 """
 
 from collections.abc import Callable, Mapping, Sequence
@@ -30,8 +32,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
+from pipeline_defs.project import ProjectConfig
 from pipeline_defs.resume.clock import format_timestamp
 from pipeline_defs.resume.completion import CompletionReport, Origin, Severity
+from pipeline_defs.resume.decision import ScopedConfig
 from pipeline_defs.resume.errors import PipelineError
 from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.steps.context import StepContext
@@ -90,7 +94,7 @@ def held_intents(
     victim's checkpoint is the version the edits left it at), by victim.
 
     A mutator re-run because one victim was rebuilt reviews that one again and keeps what
-    the others hold, so the run ends as a clean run would (issue 10 §2).
+    the others hold, so the run ends as a clean run would.
     """
     if previous is None:
         return {}
@@ -137,12 +141,26 @@ def intent_report(
 
 
 def write_ahead(
-    checkpoints: CheckpointStore, mutator: StepKey, edits: Sequence[PreparedEdit]
+    checkpoints: CheckpointStore,
+    mutator: StepKey,
+    edits: Sequence[PreparedEdit],
+    checkpoint: Checkpoint,
 ) -> None:
-    for edit in edits:
-        if edit.intent.base != edit.intent.result:
-            checkpoints.write_pending(mutator, edit.edited)
+    """Write every edit that changes a victim ahead, then ``checkpoint`` (what the mutator
+    publishes next): a process killed before its publish leaves the whole result of its
+    paid review behind, to be published and settled by the next run with no call.
+    Zero fixes write nothing (docs/DESIGN.md#review)."""
+    changed = [e for e in edits if e.intent.base != e.intent.result]
+    for edit in changed:
+        checkpoints.write_pending(mutator, edit.edited)
+    if changed:
+        checkpoints.write_pending(mutator, checkpoint)  # pending/<mutator>.json
     crash_point("mutation.pending_written", mutator.step_id)
+
+
+def drop_written_ahead(checkpoints: CheckpointStore, mutator: StepKey) -> None:
+    """Forget the mutator's own written-ahead checkpoint once its row holds a result."""
+    checkpoints.drop_pending(mutator, mutator.step_id)
 
 
 def settle(
@@ -230,6 +248,10 @@ class Verifier(Protocol):
 
     def verifier_reads(self, ctx: StepContext) -> tuple[Path, ...]: ...
 
+    def project(self, key: StepKey) -> ProjectConfig: ...
+
+    def scoped_config(self, project: ProjectConfig) -> ScopedConfig: ...
+
     def load_checkpoint(self, key: StepKey) -> tuple[Checkpoint | None, PipelineError | None]: ...
 
     def for_step(self, step_id: str) -> "Verifier": ...
@@ -244,6 +266,9 @@ class Settlement:
     intents: tuple[Intent, ...]
     report: CompletionReport  # the mutator's own verification, clean
     ctx: StepContext
+    # True: ``checkpoint`` is the written-ahead copy of a run killed before it published;
+    # the settling run publishes it first, then applies the edits, as that run would have.
+    written_ahead: bool = False
 
 
 class MutatorEdits:
@@ -272,7 +297,7 @@ class MutatorEdits:
         inputs: Mapping[str, Checkpoint | None],
     ) -> list[PreparedEdit]:
         """Every declared victim's intent, each edit built on the victim the mutator read,
-        validated and verified. Writes nothing (SPEC §7: zero fixes = zero writes).
+        validated and verified. Writes nothing (docs/DESIGN.md#review: zero fixes = zero writes).
 
         A victim the run does not edit that still holds the edits of the mutator's previous
         checkpoint keeps that intent (its base is the version before those edits), so a
@@ -417,14 +442,47 @@ class MutatorEdits:
         )
 
     def settlement(self, key: StepKey, ctx_for: Callable[[], StepContext]) -> Settlement | None:
-        """A published mutator checkpoint whose edits are written ahead but not all applied
-        (the process died while settling). None when that is not possible (no intents, or
-        a victim changed since, or it no longer verifies): the mutator reviews again.
+        """Edits written ahead but not all applied, that can be applied as they are (no
+        review, no provider call): those of the published mutator checkpoint (the process
+        died while settling), else those of the checkpoint written ahead with them (it died
+        before publishing). None when neither holds (no intents, a victim changed since, a
+        config change, it no longer verifies): the mutator reviews again.
         ``ctx_for`` builds the run's context once the intents allow a settlement."""
         existing, broken = self.judge.load_checkpoint(key)
-        if existing is None or broken is not None or existing.status != "completed":
+        if existing is not None and broken is None and existing.status == "completed":
+            found = self._settleable(key, existing, ctx_for, written_ahead=False)
+            if found is not None:
+                return found
+        ahead = self.checkpoints.load_pending(key, key.step_id)
+        if ahead is None or ahead.key != key or ahead.status != "completed":
             return None
-        intents = intents_of(existing, source=str(self.checkpoints.path_for(key)))
+        if existing is not None and ahead.content_hash == existing.content_hash:
+            return None  # the published one, judged above
+        # What a review now would be judged against: the same contract and scoped config
+        # (the victims, its only inputs, are compared by the intents).
+        config = self.judge.scoped_config(self.judge.project(key))
+        if (ahead.schema_version, ahead.config_hash) != (
+            self.judge.step.schema_version,
+            config.hash,
+        ):
+            return None
+        return self._settleable(key, ahead, ctx_for, written_ahead=True)
+
+    def _settleable(
+        self,
+        key: StepKey,
+        checkpoint: Checkpoint,
+        ctx_for: Callable[[], StepContext],
+        *,
+        written_ahead: bool,
+    ) -> Settlement | None:
+        source = str(self.checkpoints.path_for(key))
+        try:
+            intents = intents_of(checkpoint, source=source)
+        except PipelineError:
+            if written_ahead:
+                return None  # a malformed copy offers nothing: review again
+            raise
         for intent in intents:
             victim_key = StepKey(key.project_id, key.episode_id, intent.victim)
             current, _ = self.judge.load_checkpoint(victim_key)
@@ -436,7 +494,7 @@ class MutatorEdits:
         if not intents:
             return None
         ctx = ctx_for()
-        report = self.judge.verify(ctx, existing)
+        report = self.judge.verify(ctx, checkpoint)
         if not report.is_complete:
             return None
-        return Settlement(existing, tuple(intents), report, ctx)
+        return Settlement(checkpoint, tuple(intents), report, ctx, written_ahead=written_ahead)

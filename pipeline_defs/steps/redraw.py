@@ -1,4 +1,4 @@
-"""Redraw chosen items of a step (issue 9 §2): the request, its targets, its dependents.
+"""Redraw chosen items of a step: the request, its targets, its dependents.
 
 A launch tagged ``resume/redraw=<id>[,<id>…]`` (or ``all``) asks one step to draw exactly
 those items again. Ids are the ones the step's checkpoint lists (``Step.redraw_items``);

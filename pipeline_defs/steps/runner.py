@@ -15,18 +15,30 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from pipeline_defs.project import ProjectConfig, scoped_fingerprints
+from pipeline_defs.project import ProjectConfig, models_called, scoped_fingerprints
 from pipeline_defs.resume.clock import format_timestamp, parse_timestamp
 from pipeline_defs.resume.completion import CompletionReport, Origin, report_from_exception
-from pipeline_defs.resume.decision import LaunchMode, ResumeAction, ResumeDecision, config_hash
+from pipeline_defs.resume.decision import (
+    CODE_RECOVERY_EXHAUSTED,
+    LaunchMode,
+    ResumeAction,
+    ResumeDecision,
+    config_hash,
+)
 from pipeline_defs.resume.errors import PipelineError
 from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.resume.status import LedgerRow
 from pipeline_defs.steps.context import ProviderMeter, StepContext
 from pipeline_defs.steps.faults import crash_point
-from pipeline_defs.steps.judge import StepJudge
+from pipeline_defs.steps.judge import AUTOMATIC_LAUNCH_PATH, StepJudge, recovery_way_out
 from pipeline_defs.steps.lease import OWNERSHIP_LOST, Lease
-from pipeline_defs.steps.mutations import Intent, MutatorEdits, intents_data, write_ahead
+from pipeline_defs.steps.mutations import (
+    Intent,
+    MutatorEdits,
+    drop_written_ahead,
+    intents_data,
+    write_ahead,
+)
 from pipeline_defs.steps.redraw import Redraw, dependents_of, resolve_targets
 from pipeline_defs.steps.spec import StepResult
 from resources.checkpoints.envelope import Checkpoint, mask_secrets
@@ -45,6 +57,13 @@ class RunInfo:
     launch_path: str = "api"
     redraw: Redraw | None = None  # the request (tags); resolved per step by ``run``
     redraw_items: frozenset[str] = frozenset()  # this step's targets, once resolved
+
+    @property
+    def automatic(self) -> bool:
+        """Launched by the resume sensor: the only launches whose recoveries are counted
+        . An operator's own launch is not an automatic recovery: counting it
+         let three operator runs killed in a row exhaust the step against that operator."""
+        return self.launch_path == AUTOMATIC_LAUNCH_PATH
 
 
 @dataclass(frozen=True)
@@ -119,8 +138,10 @@ class StepRunner:
             text = self.text_model.for_provider(project.provider)
         if self.image_model is not None:
             image = self.image_model.for_provider(project.provider)
-        for model in (text, image):
-            if model is not None:
+        # only the models this step calls need a key (story_source: none).
+        called = models_called(self.step.resume_config_keys)
+        for model, calls in zip((text, image), called, strict=True):
+            if model is not None and calls:
                 model.preflight()
         return text, image
 
@@ -178,7 +199,6 @@ class StepRunner:
         self, partition_key: str, run: RunInfo, inputs: Mapping[str, Checkpoint | None]
     ) -> StepOutcome:
         key = self.judge.key(partition_key)
-        self.models(self.judge.project(key))  # no key or a bad provider: fail before anything
         self.gate(key)
         if run.redraw is not None:  # unknown ids fail here: before the claim, nothing changed
             run = self._resolve_redraw(key, run)
@@ -199,12 +219,21 @@ class StepRunner:
             return StepOutcome(decision, "skip", judgement.checkpoint)
         if decision.action is ResumeAction.BLOCK:
             self.audit(key, run, decision, action="block", from_status=prior, to_status=prior)
+            message = f"{key}: {decision.reason}"
+            if decision.code == CODE_RECOVERY_EXHAUSTED and row is not None:
+                # The commands that get past it, as ``decide`` prints them; first, so that a
+                # one-line view that clips the (long) reason still shows them whole.
+                way_out = recovery_way_out(key, row.status, row.run_id, row.started_at)
+                message = f"{key}: next: {way_out}; {decision.reason}"
             raise PipelineError(
                 decision.code or "step.resume_blocked",
-                f"{key}: {decision.reason}",
+                message,
                 origin=decision.origin.value if decision.origin else None,
                 details={"decision": decision.action.value},
             )
+        # no key or a bad provider fails here, before the claim and any call,
+        # and only for a step that will run (a SKIP or a BLOCK calls no model).
+        self.models(self.judge.project(key))
         outcome = self._claim_and_finalize(key, run, decision, prior, row, inputs)
         if run.redraw_items:
             outcome = self._report_dependents(key, run, outcome)
@@ -291,7 +320,11 @@ class StepRunner:
     def _lease_hint(self, key: StepKey, row: Mapping[str, Any] | None) -> str:
         """What an operator can do about the running row a claim lost to (empty if none).
 
-        An explicit force never steals a lease, not even a stale one: say so, and how.
+        Judged as the judge and ``audit-running`` judge a running row: by its lease (the
+        heartbeat's age against ``lease_seconds``), by ``running_timeout_seconds`` only for
+        a row without a heartbeat. A step that started hours ago and renewed its lease a
+        moment ago is alive: no reset is offered for it. An explicit force never steals a
+        lease, not even an expired one: say so, and how.
         """
         typed = LedgerRow.of(row)
         if typed is None or not typed.is_running:
@@ -304,14 +337,30 @@ class StepRunner:
         )
         if started is None:
             return f"; run {owner!r} holds it with an unreadable started_at {raw!r}"
-        elapsed = (self.clock() - started).total_seconds()
-        if elapsed >= self.settings.running_timeout_seconds:
+        now = self.clock()
+        lease = self.settings.lease_seconds
+        beat = parse_timestamp(typed.heartbeat_at)
+        if beat is not None:
+            age = (now - beat).total_seconds()
+            if age < lease:
+                return (
+                    f"; run {owner!r} is working on it: last heartbeat {max(age, 0):.0f}s ago "
+                    f"(lease {lease:g}s, started {raw})"
+                )
             return (
-                f"; run {owner!r} holds a STALE lease (started {raw}, {elapsed:.0f}s ago, "
-                f"past running_timeout_seconds={self.settings.running_timeout_seconds}): a "
-                f"resume launch recovers it, or if that run is dead: {reset}"
+                f"; run {owner!r} holds an expired lease (last heartbeat {age:.0f}s ago, past "
+                f"lease_seconds={lease:g}): a resume launch recovers it, or if that run is "
+                f"dead: {reset}"
             )
-        return f"; run {owner!r} has held it for {elapsed:.0f}s (started {raw})"
+        elapsed = (now - started).total_seconds()
+        timeout = self.settings.running_timeout_seconds
+        if elapsed >= timeout:
+            return (
+                f"; run {owner!r} holds an expired lease (no heartbeat, started {raw}, "
+                f"{elapsed:.0f}s ago, past running_timeout_seconds={timeout}): a resume launch "
+                f"recovers it, or if that run is dead: {reset}"
+            )
+        return f"; run {owner!r} has held it for {elapsed:.0f}s (started {raw}, no heartbeat)"
 
     def _claim_and_finalize(
         self,
@@ -323,6 +372,10 @@ class StepRunner:
         inputs: Mapping[str, Checkpoint | None],
     ) -> StepOutcome:
         stale = decision.action is ResumeAction.STALE_RUNNING_RECOVERY
+        # Row 12 counts automatic recoveries: the sensor's. An operator's launch of the same
+        # decision takes the row over uncounted, leaving the count and last reason as the
+        # sensor's recoveries left them (visible in ``status``).
+        counted = decision.auto_recovery and run.automatic
         won = self.ledger.claim(
             key,
             run.run_id,
@@ -330,7 +383,7 @@ class StepRunner:
             expected_started_at=decision.expected_started_at,
             expected_run_id=decision.expected_run_id,
             expected_heartbeat_at=decision.expected_heartbeat_at,
-            auto_recovery=decision.auto_recovery,
+            auto_recovery=counted,
             reason=decision.reason,
             seen=row,
         )
@@ -343,9 +396,7 @@ class StepRunner:
                 f"{key}: another run owns this step or changed it since it was judged "
                 f"(claim for {decision.action.value} refused){self._lease_hint(key, row)}",
             )
-        attempts = max(
-            1, int((row or {}).get("recovery_count") or 0) + (1 if decision.auto_recovery else 0)
-        )
+        attempts = max(1, int((row or {}).get("recovery_count") or 0) + (1 if counted else 0))
         lease = Lease(
             self.ledger,
             key,
@@ -479,7 +530,7 @@ class StepRunner:
         )
         lease.check()  # a lost lease publishes nothing (the owner-aware update would refuse)
         if edits and status != "failed":
-            write_ahead(self.checkpoints, key, edits)
+            write_ahead(self.checkpoints, key, edits, checkpoint)
         published = self._publish(
             key, run, status, checkpoint, result.summary, counts, reads, meter.resolved_model
         )
@@ -500,12 +551,36 @@ class StepRunner:
         )
 
     def _settle_published(self, key: StepKey, run: RunInfo) -> Published | None:
-        """A published mutator checkpoint whose edits are written ahead but not all applied
-        (the process died while settling): apply them instead of reviewing again. None when
-        that is not possible (no intents, or a victim changed since): review again."""
+        """A mutator whose edits are written ahead but not all applied: apply them instead of
+        reviewing again (no provider call). Either its checkpoint is published (the process
+        died while settling), or the process died before publishing it: the
+        written-ahead copy is published now and ``_after_publish`` settles its edits, as the
+        killed run would have. None when that is not possible (no intents, or a victim
+        changed since): review again."""
         found = self.mutations.settlement(key, lambda: self.context(key, run_id=run.run_id))
         if found is None:
             return None
+        reads = self.judge.verifier_reads(found.ctx)
+        if found.written_ahead:
+            summary = (
+                f"published the review written ahead by run "
+                f"{found.checkpoint.produced_by.get('run_id')!r} (killed before it published); "
+                "its edits are applied next, no provider call"
+            )
+            if not self._publish(key, run, "completed", found.checkpoint, summary, {}, reads):
+                raise PipelineError(
+                    "step.ownership_lost",
+                    f"{key}: run {run.run_id} lost its claim; nothing published",
+                )
+            crash_point("published", key.step_id)
+            return Published(
+                "completed",
+                found.checkpoint,
+                summary,
+                found.ctx,
+                report=found.report,
+                settle=found.intents,
+            )
         mutated = self.mutations.settle(
             key,
             found.intents,
@@ -515,7 +590,6 @@ class StepRunner:
             launch_path=run.launch_path,
             reseal=False,
         )
-        reads = self.judge.verifier_reads(found.ctx)
         summary = f"settled the written-ahead edits of {', '.join(mutated) or 'no victim'}"
         if not self._publish(key, run, "completed", found.checkpoint, summary, {}, reads):
             raise PipelineError(
@@ -565,6 +639,8 @@ class StepRunner:
                     launch_path=run.launch_path,
                     reseal=status == "completed",
                 )
+        if self.step.modifies_checkpoints:  # the row holds the result: the copy is spent
+            drop_written_ahead(self.checkpoints, key)
         crash_point("finished", key.step_id)
         return StepOutcome(
             decision,

@@ -118,6 +118,13 @@ class Step:
     def validate_data(self, data: Mapping[str, Any], *, source: str) -> None:
         """Check sentinels in ``data``; raise ``io.integrity_violation`` naming ``source``."""
 
+    def accept_edit(self, data: Mapping[str, Any]) -> Mapping[str, Any]:
+        """``data`` as edited by hand, with what the step derives from it recomputed (the
+        sentinel hashes of edited prompts, say), for ``storyboard accept``. What cannot be
+        derived is left as edited: ``validate_data`` and the verifier then judge it, and an
+        edit they refuse is refused. Default: nothing is derived."""
+        return data
+
     def cleanup_artifacts(self, ctx: "StepContext") -> CleanupReport:
         return CleanupReport()
 

@@ -9,10 +9,10 @@ deletes nothing: regenerating one entity must never delete another's image.
 
 Every file is reached through the checkpoint store (``artifact_path``, ``archive_artifact``,
 ``write_artifact``), which refuses a symlink on the way or in place (``checkpoint.symlink``,
-SPEC §11); a step directory holding a link fails before any provider call. A drawn PNG and
+docs/DESIGN.md#no-escape); a step dir holding a link fails before any provider call. A drawn PNG and
 its receipt are written to the run's private ``.staging/`` directory and moved into place
 under the ledger row lock (``StepContext.fenced``): a worker that lost its lease cannot
-replace or archive what the step's new owner published (issue 11 §3).
+replace or archive what the step's new owner published.
 """
 
 import contextlib
@@ -28,6 +28,7 @@ from pipeline_defs.resume.errors import PipelineError
 from pipeline_defs.resume.files import fsync_dir
 from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.steps.context import StepContext
+from pipeline_defs.steps.judge import not_a_file
 from pipeline_defs.steps.spec import CleanupReport, ItemSource, Step, StepResult
 from resources.checkpoints.envelope import Artifact, Checkpoint, canonical_json, sha256_text
 from resources.checkpoints.store import (
@@ -92,8 +93,11 @@ class ImageStep(Step):
     """Base of the image steps: subclasses only say which jobs exist (``plan``)."""
 
     kind: str = "image"
-    # A PNG whose bytes changed is redrawn (issue 4 §6), after archiving the changed file.
-    changed_artifact_origin = Origin.ARTIFACT_MISSING
+    # A PNG whose bytes are not the ones its checkpoint records blocks, naming the file, as
+    # an edited envelope does: an
+    # older copy put back from the archive comes with a receipt that vouches for it, and a
+    # re-run would adopt it without a word. Only an absent PNG is re-run (one call).
+    changed_artifact_origin = Origin.INVARIANT_DRIFT
     # Tag resume/redraw names items by the ids of ``expected`` (the PNG names).
     redrawable = True
 
@@ -228,7 +232,7 @@ class ImageStep(Step):
     ) -> tuple[Artifact, Mapping[str, Any]] | None:
         """A valid published picture asked for with the same prompt, from the same upstream
         items, one of which has been redrawn since: kept with its record (what it was
-        really built from), reported as outdated, redrawn only when asked (issue 9 §2)."""
+        really built from), reported as outdated, redrawn only when asked."""
         if previous is None:
             return None
         entry = (previous.data.get("images") or {}).get(job.item_id)
@@ -268,6 +272,17 @@ class ImageStep(Step):
         # paying for images (when the first PNG or receipt is written).
         ctx.checkpoints.refuse_links_in_tree(ctx.key)
         plan = self.plan(ctx, inputs)
+        # Likewise a directory or a FIFO where a picture or its receipt goes: the move into
+        # place would fail after the call (a FIFO would be replaced, or hang a read). The
+        # judge blocks on the files the checkpoint lists; this covers every job of the plan.
+        in_the_way = not_a_file(
+            ctx.checkpoints,
+            ctx.key,
+            [p for job in plan.jobs for p in (job.path, job.path + RECEIPT_SUFFIX)],
+            f"a picture of {self.step_id} or its receipt",
+        )
+        if in_the_way is not None:
+            raise in_the_way
         previous = self._previous(ctx)
         size = ctx.project.image
         images: dict[str, dict[str, Any]] = {}
@@ -352,10 +367,13 @@ class ImageStep(Step):
         )
 
     def verify_completion(self, ctx: StepContext, checkpoint: Checkpoint) -> CompletionReport:
-        """Expected set vs files present with matching sha256; anything else is missing."""
+        """Expected set vs files present with matching sha256: an absent one is missing (a
+        re-run draws it), one with other bytes is drift (a block naming it, see
+        ``changed_artifact_origin``)."""
         expected = [str(i) for i in checkpoint.data.get("expected") or []]
         images = checkpoint.data.get("images") or {}
         missing: list[str] = []
+        changed: list[str] = []
         for item in expected:
             entry = images.get(item)
             if not isinstance(entry, Mapping) or not isinstance(entry.get("path"), str):
@@ -365,7 +383,14 @@ class ImageStep(Step):
             if not path.is_file():
                 missing.append(f"{entry['path']} (missing)")
             elif file_sha256(path) != entry.get("sha256"):
-                missing.append(f"{entry['path']} (sha256 mismatch)")
+                changed.append(f"{entry['path']} (sha256 mismatch)")
+        if changed:
+            return CompletionReport.incomplete(
+                Origin.INVARIANT_DRIFT,
+                tuple([*changed, *missing][:MAX_LISTED]),
+                Severity.PARTIAL,
+                missing_count=len(missing) + len(changed),
+            )
         if missing:
             severity = Severity.MISSING if len(missing) >= len(expected) else Severity.PARTIAL
             return CompletionReport.incomplete(

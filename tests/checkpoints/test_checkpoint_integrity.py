@@ -165,7 +165,16 @@ def test_a_replaced_corrupt_checkpoint_is_archived_not_destroyed(h: Harness) -> 
     corrupt_json(h)
     evidence = h.path("alpha").read_bytes()
 
-    result = h.run("alpha")  # row failed → automatic rerun over the corrupt file
+    # Row failed: the resume blocks as on a completed row instead of re-running over the
+    # corrupt file.
+    blocked = h.run("alpha")
+    assert not blocked.success
+    description, _ = failure(blocked, "alpha")
+    assert "step.resume_blocked" in description and str(h.path("alpha")) in description
+    assert h.path("alpha").read_bytes() == evidence
+    assert h.row("alpha")["status"] == "failed"  # type: ignore[index]
+
+    result = h.run("alpha", tags={"resume/mode": "force"})  # only a force rebuilds over it
     assert result.success
     assert h.envelope("alpha")["status"] == "completed"
     archived = [p.read_bytes() for p in (h.path("alpha").parent / ARCHIVE_DIR).iterdir()]

@@ -1,4 +1,4 @@
-"""Tampering is never a SKIP (SPEC §11): a checkpoint.json without its ``content_hash``, or
+"""Tampering never SKIPs (docs/DESIGN.md#content-hash): a checkpoint.json with no content_hash, or
 with a field of the wrong shape, is a typed error naming the file (and the field), so the
 judge BLOCKs with ``contract_drift`` instead of passing edited data downstream or crashing
 with a bare TypeError. An explicit force still recovers: the bad file is archived, the step

@@ -1,4 +1,4 @@
-"""A checkpoint that fails to stage leaves no ``.checkpoint.*.tmp`` behind (issue 10 §5).
+"""A checkpoint that fails to stage leaves no ``.checkpoint.*.tmp`` behind.
 
 ``CheckpointStore.stage`` writes the envelope to a temp file beside its target before the
 fenced rename. Any failure before it returns the ``StagedCheckpoint`` (nobody else could
@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from checkpoint_support import KEY, checkpoint
 from judge_steps import make_data
+from must_run import skip_or_fail
 from sensor_steps import seed, stores_for
 
 from pipeline_defs.resume.partition import StepKey
@@ -112,7 +113,7 @@ def test_a_full_disk_when_archiving_the_replaced_envelope_leaves_no_temp_file(
     stage does before returning) finds the disk full: the temp must go too."""
     with tiny_disk(tmp_path / "disk") as mounted:
         if not mounted:
-            pytest.skip("needs a tmpfs mount (root): no fault injection reproduces this order")
+            skip_or_fail("needs a tmpfs mount (root): no fault injection reproduces this order")
         store = CheckpointStore(tmp_path / "disk" / "home")
         assert store.save(checkpoint("old"))
         published = store.path_for(KEY).read_bytes()

@@ -1,4 +1,4 @@
-"""No escape from the home (SPEC §11, issue 10 §3): a symlink where a file or directory of
+"""No escape from the home (docs/DESIGN.md#no-escape): a symlink where a file or directory of
 ours should be is a typed block (``checkpoint.symlink``, contract drift, naming the link),
 never followed, never deleted, and nothing outside ``PIPELINE_HOME`` changes.
 
@@ -218,7 +218,7 @@ def test_a_planted_link_blocks_every_path_and_nothing_outside_changes(
 
 
 def test_the_observed_archive_pruning_bug(built: Env) -> None:
-    """Issue 10 §3 as reported: composite_image_gen/archive linked outside, then
+    """As first reported: composite_image_gen/archive linked outside, then
     ``force --step ref_image_gen``: four outside files were pruned and the force archive
     was written outside. Now the force fails, typed, before writing anything there."""
     env = built
@@ -450,7 +450,7 @@ def test_listing_checkpoints_never_walks_through_a_link(
     check(caught, store.step_dir(other))
 
 
-# ----------------------------------------------------------------------------- issue 10 §3 gaps
+# ----------------------------------------------------------------------------- no-escape gaps
 def test_a_force_refuses_a_downstream_link_before_changing_the_ledger(built: Env) -> None:
     """Gap 1: forcing ref_image_gen invalidated composite_image_gen's row (stale) before the
     force-clear met the link in its step directory. The refusal comes first now (the

@@ -11,7 +11,9 @@ import inspect
 from pipeline_defs.steps import judge, runner
 
 # Store methods a judge may call: reads, stat checks and path arithmetic.
-READS = frozenset({"load", "path_for", "artifact_problems", "refuse_links_in_tree"})
+READS = frozenset(
+    {"load", "path_for", "step_dir", "artifact_path", "artifact_problems", "refuse_links_in_tree"}
+)
 STORES = frozenset({"ledger", "checkpoints"})
 
 

@@ -1,4 +1,4 @@
-"""Crash-point matrix: kill -9 of a real ``storyboard materialize`` at named stages (issue 10 §1).
+"""Crash-point matrix: kill -9 of a real ``storyboard materialize`` at named stages.
 
 Each case runs the real pipeline (offline models) in a child process with
 ``PIPELINE_CRASH_AT=<step>:<stage>``: the process SIGKILLs itself when that step's run
@@ -38,19 +38,23 @@ from resources.checkpoints.store import CheckpointStore
 
 PARTITION = "demo/ep01"
 LEASE_SECONDS = 1.0
-CASES = (
+# Crash point → what the resume does with the killed step: its decision and its provider
+# calls. A row left running is a lapsed lease; edits written ahead and pictures already
+# staged are applied without a model call; a published step is kept (the review's, whose
+# edits are not all written yet, re-runs to write them, still without a call).
+CASES: dict[str, tuple[str, int]] = {
     # the mutator: before and after its own publish, between and after victim edits
-    "t2i_review:executed",
-    "t2i_review:mutation.pending_written",
-    "t2i_review:published",
-    "t2i_review:mutation.victim_written",
-    "t2i_review:finished",
+    "t2i_review:executed": ("stale_running_recovery", 1),
+    "t2i_review:mutation.pending_written": ("stale_running_recovery", 0),
+    "t2i_review:published": ("rerun_self", 0),
+    "t2i_review:mutation.victim_written": ("rerun_self", 0),
+    "t2i_review:finished": ("skip", 0),
     # a plain step and an image step
-    "entity_canon:claimed",
-    "entity_canon:published",
-    "ref_image_gen:executed",
-    "ref_image_gen:published",
-)
+    "entity_canon:claimed": ("stale_running_recovery", 1),
+    "entity_canon:published": ("skip", 0),
+    "ref_image_gen:executed": ("stale_running_recovery", 0),
+    "ref_image_gen:published": ("skip", 0),
+}
 
 
 def _storyboard(cli: CliEnv, *args: str, env: Mapping[str, str] | None = None) -> Any:
@@ -105,6 +109,7 @@ def test_one_resume_after_a_kill_ends_as_a_clean_run(
         cli, "materialize", "--partition", PARTITION, env={"PIPELINE_CRASH_AT": crash_at}
     )
     assert killed.returncode == -9, (killed.returncode, killed.stderr[-2000:])
+    left = _state(cli)["rows"]  # what the killed run finished before it died
     time.sleep(LEASE_SECONDS + 0.2)  # the dead owner never renews: its lease lapses
     resumed = _storyboard(
         cli, "materialize", "--partition", PARTITION, "--json",
@@ -120,15 +125,42 @@ def test_one_resume_after_a_kill_ends_as_a_clean_run(
     # Nothing left half-done: no write-ahead edit, no staged temp file.
     leftovers = [p for p in cli.home.rglob("*") if p.name.endswith(".tmp") or "pending" in p.parts]
     assert not [p for p in leftovers if p.is_file()], leftovers
+    # The resume's own report says what it did, step by step, and agrees with the ledger.
     payload = json.loads(resumed.stdout)
-    assert payload
+    assert (payload["ok"], payload["command"], payload["partition"]) == (
+        True,
+        "materialize",
+        PARTITION,
+    )
+    reported = {s["step"]: s for s in payload["steps"]}
+    assert sorted(reported) == sorted(clean["rows"]), reported
+    assert {k: r["status"] for k, r in reported.items()} == state["rows"]
+    this_run = Counter(
+        c["step_id"]
+        for c in cli.ledger.provider_calls()
+        if str(c["run_id"]).startswith(f"{payload['run_id']}:")
+    )
+    assert {k: r["provider_calls"] for k, r in reported.items() if r["provider_calls"]} == dict(
+        this_run
+    )
+    assert payload["provider_calls"] == this_run.total()
+    crashed_decision, crashed_calls = CASES[crash_at]
+    for step_id, entry in reported.items():
+        if step_id == step:
+            want = (crashed_decision, crashed_calls)
+        elif left.get(step_id) == "completed":  # finished before the kill: kept as it is
+            want = ("skip", 0)
+        else:  # never reached by the killed run: its first run, a clean run's calls
+            assert step_id not in left, (step_id, left)
+            want = ("rerun_self", clean["calls"][step_id])
+        assert (entry["decision"], entry["provider_calls"]) == want, (crash_at, step_id, entry)
 
 
 @pytest.mark.parametrize("victim", ["scene_detail", "entity_t2i"])
 def test_a_rebuilt_victim_gets_the_review_again(
     victim: str, clean: dict[str, Any], tmp_path: Path, db_url: str
 ) -> None:
-    """Issue 10 §2: the victim's checkpoint directory removed after a complete run; one
+    """the victim's checkpoint directory removed after a complete run; one
     resume rebuilds it, re-runs the review for it alone and ends as a clean run, drawing
     no image again."""
     cli = _setup(tmp_path, db_url)

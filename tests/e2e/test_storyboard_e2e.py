@@ -176,7 +176,7 @@ def test_incident_replay_after_review_fixes_never_reruns_scene_detail(env: Env) 
     }
     actions = {t["action"] for t in env.ledger.transitions()}
     assert "invalidate" not in actions and "force_explicit" not in actions
-    # Each asset is judged on its own and still yields its checkpoint (SPEC §9).
+    # Each asset is judged on its own and still yields its checkpoint (docs/DESIGN.md#launch-paths).
     metadata = _materialized_metadata(outcome.result)
     assert set(metadata) == set(STEP_IDS)
     assert {m["resume/decision"] for m in metadata.values()} == {"skip"}
@@ -406,18 +406,27 @@ def test_a_receipt_never_vouches_for_changed_bytes(env: Env) -> None:
     assert file_sha256(png) == images[first]["sha256"]
 
 
-def test_a_changed_png_is_archived_and_redrawn_alone(env: Env) -> None:
+def test_a_changed_png_blocks_naming_it_until_moved_away(env: Env) -> None:
+    """Replacing the old silent redraw: bytes other than the recorded
+    ones block as an edited envelope does, since an older copy put back comes with a
+    receipt that would vouch for it. Moved away, the picture is drawn again alone."""
     changed = env.step_dir("composite_image_gen") / "composites" / "C01_O02.png"
     sha = file_sha256(changed)
     edited = changed.read_bytes() + b"edited by hand"
     changed.write_bytes(edited)
     decision = env.judge("composite_image_gen")
-    assert decision.action is ResumeAction.RERUN_SELF
-    assert decision.origin is Origin.ARTIFACT_MISSING
+    assert decision.action is ResumeAction.BLOCK
+    assert decision.origin is Origin.INVARIANT_DRIFT
+    assert "composites/C01_O02.png (sha256 mismatch)" in decision.reason
 
+    blocked = env.materialize(raise_on_error=False)
+
+    assert blocked.decisions["composite_image_gen"] == "block"
+    assert blocked.total_calls == 0
+    assert changed.read_bytes() == edited  # the evidence stays where it was
+
+    changed.rename(env.root / "C01_O02.edited.png")  # the operator keeps the edit aside
     outcome = env.materialize()
 
     assert outcome.calls == {"composite_image_gen": {"image": 1}}
     assert file_sha256(changed) == sha
-    archived = list((env.step_dir("composite_image_gen") / "archive").glob("*-C01_O02.png"))
-    assert [p.read_bytes() for p in archived] == [edited]

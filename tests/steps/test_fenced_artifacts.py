@@ -1,4 +1,4 @@
-"""Every file a run writes is fenced, not only checkpoint.json (issue 11 §3).
+"""Every file a run writes is fenced, not only checkpoint.json.
 
 An image worker paused (SIGSTOP) during a provider call loses its lease; another owner
 takes the row over, draws and publishes. Resumed, the old worker must neither replace

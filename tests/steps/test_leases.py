@@ -1,4 +1,4 @@
-"""Leases that live as long as their owner (issue 11 §2; SPEC §10).
+"""Leases that live as long as their owner (docs/DESIGN.md#settings).
 
 - the judge: a running row with a heartbeat is stale only when the heartbeat is older than
   ``lease_seconds``, however long ago the step started; without a heartbeat the running
@@ -241,7 +241,7 @@ def test_a_paused_worker_past_its_lease_loses_it_and_spends_nothing_more(home: C
 
 # --------------------------------------------------------------------------- dead owners
 def test_a_launch_recovers_a_row_whose_owner_run_has_ended(db_url: str, tmp_path: Path) -> None:
-    """SPEC §11 "dead owners": the row's owner run is FAILURE in the Dagster instance, its
+    """Dead owners (docs/DESIGN.md#dead-owners): the row's owner run is FAILURE in Dagster, its
     heartbeat still fresh: a launch takes the row over at once instead of reporting
     "running healthy" until the lease lapses."""
     import dagster as dg
@@ -270,7 +270,7 @@ def test_a_launch_recovers_a_row_whose_owner_run_has_ended(db_url: str, tmp_path
 
 
 def test_a_call_in_flight_at_a_kill_is_counted_with_an_unknown_outcome(home: CliEnv) -> None:
-    """Issue 10 §6: calls are recorded before they are sent; a worker killed during one
+    """calls are recorded before they are sent; a worker killed during one
     leaves it unfinished, and ``status`` counts it as "unknown outcome" once the owner's
     lease has lapsed (a live owner's call is merely in flight)."""
     cli = home

@@ -1,4 +1,4 @@
-"""Redraw chosen items of an image step (issue 9 §2), under real Dagster runs.
+"""Redraw chosen items of an image step, under real Dagster runs.
 
 Tag ``resume/redraw=<id>[,<id>…]`` (or ``all``) on a launch of one image step archives those
 items' PNGs and receipts, draws exactly those and leaves every other file as it was (same
@@ -9,8 +9,10 @@ with a force or a resume of the same step (two real ``storyboard`` processes).
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -270,7 +272,12 @@ def _cli_env(env: Env, dagster_home: Path, latency_ms: int = 0) -> dict[str, str
 def _storyboard(*args: str, env: dict[str, str]) -> subprocess.Popen[str]:
     exe = str(Path(sys.executable).with_name("storyboard"))
     return subprocess.Popen(
-        [exe, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [exe, *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group: frozen and resumed as one
     )
 
 
@@ -295,46 +302,79 @@ def test_cli_redraw_with_json(sqlite_env: Env, tmp_path: Path) -> None:
     assert unknown.returncode != 0 and "redraw.unknown_item" in out + err
 
 
-@pytest.mark.parametrize("other", ["force", "materialize"])
+def _holding(env: Env, proc: subprocess.Popen[str], step_id: str, previous: Any) -> str:
+    """Wait until ``proc`` holds the step: its claim on the row and a provider call of its
+    in flight (sent, not answered: it sleeps in the simulated latency, no transaction
+    open). Returns its owner token."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        row = env.row(step_id)
+        if row is not None and row["status"] == "running" and row["run_id"] != previous:
+            calls = env.ledger.provider_calls(env.key(step_id), run_id=row["run_id"])
+            if any(c["finished_at"] is None for c in calls):
+                return str(row["run_id"])
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            raise AssertionError(f"the first process ended before holding the step: {out}{err}")
+        time.sleep(0.05)
+    raise AssertionError("the first process never held the step")
+
+
+@pytest.mark.parametrize(("holder", "rival"), [("force", "redraw"), ("redraw", "materialize")])
 def test_a_redraw_racing_a_force_or_resume_is_serialized(
-    env: Env, tmp_path: Path, other: str
+    env: Env, tmp_path: Path, holder: str, rival: str
 ) -> None:
+    """Two real processes on one step, proven to overlap: the second starts only once the
+    first holds the claim with a model call in flight, and the first is frozen (SIGSTOP)
+    until the second has finished. The second is refused (``step.already_running``, naming
+    the holder); afterwards it runs, and neither undoes the other."""
     step_id = "composite_image_gen"
     items = expected(env, step_id)
     item = items[0]
     old = {i: image_path(env, step_id, i).read_bytes() for i in items}
-    # The rival has work to do too (one lost picture: one call), so both hold the claim
-    # for a provider call's latency and their windows overlap.
+    # A force or a resume has work (one lost picture: one call), so each command holds the
+    # claim through a provider call.
     image_path(env, step_id, items[-1]).unlink()
-    cli = _cli_env(env, tmp_path, latency_ms=1500)
-    redraw = _storyboard(
-        "redraw", "--partition", PARTITION, "--step", step_id, "--item", item, env=cli
-    )
-    rival = _storyboard(other, "--partition", PARTITION, "--step", step_id, env=cli)
-    results = [p.communicate(timeout=600) for p in (redraw, rival)]
-    codes = [redraw.returncode, rival.returncode]
-    texts = [o + e for o, e in results]
-    assert 0 in codes, texts
-    print(f"race {other}: exit codes redraw={codes[0]} {other}={codes[1]}")
-    for code, text in zip(codes, texts, strict=True):
-        assert code == 0 or "step.already_running" in text, text
-    # whoever won, nothing is lost: the checkpoint verifies and lists every item
-    checkpoint = env.checkpoint(step_id)
-    assert checkpoint is not None and sorted(checkpoint.data["images"]) == sorted(items)
-    if codes[0] == 0:
+    args = {
+        "redraw": ("redraw", "--partition", PARTITION, "--step", step_id, "--item", item),
+        "force": ("force", "--partition", PARTITION, "--step", step_id),
+        "materialize": ("materialize", "--partition", PARTITION, "--step", step_id),
+    }
+    # A long lease: the frozen holder renews nothing, and must stay a live owner meanwhile.
+    lease = {"PIPELINE_LEASE_SECONDS": "600"}
+    slow = {**_cli_env(env, tmp_path, latency_ms=2000), **lease}
+    fast = {**_cli_env(env, tmp_path), **lease}
+    previous = (env.row(step_id) or {}).get("run_id")
+
+    first = _storyboard(*args[holder], env=slow)
+    try:
+        owner = _holding(env, first, step_id, previous)
+        os.killpg(first.pid, signal.SIGSTOP)  # frozen mid-call, holding the claim
+        try:
+            second = _storyboard(*args[rival], env=fast)
+            out, err = second.communicate(timeout=600)
+        finally:
+            os.killpg(first.pid, signal.SIGCONT)
+        first_out, first_err = first.communicate(timeout=600)
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+    assert first.returncode == 0, first_out[-2000:] + first_err[-2000:]
+    assert second.returncode != 0, out[-2000:] + err[-2000:]
+    assert "step.already_running" in out + err, out + err
+    assert owner.split(":")[0] in out + err, (owner, out + err)  # refused by that owner
+    if holder == "redraw":
         assert image_path(env, step_id, item).read_bytes() != old[item]
         assert old[item] in archived(env, step_id).values()
-    # the loser may run again afterwards; neither undoes the other
-    if codes[0] != 0:
-        again = _storyboard(
-            "redraw", "--partition", PARTITION, "--step", step_id, "--item", item, env=cli
-        )
-        assert again.wait(timeout=600) == 0
-        assert image_path(env, step_id, item).read_bytes() != old[item]
-    if codes[1] != 0:
-        again = _storyboard(other, "--partition", PARTITION, "--step", step_id, env=cli)
-        assert again.wait(timeout=600) == 0
+
+    # The refused one runs now; neither undoes the other.
+    again = _storyboard(*args[rival], env=fast)
+    again_out, again_err = again.communicate(timeout=600)
+    assert again.returncode == 0, again_out[-2000:] + again_err[-2000:]
+    checkpoint = env.checkpoint(step_id)
+    assert checkpoint is not None and sorted(checkpoint.data["images"]) == sorted(items)
     assert image_path(env, step_id, item).read_bytes() != old[item]  # the redraw stays
+    assert old[item] in archived(env, step_id).values()
     for i in items[1:-1]:
         assert image_path(env, step_id, i).read_bytes() == old[i]
     assert_clean(env, step_id)

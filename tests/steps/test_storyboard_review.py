@@ -1,4 +1,4 @@
-"""t2i_review, the mutator: item ids under fan-out, sentinel refresh, victim writes (SPEC §7)."""
+"""t2i_review (docs/DESIGN.md#review): item ids under fan-out, sentinel refresh, victim writes."""
 
 import copy
 from collections.abc import Iterator
@@ -295,15 +295,48 @@ def test_reviewer_gets_every_item_id_and_an_unknown_echo_fails(env: Env) -> None
     assert victim_bytes(env) == before
 
 
+class ClaimingReviewer(OfflineTextModel):
+    """The offline reviewer; while the review waits for it, another run claims a victim.
+
+    A victim claimed before the review starts stops it at the gate (``step.gate_blocked``,
+    both victims are its inputs), so the refusal under the victim's row lock is reached only
+    by a claim made after the gate: here, during the review's model call.
+    """
+
+    claim: ClassVar[list[Any]] = []  # what to do when the review calls (set by the test)
+
+    def complete(self, call: TextCall) -> TextReply:
+        if call.task == "t2i_review":
+            for act in ClaimingReviewer.claim:
+                act()
+        return super().complete(call)
+
+
 def test_victim_running_refuses_the_edit(env: Env) -> None:
-    """A running victim makes the mutator fail before any edit."""
+    """A victim another run claims after the review passed its gate: the mutator is refused
+    the edit under the victim's row lock, and neither victim changes."""
     ledger = env.ledger
-    assert ledger.claim(env.key("scene_detail"), "someone-else:0")
+    claimed: list[bool] = []
+    ClaimingReviewer.claim = [
+        lambda: claimed.append(ledger.claim(env.key("scene_detail"), "rival:0"))
+    ]
     before = victim_bytes(env)
+    rows_before = env.rows()
 
-    with pytest.raises(PipelineError) as info:
-        env.run_direct(["t2i_review"])
+    try:
+        with pytest.raises(PipelineError) as info:
+            env.run_direct(["t2i_review"], text_model=ClaimingReviewer())
+    finally:
+        ClaimingReviewer.claim = []
 
-    assert info.value.code == "step.gate_blocked"  # both victims are inputs: gated first
-    assert "scene_detail" in info.value.message
+    assert claimed == [True], "the rival's claim came after the gate, during the review"
+    assert info.value.code == "step.victim_running", info.value
+    assert "scene_detail" in info.value.message and "running" in info.value.message
     assert victim_bytes(env) == before
+    rival = env.row("scene_detail")
+    assert rival is not None and (rival["status"], rival["run_id"]) == ("running", "rival:0")
+    entity = env.row("entity_t2i")
+    assert entity == rows_before["entity_t2i"], "the other victim's row is untouched too"
+    assert not [t for t in ledger.transitions() if t["action"] == "mutated"]
+    review = env.row("t2i_review")
+    assert review is not None and review["status"] == "failed", review

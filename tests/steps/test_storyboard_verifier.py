@@ -294,12 +294,15 @@ def test_image_verifier_lists_missing_and_changed_files(home: Env, step_id: str)
         (env.step_dir(step_id) / entries[1]["path"]).write_bytes(b"not the picture")
 
         report = verify(env, step_id, checkpoint)
-        assert report.origin is Origin.ARTIFACT_MISSING
+        # Other bytes are drift, a block naming the file (an older copy put
+        # back would otherwise be adopted); only plain absence is re-run.
+        assert report.origin is Origin.INVARIANT_DRIFT
         assert report.severity is Severity.PARTIAL
         assert set(report.missing) == {
             f"{entries[0]['path']} (missing)",
             f"{entries[1]['path']} (sha256 mismatch)",
         }
+        assert env.judge(step_id).action is ResumeAction.BLOCK
         for entry in entries[1:]:
             (env.step_dir(step_id) / entry["path"]).unlink()
         assert verify(env, step_id, checkpoint).severity is Severity.MISSING

@@ -28,6 +28,22 @@ class _Strict(BaseModel):
 DEFAULT_API_KEY_ENV = "PIPELINE_PROVIDER_API_KEY"
 
 
+# Upper bounds of the numeric knobs. Without them a typo'd exponent validated
+# and broke later, far from the file: ``story.max_bytes: 1e29`` written out in full made
+# ``add-episode`` read ``max_bytes + 1`` bytes (OverflowError past 2**63), and other knobs
+# took values no story can mean. Each bound is far above any sane setting.
+MAX_PROVIDER_TIMEOUT_SECONDS = 3600
+# A story is read whole into memory, kept in the story_source checkpoint and quoted in
+# prompts: 64 MiB is some fifty novels.
+MAX_STORY_BYTES = 64 << 20
+# A segment is a slice of the story sent in one prompt; no model reads a million
+# characters at once, and a larger value means no more than "one segment per scene".
+MAX_SEGMENT_CHARS = 1_000_000
+# A mention threshold: a name said a million times in one story is no threshold anyone
+# means (the largest story allowed holds about ten million words).
+MAX_MENTIONS = 1_000_000
+
+
 class ProviderConfig(_Strict):
     """Which model endpoints the project's steps call, decided per project at run time.
 
@@ -42,7 +58,11 @@ class ProviderConfig(_Strict):
     image_model: str = "offline-image-v1"
     api_key_env: str = Field(default=DEFAULT_API_KEY_ENV, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     api_key: str | None = Field(default=None, repr=False)
-    timeout_seconds: float = Field(default=60, gt=0)
+    # Per attempt. An hour is far beyond any endpoint's answer time; without a bound
+    # ``.inf`` or ``1e300`` validated and left a worker waiting on a dead connection for good.
+    timeout_seconds: float = Field(
+        default=60, gt=0, le=MAX_PROVIDER_TIMEOUT_SECONDS, allow_inf_nan=False
+    )
 
 
 # What a step calling the text / image model lists in ``resume_config_keys``: switching the
@@ -51,19 +71,31 @@ TEXT_MODEL_KEYS: tuple[str, ...] = ("provider.kind", "provider.base_url", "provi
 IMAGE_MODEL_KEYS: tuple[str, ...] = ("provider.kind", "provider.base_url", "provider.image_model")
 
 
+def models_called(resume_config_keys: tuple[str, ...]) -> tuple[bool, bool]:
+    """(text, image): the models a step calls, as its ``resume_config_keys`` declare them.
+
+    The run protocol checks a model ready to call (config, API key) only for a step that
+    calls it: ``story_source`` calls none and must run without a key.
+    """
+    return (
+        TEXT_MODEL_KEYS[-1] in resume_config_keys,
+        IMAGE_MODEL_KEYS[-1] in resume_config_keys,
+    )
+
+
 class ImageSize(_Strict):
     width: int = Field(default=384, ge=64, le=4096)
     height: int = Field(default=256, ge=64, le=4096)
 
 
 class StoryKnobs(_Strict):
-    max_bytes: int = Field(default=1 << 20, gt=0)
-    segment_chars: int = Field(default=600, ge=50)
+    max_bytes: int = Field(default=1 << 20, gt=0, le=MAX_STORY_BYTES)
+    segment_chars: int = Field(default=600, ge=50, le=MAX_SEGMENT_CHARS)
 
 
 class EntityKnobs(_Strict):
     max_characters: int = Field(default=6, ge=1, le=99)
-    min_mentions: int = Field(default=2, ge=1)
+    min_mentions: int = Field(default=2, ge=1, le=MAX_MENTIONS)
 
 
 class SceneKnobs(_Strict):
@@ -78,7 +110,7 @@ class ReviewKnobs(_Strict):
 
 
 class ImageKnobs(_Strict):
-    ref_min_mentions: int = Field(default=2, ge=1)
+    ref_min_mentions: int = Field(default=2, ge=1, le=MAX_MENTIONS)
 
 
 class ProjectConfig(_Strict):
@@ -108,7 +140,7 @@ def project_config_path(home: Path, project_id: str) -> Path:
 
 def refuse_input_links(home: Path, path: Path) -> None:
     """``checkpoint.symlink`` naming the first component of ``path`` below ``home`` that is
-    a symbolic link (SPEC §11: nothing is read through a link out of the home).
+    a symbolic link (docs/DESIGN.md#no-escape: nothing is read through a link out of the home).
 
     Inputs get the checkpoint tree's code on purpose: one stable code for "a link where a
     file or directory of the pipeline should be", which the judge turns into a block

@@ -22,6 +22,16 @@ def validate_id(value: object, what: str) -> str:
             f"invalid {what} {value!r}: ids must match [A-Za-z0-9_-]{{1,64}}",
             details={"field": what},
         )
+    # Ids end up as words of shell commands: the ones we print (`storyboard force
+    # --partition p/e --step s`) and the operator's own on the paths (`ls projects/<p>`,
+    # `rm -r <e>`). A word that starts with "-" reads as an option there (`-rf`).
+    if value.startswith("-"):
+        raise PipelineError(
+            "input.invalid_id",
+            f"invalid {what} {value!r}: an id must not start with '-' (it would read as an "
+            "option in the commands that name it)",
+            details={"field": what},
+        )
     if type(value) is str:
         if len(_VALID) >= _VALID_LIMIT:
             _VALID.clear()

@@ -1,7 +1,7 @@
 """Validated settings of the judge and the ledger, read from ``PIPELINE_*`` variables."""
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
@@ -18,6 +18,7 @@ from pydantic import (
 
 from pipeline_defs.resume.errors import PipelineError
 from pipeline_defs.resume.layout import DataLayout
+from pipeline_defs.resume.partition import ID_PATTERN
 
 ALLOWED_DB_SCHEMES = (
     "sqlite",
@@ -48,7 +49,7 @@ MAX_RECOVERY_ATTEMPTS = 1000
 MAX_OFFLINE_LATENCY_MS = 600_000  # 10 minutes per simulated call
 
 # The judge's limits, which the sensor daemon and every run worker must share: these may live
-# in the ledger's ``settings`` table (issue 11 §4). ``home`` and ``db_url`` locate the ledger,
+# in the ledger's ``settings`` table. ``home`` and ``db_url`` locate the ledger,
 # so they cannot be kept in it; ``offline_latency_ms`` is a per-process knob of the offline
 # models, no limit of the judge.
 LEDGER_KEYS: tuple[str, ...] = (
@@ -81,12 +82,14 @@ class ResumeSettings(BaseModel):
     # when settings are read (start of a run, sensor tick, CLI command), not only at the
     # first provider call deep inside a run.
     offline_latency_ms: int = Field(default=0, ge=0, le=MAX_OFFLINE_LATENCY_MS)
-    # Leases (issue 11 §2): a running step renews its row's heartbeat_at every
+    # Leases: a running step renews its row's heartbeat_at every
     # heartbeat_seconds; a running row whose heartbeat is older than lease_seconds is stale,
     # however long the step has run. running_timeout_seconds then applies only to rows that
     # carry no heartbeat.
-    heartbeat_seconds: float = Field(default=10, gt=0, le=3600)
-    lease_seconds: float = Field(default=60, gt=0, le=MAX_SETTING_SECONDS)
+    # ``allow_inf_nan=False``: "nan" and "inf" parse as floats, and nan fails every bound
+    # check, so they were refused with a bound they do not break; they are no number.
+    heartbeat_seconds: float = Field(default=10, gt=0, le=3600, allow_inf_nan=False)
+    lease_seconds: float = Field(default=60, gt=0, le=MAX_SETTING_SECONDS, allow_inf_nan=False)
 
     @model_validator(mode="after")
     def _lease_outlives_heartbeats(self) -> "ResumeSettings":
@@ -148,7 +151,7 @@ class ResumeSettings(BaseModel):
                 ) from None
             name = ".".join(str(p) for p in first["loc"])
             source = sources.get(name, SOURCE_ENV)
-            raise _invalid(name, source, first.get("input"), first["msg"]) from None
+            raise _invalid(name, source, first.get("input"), _why(first)) from None
 
     @classmethod
     def from_env(
@@ -180,6 +183,13 @@ def _where(name: str, source: str, value: object) -> str:
     if source == SOURCE_DEFAULT:
         return f"{name} default {ResumeSettings.model_fields[name].default!r}"
     return f"{ENV_NAMES.get(name, name)}={value!r}"
+
+
+def _why(error: Mapping[str, Any]) -> str:
+    """Pydantic's complaint, in the operator's words where its own would mislead."""
+    if error["type"] == "finite_number":  # nan, inf, -inf, Infinity
+        return "not a number: a finite number is expected (nan and infinity are refused)"
+    return str(error["msg"])
 
 
 def _invalid(name: str, source: str, value: object, why: str) -> PipelineError:
@@ -281,7 +291,8 @@ def check_environment(env: Mapping[str, str] | None = None) -> None:
 
     Each set variable is checked against its own bounds. The lease/heartbeat pair is checked
     together only when both are set: with one of them, the other may come from the ledger,
-    which is not read here (the check runs before any database is reached).
+    which is not read here (the check runs before any database is reached; see
+    :func:`check_environment_against_ledger`). ``PIPELINE_CRASH_AT`` must name a stage.
     """
     source = os.environ if env is None else env
     set_vars = {name: source[var] for name, var in ENV_NAMES.items() if source.get(var, "") != ""}
@@ -292,9 +303,75 @@ def check_environment(env: Mapping[str, str] | None = None) -> None:
         try:
             _field_adapter(name).validate_python(value)
         except ValidationError as exc:
-            raise _invalid(name, SOURCE_ENV, value, exc.errors()[0]["msg"]) from None
+            raise _invalid(name, SOURCE_ENV, value, _why(exc.errors()[0])) from None
     if "lease_seconds" in set_vars and "heartbeat_seconds" in set_vars:
         ResumeSettings.build(
             lease_seconds=set_vars["lease_seconds"],
             heartbeat_seconds=set_vars["heartbeat_seconds"],
         )
+    check_crash_point(source)
+
+
+# The pair one ``PIPELINE_*`` variable may set half of while the ledger holds the other.
+LEASE_PAIR: tuple[str, str] = ("lease_seconds", "heartbeat_seconds")
+
+
+def check_environment_against_ledger(
+    read_ledger: Callable[[], Mapping[str, str]], env: Mapping[str, str] | None = None
+) -> None:
+    """Refuse a variable that breaks the lease/heartbeat pair with the ledger's other half.
+
+    :func:`check_environment` cannot judge one half of the pair alone (it runs before any
+    database is reached); a command that reads the ledger anyway calls this at its start,
+    so the refusal comes before it launches a run that would fail on it.
+    ``read_ledger`` is called only when exactly one half is set in the environment: the
+    only case the two sources can disagree (both set were checked together already, and
+    the table is validated as a whole when it is written).
+    """
+    source = os.environ if env is None else env
+    in_env = [n for n in LEASE_PAIR if source.get(ENV_NAMES[n], "") != ""]
+    if len(in_env) != 1:
+        return
+    ledger = read_ledger()
+    values: dict[str, object] = {}
+    sources: dict[str, str] = {}
+    for name in LEASE_PAIR:
+        if name in in_env:
+            values[name], sources[name] = source[ENV_NAMES[name]], SOURCE_ENV
+        elif ledger.get(name, "") != "":
+            values[name], sources[name] = ledger[name], SOURCE_LEDGER
+        else:
+            sources[name] = SOURCE_DEFAULT
+    ResumeSettings.build(_sources=sources, **values)
+
+
+# ``PIPELINE_CRASH_AT`` (``pipeline_defs.steps.faults``): the crash tests' kill switch. Its
+# stages live here, in the core, so that the start-up check of every ``PIPELINE_*``
+# variable can refuse a misspelt one: a value naming no stage was accepted and then never
+# fired, and a crash test believed it had killed the process where it had not.
+CRASH_ENV = "PIPELINE_CRASH_AT"
+CRASH_STAGES: tuple[str, ...] = (
+    "claimed",
+    "executed",
+    "mutation.pending_written",
+    "published",
+    "mutation.victim_written",
+    "finished",
+)
+
+
+def check_crash_point(env: Mapping[str, str] | None = None) -> None:
+    """``PIPELINE_CRASH_AT`` unset, ``<stage>`` or ``<step>:<stage>`` with a known stage."""
+    source = os.environ if env is None else env
+    value = source.get(CRASH_ENV, "")
+    if value == "":
+        return
+    step, colon, stage = value.rpartition(":")
+    if stage in CRASH_STAGES and (not colon or ID_PATTERN.fullmatch(step) is not None):
+        return
+    raise PipelineError(
+        "settings.invalid",
+        f"invalid {CRASH_ENV}={value!r}: expected <step>:<stage> or <stage>, the stage one "
+        f"of {', '.join(CRASH_STAGES)}",
+        details={"setting": CRASH_ENV},
+    )

@@ -1,4 +1,4 @@
-"""One case per SPEC §4 row (plus boundaries), and unit tests of completion reports and clock."""
+"""One case per row of docs/DESIGN.md#decision-table (plus boundaries); reports and clock."""
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from pipeline_defs.resume.clock import format_timestamp, parse_timestamp
+from pipeline_defs.resume.clock import MAX_CLOCK_SKEW, format_timestamp, parse_timestamp
 from pipeline_defs.resume.completion import (
     ORIGIN_PRIORITY,
     CompletionReport,
@@ -262,7 +262,11 @@ CASES = [
         id="r6-healthy-timeout-minus-1us-z",
     ),
     pytest.param(
-        running_case(iso_z(STALE_AT), ResumeAction.STALE_RUNNING_RECOVERY),
+        running_case(
+            iso_z(STALE_AT),
+            ResumeAction.STALE_RUNNING_RECOVERY,
+            reason_has=("recovering the expired lease",),  # "stale" is an invalidated row
+        ),
         id="r6b-stale-at-exact-timeout-z",
     ),
     pytest.param(
@@ -288,6 +292,33 @@ CASES = [
     pytest.param(
         running_case(iso_z(NOW + timedelta(minutes=5)), ResumeAction.BLOCK),
         id="r6-started-in-future-is-healthy",
+    ),
+    # Row 5 for the heartbeat: one stamped beyond the allowed clock skew ahead
+    # never ages into the lease, so it is no healthy lease but a row to investigate, as a
+    # future started_at is; within the skew it is another host's clock running a little fast.
+    *[
+        pytest.param(
+            Case(
+                row=row("running", heartbeat_at=beat),
+                action=ResumeAction.BLOCK,
+                code="step.resume_blocked",
+                reason_has=("heartbeat_at", repr(beat), "in the future", "manual investigation"),
+            ),
+            id=f"r5-heartbeat-{label}",
+        )
+        for label, beat in [
+            ("skew-plus-1s", iso_z(NOW + MAX_CLOCK_SKEW + timedelta(seconds=1))),
+            ("year-9999", "9999-12-31T23:59:59.999999Z"),
+        ]
+    ],
+    pytest.param(
+        Case(
+            row=row("running", heartbeat_at=iso_z(NOW + MAX_CLOCK_SKEW)),
+            action=ResumeAction.BLOCK,
+            code="step.already_running",
+            reason_has=("running healthy",),
+        ),
+        id="r6-heartbeat-exactly-the-skew-ahead-is-healthy",
     ),
     # Row 7
     pytest.param(
@@ -454,8 +485,19 @@ CASES = [
             ),
             id=f"r11-{status}",
         )
-        for status in ("failed", "partial", "stale", "pending", "not_applicable", "weird")
+        for status in ("failed", "partial", "pending", "not_applicable", "weird")
     ],
+    # The ledger's "stale" is a row a force invalidated: its reason says so, and never calls
+    # it stale (operators read "stale" as a lapsed lease).
+    pytest.param(
+        Case(
+            row=row("stale"),
+            action=ResumeAction.RERUN_SELF,
+            auto_recovery=True,
+            reason_has=("auto recovery: invalidated by an explicit force upstream",),
+        ),
+        id="r11-stale-is-invalidated",
+    ),
     # Row 12
     pytest.param(
         Case(

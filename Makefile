@@ -29,10 +29,13 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
+	VIRTUAL_ENV=$(CURDIR)/$(VENV) $(BIN)/dg check defs
 
-## Start the Dagster UI on the code location.
+## Start the Dagster UI on the code location: `make dev` (port 3000), `make dev PORT=3001`
+## (a second checkout, or a port someone else holds).
+PORT ?= 3000
 dev: $(STAMP) $(DAGSTER_HOME)/dagster.yaml
-	$(BIN)/dagster dev -w workspace.yaml
+	VIRTUAL_ENV=$(CURDIR)/$(VENV) $(BIN)/dg dev --port $(PORT)
 
 ## A local Dagster home: SQLite storage, no telemetry, no community pop-up (kept if it exists).
 $(DAGSTER_HOME)/dagster.yaml:

@@ -1,4 +1,4 @@
-"""``storyboard``: the operator CLI (SPEC §9). Every command takes ``--json``.
+"""``storyboard``: the operator CLI (docs/DESIGN.md#launch-paths). Every command takes ``--json``.
 
 Errors exit non-zero with one line naming the culprit and the typed error code:
 ``error: [input.invalid_id] invalid project_id '..': ids must match ...``.
@@ -9,14 +9,16 @@ import json
 import os
 import re
 import shutil
+import signal
 import sys
 import textwrap
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import click
 
+from pipeline_defs.operations import accept as accepting
 from pipeline_defs.operations import inspect as views
 from pipeline_defs.operations import launch
 from pipeline_defs.operations import sheet as sheets
@@ -34,6 +36,7 @@ from pipeline_defs.resume.settings import (
     ENV_NAMES,
     EffectiveSettings,
     check_environment,
+    check_environment_against_ledger,
     env_ledger_values,
     format_value,
 )
@@ -191,6 +194,8 @@ def operation(name: str) -> Callable[[F], F]:
             except (click.ClickException, click.exceptions.Exit, click.Abort, SystemExit):
                 raise
             except Exception as exc:
+                if _reader_went_away(exc):
+                    _exit_quietly_on_closed_pipe()
                 if os.environ.get(DEBUG_ENV):
                     raise
                 # A full disk or a read-only home is named as such (typed), anything else
@@ -207,8 +212,44 @@ def operation(name: str) -> Callable[[F], F]:
     return wrap
 
 
+def _reader_went_away(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what it was raised from) is a write to a pipe nobody reads any more."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, BrokenPipeError):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def _exit_quietly_on_closed_pipe() -> NoReturn:
+    """``storyboard status | head``: the reader has what it wanted; that is a normal end.
+
+    As ``git log | head`` does: no message (there is nobody to tell, and an ``[internal]``
+    line would send an operator hunting for a fault that is not there) and the exit status
+    of a process SIGPIPE ended (128 + 13), so a ``pipefail`` script still knows the output
+    was cut. stdout and stderr are pointed at /dev/null first, or the interpreter's last
+    flush of the dead pipe would raise again on the way out.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, stream.fileno())
+            os.close(devnull)
+        except (OSError, ValueError, AttributeError):  # no real descriptor (a test runner)
+            pass
+    sys.exit(128 + signal.SIGPIPE)
+
+
 def _workspace() -> Workspace:
-    return load_workspace()
+    ws = load_workspace()
+    # a PIPELINE_* half of the lease/heartbeat pair that breaks the ledger's
+    # other half refuses the command here, not the run it would launch. The `settings`
+    # commands, which repair the ledger's half, load the workspace without this check.
+    check_environment_against_ledger(ws.ledger.stored_settings)
+    return ws
 
 
 def _run_failure(report: launch.RunReport) -> PipelineError:
@@ -336,7 +377,7 @@ def settings_group() -> None:
 @operation("settings show")
 def settings_show(*, as_json: bool) -> dict[str, Any] | None:
     """Each setting in force and where it came from (env, ledger, default)."""
-    ws = _workspace()
+    ws = load_workspace()  # not _workspace(): no refusal on the pair it is there to show
     rows = ws.effective_settings.rows()
     if as_json:
         return {"ledger": safe_url(ws.ledger.url), "settings": rows}
@@ -349,13 +390,15 @@ def settings_show(*, as_json: bool) -> dict[str, Any] | None:
     return None
 
 
-@settings_group.command("set")
+# ignore_unknown_options: `settings set lease_seconds -1` must reach the bounds check and
+# be refused by them ("greater than 0"), not by click as an unknown option "-1".
+@settings_group.command("set", context_settings={"ignore_unknown_options": True})
 @click.argument("key")
 @click.argument("value")
 @operation("settings set")
 def settings_set(*, key: str, value: str, as_json: bool) -> dict[str, Any] | None:
     """Set KEY to VALUE in the ledger (validated with the same bounds as the variables)."""
-    ws = _workspace()
+    ws = load_workspace()  # not _workspace(): it repairs the ledger's half of a broken pair
     ws.require_migrated_ledger()
     old, new = ws.ledger.set_setting(
         key, value, changed_by=f"storyboard settings set {_operator()}"
@@ -545,7 +588,7 @@ def status(*, partitions: tuple[str, ...], as_json: bool) -> dict[str, Any] | No
         (
             s.partition,
             s.step,
-            s.status,
+            views.shown_status(s.status),
             s.verdict,
             s.last_decision,
             s.recovery_count,
@@ -651,6 +694,32 @@ def _outdated_pictures(
     return out
 
 
+@main.command("accept")
+@click.option("--partition", "partition_key", required=True, help="PROJECT/EPISODE.")
+@click.option("--step", "step_id", required=True, help="The step whose checkpoint was edited.")
+@operation("accept")
+def accept(*, partition_key: str, step_id: str, as_json: bool) -> dict[str, Any] | None:
+    """Keep a hand edit of a checkpoint: the step re-derives what it can (an edited prompt's
+    hash), validates and verifies it, and publishes it under the row lock (archived, sealed,
+    audited as manual). No model call; downstream steps judge themselves next. An edit the
+    step cannot make valid is refused, naming the field, and nothing changes."""
+    ws = _workspace()
+    (episode,) = ws.require_partitions([partition_key])
+    report = accepting.accept(ws, episode, step_id)
+    if as_json:
+        return report.as_dict()
+    if not report.accepted:
+        click.echo(f"{partition_key} {step_id}: nothing to accept ({report.note})")
+        return None
+    click.echo(f"{partition_key} {step_id}: hand edit accepted (no model call)")
+    click.echo(f"    changed: {', '.join(report.changed)}")
+    if report.archived:
+        click.echo(f"    the edited file as it was: {report.archived}")
+    if report.downstream:
+        click.echo(f"    downstream judges itself at its next run: {', '.join(report.downstream)}")
+    return None
+
+
 @main.command("sheet")
 @click.option("--partition", "partition_key", required=True, help="PROJECT/EPISODE.")
 @click.option(
@@ -679,7 +748,8 @@ def sheet(*, partition_key: str, out: Path | None, as_json: bool) -> dict[str, A
 @main.command("audit-running")
 @operation("audit-running")
 def audit_running(*, as_json: bool) -> dict[str, Any] | None:
-    """Every running ledger row: healthy / stale / unparseable / NULL started_at."""
+    """Every running ledger row: healthy / lease_expired / dead_owner / future / unparseable /
+    NULL started_at (judged as the resume sensor judges it)."""
     ws = _workspace()
     rows = views.audit_running(ws)
     counts = {b: sum(1 for r in rows if r.bucket == b) for b in views.RUNNING_BUCKETS}

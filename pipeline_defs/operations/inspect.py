@@ -12,6 +12,7 @@ from typing import Any
 
 from pipeline_defs.operations.workspace import Workspace
 from pipeline_defs.resume.clock import MAX_CLOCK_SKEW, beyond_clock_skew, parse_timestamp
+from pipeline_defs.resume.decision import FIRST_RUN_REASON, ResumeAction
 from pipeline_defs.resume.partition import Episode, StepKey
 from pipeline_defs.resume.status import LedgerRow, StepStatus
 
@@ -34,6 +35,24 @@ DECISION_ACTIONS = frozenset(
 # Statuses whose run ended (it has a duration) and statuses waiting for a run.
 _FINISHED = frozenset({StepStatus.COMPLETED, StepStatus.PARTIAL, StepStatus.FAILED})
 _WAITING = frozenset({StepStatus.PENDING, StepStatus.STALE})
+
+
+# Words operators read where one stored word means two things. The ledger
+# keeps its status values and the judge its actions; only what the views show differs.
+FIRST_RUN = "first_run"  # a RERUN_SELF of a step that never ran: it re-runs nothing
+INVALIDATED = "invalidated"  # ledger status "stale": a force upstream invalidated the row
+LEASE_EXPIRED = "lease_expired"  # a running row whose owner stopped renewing its lease
+
+
+def shown_status(status: str) -> str:
+    """A ledger status as operators read it: ``stale`` is shown as ``invalidated``."""
+    return INVALIDATED if status == StepStatus.STALE else status
+
+
+def shown_action(action: str, reason: str | None) -> str:
+    """A recorded decision as operators read it: a first run is not a re-run."""
+    first = action == ResumeAction.RERUN_SELF and reason == FIRST_RUN_REASON
+    return FIRST_RUN if first else action
 
 
 def utc_now() -> datetime:
@@ -94,7 +113,11 @@ class StatusReport:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "steps": [asdict(s) for s in self.steps],
+            # ``ledger_status`` is the stored value, to look the row up by.
+            "steps": [
+                {**asdict(s), "status": shown_status(s.status), "ledger_status": s.status}
+                for s in self.steps
+            ],
             "totals": self.totals,
             "p95_duration_seconds": self.p95_duration_seconds,
         }
@@ -195,7 +218,7 @@ def status_report(
                     state.block_reason = now_judged["reason"]
                     state.what_to_do = now_judged["what_to_do"]
             if decision is not None:
-                state.last_decision = decision["action"]
+                state.last_decision = shown_action(decision["action"], decision["reason"])
                 state.decided_at = decision["at"]
                 state.launch_path = decision["launch_path"]
             if row is not None:
@@ -250,7 +273,15 @@ def judge_now(ws: Workspace, episodes: Sequence[Episode], now: datetime) -> list
 
     stores = Stores(ws.settings, ws.ledger, ws.checkpoints)
     keys = [e.partition_key for e in episodes]
-    return [ev.as_dict() for ev in evaluate_partitions(ws.steps, stores, keys, now)]
+    judged = []
+    for ev in evaluate_partitions(ws.steps, stores, keys, now):
+        item = ev.as_dict()
+        if ev.decision.first_run:  # the sensor launches it as RERUN_SELF; it re-runs nothing
+            item["action"] = FIRST_RUN
+            if item["detail"] == f"launch {ResumeAction.RERUN_SELF.value}":
+                item["detail"] = f"launch {FIRST_RUN}"
+        judged.append(item)
+    return judged
 
 
 def verdict_counts(judged: Iterable[Mapping[str, Any]]) -> dict[str, int]:
@@ -289,12 +320,12 @@ def _sensor_episodes(ws: Workspace) -> list[Episode]:
 
 
 # --------------------------------------------------------------------------- running audit
-# "future": started_at lies beyond the allowed clock skew ahead of now. The judge blocks
-# such a row like an unparseable one (it would otherwise never time out), so it is not
-# counted as healthy here either.
+# "future": started_at (or, the owner run not ended, heartbeat_at) lies beyond the allowed
+# clock skew ahead of now. The judge blocks such a row like an unparseable one (it would
+# otherwise never time out), so it is not counted as healthy here either.
 RUNNING_BUCKETS = (
     "healthy",
-    "stale",
+    LEASE_EXPIRED,
     "dead_owner",
     "unparseable",
     "null_started_at",
@@ -349,18 +380,26 @@ def audit_running(ws: Workspace, now: datetime | None = None) -> list[RunningRow
                 f"host's clock); the judge blocks it: investigate, then: {reset} "
                 f"--expected-started-at {raw!r}"
             )
-        elif dagster_status in ENDED_STATUSES:  # the judge's dead-owner rule (SPEC §11)
+        elif dagster_status in ENDED_STATUSES:  # docs/DESIGN.md#dead-owners
             bucket = "dead_owner"
             hint = (
                 f"owner run ended ({dagster_status}); the resume sensor recovers it at its next "
                 "tick (STALE_RUNNING_RECOVERY)"
+            )
+        elif beat is not None and beyond_clock_skew(beat, now):  # as the judge: investigate
+            bucket = "future"
+            hint = (
+                f"heartbeat_at is {-(beat_age or 0):.0f}s in the future (more than the "
+                f"{MAX_CLOCK_SKEW.total_seconds():.0f}s allowed clock skew; check the owner "
+                f"host's clock); the judge blocks it: investigate, then: {reset} "
+                f"--expected-started-at {raw!r}"
             )
         elif beat is not None:  # the judge's lease rule
             if beat_age is not None and beat_age < lease:
                 bucket = "healthy"
                 hint = f"heartbeat {max(beat_age, 0):.0f}s ago (lease {lease:g}s): owner alive"
             else:
-                bucket = "stale"
+                bucket = LEASE_EXPIRED
                 hint = (
                     f"heartbeat {beat_age:.0f}s old, past the {lease:g}s lease: the resume "
                     "sensor recovers it (STALE_RUNNING_RECOVERY)"
@@ -368,7 +407,11 @@ def audit_running(ws: Workspace, now: datetime | None = None) -> list[RunningRow
         elif elapsed is not None and elapsed < timeout:  # a row without heartbeat
             bucket, hint = "healthy", f"owner has {timeout - elapsed:.0f}s left before the timeout"
         else:
-            bucket, hint = "stale", "the resume sensor recovers it (STALE_RUNNING_RECOVERY)"
+            bucket = LEASE_EXPIRED  # no heartbeat (a row from before leases): the timeout
+            hint = (
+                f"started {elapsed or 0:.0f}s ago, past the {timeout}s running timeout: the "
+                "resume sensor recovers it (STALE_RUNNING_RECOVERY)"
+            )
         out.append(
             RunningRow(
                 partition=key.partition_key,

@@ -4,6 +4,7 @@ The only step allowed to re-run by itself after a schema bump: its output is che
 images of its own, and nothing mutates it except the review, which re-applies its fixes.
 """
 
+import copy
 from collections.abc import Mapping
 from typing import Any
 
@@ -105,6 +106,14 @@ class EntityT2I(Step):
             summary=f"{len(prompts)} entity prompts",
             metadata={"prompts": len(prompts)},
         )
+
+    def accept_edit(self, data: Mapping[str, Any]) -> Mapping[str, Any]:
+        """Editors fix prompts: each prompt's ``t2i_prompt_hash`` follows its edited text."""
+        edited = copy.deepcopy(dict(data))
+        for prompt in edited.get("prompts") or []:
+            if isinstance(prompt, dict) and isinstance(prompt.get("t2i_prompt"), str):
+                prompt["t2i_prompt_hash"] = sha256_text(prompt["t2i_prompt"])
+        return edited
 
     def validate_data(self, data: Mapping[str, Any], *, source: str) -> None:
         problems = prompt_problems(data)

@@ -5,13 +5,14 @@ over several entries; anything that addresses an entry must use its list index (
 ``S{scene}_L{list}_V{variation}`` item id), never the scene index alone.
 
 Each variation carries an ``owned_validation`` sentinel and a ``render_prompt_card`` with
-its hash. The verifier classifies what it finds (SPEC §3): a shape the loader cannot read,
+its hash. The verifier sorts what it finds (docs/DESIGN.md#origins): a shape the loader cannot read,
 an absent/malformed sentinel or card, or a typed error while recomputing a card is
 contract drift; a stored hash that disagrees with the content is invariant drift; any
 other exception while recomputing is a verifier crash and is left to propagate so the
 judge reports ``verify_crashed`` instead of guessing.
 """
 
+import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,7 +31,7 @@ from pipeline_defs.storyboard.sentinels import (
     build_owned_validation,
     compute_sentinel_field,
 )
-from resources.checkpoints.envelope import Checkpoint
+from resources.checkpoints.envelope import Checkpoint, sha256_text
 from resources.providers import BAD_RESPONSE, TextCall
 from resources.providers.base import provider_error
 
@@ -58,7 +59,7 @@ def shot_id(scene_index: int, list_index: int) -> str:
 # ----------------------------------------------------------------------------- loader
 @dataclass(frozen=True)
 class Finding:
-    """One problem in scene_detail data: where, what, and its origin (SPEC §3)."""
+    """One problem in scene_detail data: where, what, and its origin (docs/DESIGN.md#origins)."""
 
     origin: Origin
     item: str
@@ -332,6 +333,20 @@ class SceneDetail(Step):
             summary=f"{len(story['scenes'])} scenes, {len(entries)} shots, {variations} variations",
             metadata={"shots": len(entries), "variations": variations},
         )
+
+    def accept_edit(self, data: Mapping[str, Any]) -> Mapping[str, Any]:
+        """Editors fix prompts: each variation's ``t2i_prompt_hash`` is recomputed from its
+        (edited) prompt. Nothing else is: an edit of the characters, the camera direction or
+        a card breaks their hashes and ``validate_data`` refuses it, naming the field."""
+        edited = copy.deepcopy(dict(data))
+        for entry in edited.get("scenes") or []:
+            for variation in (entry.get("t2i_variations") or []) if isinstance(entry, dict) else []:
+                if not isinstance(variation, dict):
+                    continue
+                sentinel, prompt = variation.get("owned_validation"), variation.get("t2i_prompt")
+                if isinstance(sentinel, dict) and isinstance(prompt, str):
+                    sentinel["t2i_prompt_hash"] = sha256_text(prompt)
+        return edited
 
     def validate_data(self, data: Mapping[str, Any], *, source: str) -> None:
         """Sentinel shape and hashes; refuses corrupt data with the finding's origin."""

@@ -29,7 +29,7 @@ REQUIRED_FIELDS = (
     "produced_by",
     "created_at",
     "mutations",
-    # Mandatory (SPEC §11): without it an edited file would load as clean and SKIP.
+    # Mandatory (docs/DESIGN.md#no-escape): without it an edited file would load as clean and SKIP.
     "content_hash",
 )
 
@@ -149,7 +149,7 @@ class Artifact:
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """SPEC §6 envelope. ``content_hash`` (the DataVersion) ignores provenance fields."""
+    """Envelope (docs/DESIGN.md#envelope). ``content_hash`` (the DataVersion) ignores provenance."""
 
     step_id: str
     project_id: str
@@ -246,7 +246,7 @@ class Checkpoint:
         return json.dumps(self.to_dict(), indent=1, sort_keys=True, ensure_ascii=False) + "\n"
 
     @classmethod
-    def from_dict(cls, raw: Any, *, source: str) -> "Checkpoint":
+    def from_dict(cls, raw: Any, *, source: str, edited: bool = False) -> "Checkpoint":
         """Parse an envelope, raising a typed integrity error that names ``source``.
 
         Every field's JSON shape is checked before anything is built from it, so a tampered
@@ -320,7 +320,9 @@ class Checkpoint:
             mutations=tuple(dict(m) for m in raw["mutations"]),
         )
         stored = raw["content_hash"]
-        if stored != checkpoint.content_hash:
+        # ``edited``: an operator's hand edit being accepted (``storyboard accept``): its
+        # content hash is recomputed, not trusted, once the step has validated the edit.
+        if stored != checkpoint.content_hash and not edited:
             raise PipelineError(
                 "io.integrity_violation",
                 f"checkpoint {source}: content hash {stored} does not match the content "

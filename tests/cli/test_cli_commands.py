@@ -281,12 +281,12 @@ def test_audit_running_buckets_every_running_row(cli_db: CliEnv) -> None:
     now = datetime.now(UTC)
     keys = {
         "healthy": StepKey("p1", "e1", "outline"),
-        "stale": StepKey("p1", "e2", "outline"),
+        "lease_expired": StepKey("p1", "e2", "outline"),
         "unparseable": StepKey("p1", "e3", "outline"),
         "null_started_at": StepKey("p1", "e4", "outline"),
     }
     ledger.claim(keys["healthy"], "r1:0", now=format_timestamp(now - timedelta(seconds=30)))
-    ledger.claim(keys["stale"], "r2:0", now=format_timestamp(now - timedelta(hours=5)))
+    ledger.claim(keys["lease_expired"], "r2:0", now=format_timestamp(now - timedelta(hours=5)))
     ledger.claim(keys["unparseable"], "r3:0")
     ledger.claim(keys["null_started_at"], "r4:0")
     ledger.claim(StepKey("p1", "e5", "outline"), "r5:0")

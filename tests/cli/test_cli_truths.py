@@ -1,4 +1,4 @@
-"""One truth across ``status``, ``decide``, the sensor and the UI (issue 9 §3).
+"""One truth across ``status``, ``decide``, the sensor and the UI.
 
 Real ledgers (SQLite, and PostgreSQL through ``db_url`` where it is cheap), a real Dagster
 instance, the CLI invoked in-process on the test-only steps of ``storyboard_fakes``.
@@ -73,7 +73,7 @@ def test_status_shows_the_blocks_decide_reports(cli_db: CliEnv) -> None:
     assert rows["outline"]["verdict"] == "blocked"
     assert rows["outline"]["block_origin"] == "contract_drift"
     assert "scenes.camera_style" in rows["outline"]["block_reason"]
-    assert rows["outline"]["last_decision"] == "rerun_self", "history is kept apart"
+    assert rows["outline"]["last_decision"] == "first_run", "history is kept apart"
     verdicts = {(d["partition"], d["step"]): d["verdict"] for d in decided["decisions"]}
     assert {(r["partition"], r["step"]): r["verdict"] for r in status["steps"]} == verdicts
 

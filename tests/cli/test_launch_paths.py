@@ -1,4 +1,4 @@
-"""One judge on every launch path (issue 5 §2), against a real ``dagster dev`` deployment.
+"""One judge on every launch path, against a real ``dagster dev`` deployment.
 
 A webserver + daemon is started once for the module with the production instance config
 (``deploy/dagster.yaml``: Dagster's storage in PostgreSQL via dagster-postgres, queued run
@@ -90,7 +90,7 @@ CASES: dict[str, Expect] = {
     "drift": Expect("block", False, "contract_drift", "entities.max_characters"),
     "failed": Expect("rerun_self", True, reason="auto recovery from failed"),
     "healthy": Expect("block", False, reason="running healthy"),
-    "stale": Expect("stale_running_recovery", True, reason="recovering the stale lease"),
+    "stale": Expect("stale_running_recovery", True, reason="recovering the expired lease"),
     "exhausted": Expect("block", False, reason="recovery exhausted"),
 }
 BACKFILL_PAIRS: tuple[tuple[str, str], ...] = (
@@ -474,8 +474,8 @@ def batch(deployment: Deployment) -> Batch:
         else:
             check = checks.get(partition)
             row = d.ws.ledger.get(Episode.parse(partition).step(STEP)) or {}
-            # A live lease is held (no launch) but not reported as a failed check (issue 9
-            # §3): the owner's run shows the check in progress.
+            # A live lease is held (no launch) but not reported as a failed check
+            # (docs/DESIGN.md#reports): the owner's run shows the check in progress.
             held = check is None and row.get("status") == "running"
             blocked = held or (check is not None and not check.passed)
             sensor_decisions[case] = "block" if blocked else "skip"

@@ -13,7 +13,13 @@ from click.testing import CliRunner, Result
 
 from pipeline_defs.cli import main
 from resources.ledger.store import LedgerStore
-from resources.ledger.tables import provider_call, step_run, step_transition
+from resources.ledger.tables import (
+    provider_call,
+    setting_change,
+    settings,
+    step_run,
+    step_transition,
+)
 
 # The test-support modules (this directory): on PYTHONPATH for subprocesses and code
 # locations started by tests, as pytest's ``pythonpath`` puts them for the tests.
@@ -24,6 +30,9 @@ STORIES = {
     "fox": "The fox ran through the wood.\nThe crow sang on a branch.\nNight fell slowly.\n",
     "ship": "A ship sailed at dawn.\nA storm rose from the west.\n",
 }
+
+# The tables the zero-writes check must see at least (it reads every table there is).
+LEDGER_TABLES = (step_run, step_transition, provider_call, settings, setting_change)
 
 
 @dataclass
@@ -88,19 +97,35 @@ def make_env(tmp_path: Path, db_url: str | None = None) -> CliEnv:
 
 
 def ledger_dump(url: str) -> dict[str, list[tuple[Any, ...]]]:
-    """Every row of the three ledger tables, in key order."""
+    """Every row of every table in the ledger database, in key order (the zero-writes check).
+
+    The tables are read from the database itself, not from a list: a write to ``settings``,
+    ``setting_change``, ``alembic_version`` or a table added later cannot slip past.
+    """
     engine = sa.create_engine(url)
     try:
-        with engine.connect() as conn:
-            return {
-                table.name: [
-                    tuple(r)
-                    for r in conn.execute(sa.select(table).order_by(*table.primary_key.columns))
-                ]
-                for table in (step_run, step_transition, provider_call)
-            }
+        return dump_tables(engine)
     finally:
         engine.dispose()
+
+
+def dump_tables(engine: sa.Engine) -> dict[str, list[tuple[Any, ...]]]:
+    """:func:`ledger_dump` on an open engine: table name → its rows, in key order."""
+    found = sa.MetaData()
+    found.reflect(bind=engine)
+    assert {t.name for t in LEDGER_TABLES} <= set(found.tables) or not found.tables, (
+        f"a migrated ledger lacks {sorted({t.name for t in LEDGER_TABLES} - set(found.tables))}"
+    )
+    with engine.connect() as conn:
+        return {
+            table.name: [
+                tuple(r)
+                for r in conn.execute(
+                    sa.select(table).order_by(*(table.primary_key.columns or table.columns))
+                )
+            ]
+            for table in found.sorted_tables
+        }
 
 
 def tree_snapshot(root: Path, *, exclude_prefix: str = "ledger.sqlite3") -> dict[str, Any]:

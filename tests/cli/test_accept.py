@@ -1,0 +1,126 @@
+"""``storyboard accept``: an editor's hand edit of a prompt becomes the new truth.
+
+On a real run of the ten storyboard steps (offline models): a prompt edited in
+``scene_detail/checkpoint.json`` blocks the step (its content hash no longer matches);
+``accept`` re-derives the prompt's sentinel hash, verifies, archives, publishes, seals and
+audits it as manual, with no model call; the next run SKIPs ``scene_detail`` and lets the
+steps downstream judge themselves. An edit the step cannot make valid is refused naming
+the field, with not one byte or row changed.
+"""
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pytest
+from cli_helpers import ledger_dump, tree_snapshot
+from click.testing import CliRunner
+from storyboard_support import PARTITION, Env, scratch_dir, write_episode
+
+from pipeline_defs.cli import main
+from pipeline_defs.operations.workspace import PARTITIONS_NAME
+from resources.checkpoints.envelope import sha256_text
+
+
+@pytest.fixture(scope="module")
+def built() -> Iterator[Env]:
+    env = Env.sqlite(scratch_dir("accept"))
+    write_episode(env.home)
+    env.materialize()
+    yield env
+    env.destroy()
+
+
+@pytest.fixture
+def env(built: Env, tmp_path: Path) -> Iterator[Env]:
+    copy = built.clone()
+    dagster_home = tmp_path / "dagster_home"
+    dagster_home.mkdir()
+    (dagster_home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    instance = dg.DagsterInstance.from_config(str(dagster_home))
+    instance.add_dynamic_partitions(PARTITIONS_NAME, [PARTITION])
+    copy.dagster_home = dagster_home  # type: ignore[attr-defined]
+    yield copy
+    copy.destroy()
+
+
+def storyboard(env: Env, *args: str) -> tuple[int, dict[str, Any] | str]:
+    result = CliRunner().invoke(
+        main,
+        list(args),
+        env={
+            "PIPELINE_HOME": str(env.home),
+            "PIPELINE_DB_URL": env.db_url,
+            "DAGSTER_HOME": str(env.dagster_home),  # type: ignore[attr-defined]
+        },
+    )
+    if "--json" in args:
+        return result.exit_code, json.loads(result.stdout)
+    return result.exit_code, result.output + (result.stderr or "")
+
+
+def edit_first_prompt(env: Env, text: str) -> dict[str, Any]:
+    path = env.checkpoint_path("scene_detail")
+    raw = json.loads(path.read_text(encoding="utf-8"))
+    raw["data"]["scenes"][0]["t2i_variations"][0]["t2i_prompt"] = text
+    path.write_text(json.dumps(raw), encoding="utf-8")
+    return raw
+
+
+def test_an_edited_prompt_is_accepted_with_no_call_and_downstream_judges_itself(
+    env: Env,
+) -> None:
+    edit_first_prompt(env, "a lighthouse at dusk, ink storyboard, edited by hand")
+    assert env.judge("scene_detail").action.value == "block"  # the edit is seen
+    calls_before = len(env.ledger.provider_calls())
+    code, payload = storyboard(
+        env, "accept", "--partition", PARTITION, "--step", "scene_detail", "--json"
+    )
+    assert code == 0, payload
+    assert isinstance(payload, dict) and payload["accepted"] is True
+    assert payload["changed"] == [
+        "data.scenes[0].t2i_variations[0].owned_validation.t2i_prompt_hash"
+    ]
+    assert "shot_dependency_t2i" in payload["downstream"]
+    accepted = env.checkpoint("scene_detail")  # loads clean: content hash recomputed
+    assert accepted is not None
+    variation = accepted.data["scenes"][0]["t2i_variations"][0]
+    assert variation["owned_validation"]["t2i_prompt_hash"] == sha256_text(variation["t2i_prompt"])
+    assert accepted.mutations[-1]["by_step"] == "manual"
+    assert Path(payload["archived"]).is_file()  # the edited file as it was, kept
+    assert len(env.ledger.provider_calls()) == calls_before  # no model call
+    audit = [t for t in env.ledger.transitions() if t["action"] == "accepted"]
+    assert len(audit) == 1 and audit[0]["origin"] == "manual"
+    assert env.judge("scene_detail").action.value == "skip"
+    # The next run keeps the edit: scene_detail SKIPs, its consumers judge themselves.
+    outcome = env.materialize()
+    assert outcome.decisions["scene_detail"] == "skip"
+    assert outcome.calls_of("scene_detail") == 0
+    after = env.checkpoint("scene_detail")
+    assert after is not None
+    assert after.data["scenes"][0]["t2i_variations"][0]["t2i_prompt"].endswith("by hand")
+
+
+def test_an_edit_the_step_cannot_make_valid_is_refused_and_changes_nothing(env: Env) -> None:
+    path = env.checkpoint_path("scene_detail")
+    raw = json.loads(path.read_text(encoding="utf-8"))
+    raw["data"]["scenes"][0]["camera_direction"] = "a camera direction edited by hand"
+    path.write_text(json.dumps(raw), encoding="utf-8")
+    before_files, before_rows = tree_snapshot(env.home), ledger_dump(env.db_url)
+    code, output = storyboard(env, "accept", "--partition", PARTITION, "--step", "scene_detail")
+    assert code == 1
+    assert isinstance(output, str) and "[accept.refused]" in output
+    assert "camera_direction" in output and "nothing was changed" in output
+    assert tree_snapshot(env.home) == before_files
+    assert ledger_dump(env.db_url) == before_rows
+
+
+def test_an_unedited_checkpoint_has_nothing_to_accept(env: Env) -> None:
+    before_rows = ledger_dump(env.db_url)
+    code, payload = storyboard(
+        env, "accept", "--partition", PARTITION, "--step", "entity_t2i", "--json"
+    )
+    assert code == 0 and isinstance(payload, dict) and payload["accepted"] is False
+    assert ledger_dump(env.db_url) == before_rows

@@ -1,4 +1,4 @@
-"""Ledger claim throughput on PostgreSQL against a pgbench ceiling (SPEC §5).
+"""Ledger claim throughput on PostgreSQL against a pgbench ceiling (docs/DESIGN.md#claims).
 
 One *cycle* is what a step does with the ledger around its body: ``LedgerStore.claim`` (one
 INSERT ... ON CONFLICT DO UPDATE ... RETURNING transaction) followed by the owner-aware

@@ -1,4 +1,4 @@
-"""What the single judge costs per step execution (issue 3 §6), on PostgreSQL and SQLite.
+"""What the single judge costs per step execution, on PostgreSQL and SQLite.
 
 For a no-op step (no deps, no artifacts, no provider calls, default verifier) this measures:
 
@@ -393,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="also write the raw figures here")
     args = parser.parse_args(argv)
     if args.runs < 500:
-        print("note: issue 3 §6 asks for >= 500 runs", file=sys.stderr)
+        print("note: a stable figure needs >= 500 runs", file=sys.stderr)
     warnings.simplefilter("ignore", category=DeprecationWarning)
     os.environ.setdefault("DAGSTER_HOME", tempfile.mkdtemp(prefix="judge-bench-dagster-"))
 

@@ -6,7 +6,7 @@ envelope last, and one owner-aware ledger transition stores the manifest as the 
 pointer. The baseline is the least any writer can do: plain puts of the same bytes
 (overwrite mode, no condition, no hashing, no ledger). Both run in the same process, in
 alternation, against the same moto S3 server on 127.0.0.1, so the ratio holds on any
-machine even where absolute times do not. Target: ours ≤ 1.3× the raw puts, ledger commit
+machine even where absolute times do not. Target: ours <= 1.3 x the raw puts, ledger commit
 included.
 
 It also measures the scrub: one LIST per episode prefix compared with the manifests, the
@@ -139,8 +139,10 @@ def main() -> None:
             f"  ours          {statistics.median(ours_s) * 1000:8.1f} ms  (create-only puts + "
             "hashing + claim + pointer transition)"
         )
-        print(f"  ratio         {ratio:8.2f}x  (target <= {TARGET}x: "
-              f"{'met' if ratio <= TARGET else 'NOT met'})")
+        print(
+            f"  ratio         {ratio:8.2f}x  (target <= {TARGET}x: "
+            f"{'met' if ratio <= TARGET else 'NOT met'})"
+        )
         # Scrub: one LIST per episode prefix, compared with the published manifests.
         manifests = {}
         for n in range(args.episodes):

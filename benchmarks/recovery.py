@@ -1,4 +1,4 @@
-"""Benchmark: recovery of a killed step under a real ``dagster dev`` (issue 11, leases).
+"""Benchmark: recovery of a killed step under a real ``dagster dev``.
 
 Two scenarios, each on a fresh home with the shipped code location (``workspace.yaml``:
 the real storyboard steps, offline models with a simulated latency per call, the resume

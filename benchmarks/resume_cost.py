@@ -1,4 +1,4 @@
-"""Resume cost on scenarios (issue 5 §4 item 2): provider calls and step executions.
+"""Resume cost on scenarios: provider calls and step executions.
 
 Every scenario starts from the SAME completed state: the ten assets materialized once for
 episode ``ep01`` of the bundled sample (offline deterministic providers) in a template home
@@ -14,7 +14,7 @@ Policies:
 
 (a) ours: one ``dg.materialize`` of all ten assets for the partition, mode resume.
 (b) naive "any doubt → force and invalidate downstream", with the doubts a resume sees
-    without a judge that classifies them (SPEC §1): every step whose state is in any way in
+    without a judge that classifies them (docs/DESIGN.md#problem): every step in any way in
     doubt — not completed, checkpoint or artifact missing or invalid (read-only
     ``StepJudge.judge``: every non-SKIP decision, BLOCK included), a checkpoint edited in
     place after it was published (``mutations`` non-empty: its content hash drifted), or a
@@ -397,7 +397,7 @@ def policy_ours(env: Env, cost: Cost) -> None:
 
 
 def drift_doubts(env: Env) -> dict[str, str]:
-    """The doubts a pre-project resume saw (SPEC §1): hash drift and whole-config drift.
+    """The doubts a pre-project resume saw (docs/DESIGN.md#problem): hash and whole-config drift.
 
     A checkpoint edited in place after it was produced (``mutations``) no longer has the
     content hash it was published with; a step whose masked config snapshot differs from the

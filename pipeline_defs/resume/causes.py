@@ -1,4 +1,4 @@
-"""The root cause of a failure, as one typed line an operator can act on (issue 10 §5).
+"""The root cause of a failure, as one typed line an operator can act on.
 
 Dagster describes an exception raised by an op as its own wrapper ("Error occurred while
 executing op ...") with the cause in a stack trace below; the CLI printed just that. These

@@ -1,6 +1,6 @@
 """Completion reports: what a step's ``verify_completion()`` found, and why (its origin).
 
-The origin decides the judge's action (SPEC §3/§4), so it is explicit and validated here
+The origin decides the judge's action (docs/DESIGN.md#origins), so it is explicit and validated here
 instead of being inferred from free text later.
 """
 
@@ -23,7 +23,7 @@ class Origin(StrEnum):
     VERIFY_CRASHED = "verify_crashed"
 
 
-# Higher wins when several signals occur at once (SPEC §3).
+# Higher wins when several signals occur at once (docs/DESIGN.md#origins).
 ORIGIN_PRIORITY: Mapping[Origin, int] = MappingProxyType(
     {
         Origin.CLEAN: 0,

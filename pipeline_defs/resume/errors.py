@@ -37,6 +37,9 @@ class ErrorCode(StrEnum):
     STEP_PROVIDER_OUTSIDE_RUN = "step.provider_outside_run", 500
     STEP_RESET_REFUSED = "step.reset_refused", 409
     MUTATION_VICTIM_CHANGED = "mutation.victim_changed", 409
+    # ``storyboard accept``: a hand edit the step cannot make valid, or nothing to accept.
+    ACCEPT_REFUSED = "accept.refused", 422
+    ACCEPT_NOTHING = "accept.nothing_published", 409
     REDRAW_INVALID = "redraw.invalid", 400
     REDRAW_UNKNOWN_ITEM = "redraw.unknown_item", 400
     REDRAW_UNSUPPORTED = "redraw.unsupported", 400
@@ -44,7 +47,7 @@ class ErrorCode(StrEnum):
     IO_INTEGRITY_VIOLATION = "io.integrity_violation", 422
     IO_CHECKPOINT_MISSING = "io.checkpoint_missing", 404
     CHECKPOINT_INVALID = "checkpoint.invalid", 422  # a checkpoint.json field of the wrong shape
-    # A symlink where a file or directory of ours should be (SPEC §11): a conflict with
+    # A link where a file or directory of ours should be (docs/DESIGN.md#no-escape): a conflict with
     # whoever planted it, resolved by hand; the link is never followed nor removed.
     CHECKPOINT_SYMLINK = "checkpoint.symlink", 409
     # Input, configuration, operator commands.
@@ -56,7 +59,7 @@ class ErrorCode(StrEnum):
     CONFIG_DAGSTER_HOME = "config.dagster_home", 400
     LEDGER_NOT_MIGRATED = "ledger.not_migrated", 400
     # The PostgreSQL ledger stayed unreachable past the store's retry of a dropped
-    # connection (issue 19 §3): the server is down or restarting, nothing the input can fix.
+    # connection: the server is down or restarting, nothing the input can fix.
     LEDGER_UNAVAILABLE = "ledger.unavailable", 503
     LAUNCH_RUN_FAILED = "launch.run_failed", 400
     LAUNCH_GRAPHQL_FAILED = "launch.graphql_failed", 400
@@ -79,7 +82,7 @@ class ErrorCode(StrEnum):
     STORAGE_FULL = "storage.full", 507
     STORAGE_READ_ONLY = "storage.read_only", 503
     STORAGE_PERMISSION_DENIED = "storage.permission_denied", 503
-    # The object storage (resources/storage, SPEC §12): a local directory or a bucket.
+    # The object storage (resources/storage, docs/DESIGN.md#storage): a local directory or a bucket.
     # Objects are immutable: a create-only put over an existing key and a compare-and-set
     # whose expected version is no longer current are conflicts with another writer.
     STORAGE_OBJECT_EXISTS = "storage.object_exists", 409

@@ -1,4 +1,4 @@
-"""Files of the pipeline, never read through a symbolic link (issue 10 §3).
+"""Files of the pipeline, never read through a symbolic link.
 
 The one definition of "a link where a file or directory of ours should be": the typed
 ``checkpoint.symlink`` refusal and the no-follow reads that raise it. Standard library

@@ -1,6 +1,6 @@
 """Where everything lives under ``PIPELINE_HOME``, and how a file's identity is taken.
 
-The one owner of the data layout (issue 12 §4)::
+The one owner of the data layout::
 
     <home>/ledger.sqlite3                              the default SQLite ledger
     <home>/projects/<p>/project.yaml                   a project's config
@@ -9,7 +9,7 @@ The one owner of the data layout (issue 12 §4)::
 
 Pure and string-based: the sensor builds these paths for thousands of partitions a tick,
 where pathlib joins cost more than the ``lstat`` calls they feed. Lexical, never resolved
-(resolving would follow the very links SPEC §11 refuses). Ids are not validated here:
+(resolving would follow the links docs/DESIGN.md#no-escape refuses). Ids are not validated here:
 callers pass ids already checked (``Episode``, ``StepKey``, ``validate_id``).
 
 The identity helpers are the only definition of "this file or directory is unchanged",

@@ -1,4 +1,4 @@
-"""The storyboard reference pipeline (SPEC §8): ten judged steps and their providers.
+"""The reference pipeline (docs/DESIGN.md#reference-pipeline): ten judged steps, their providers.
 
 Steps are listed in dependency order; each lives in a module named after it. Every model
 call goes through ``ctx.providers`` (metered into the ledger); the default models are

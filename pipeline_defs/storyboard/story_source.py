@@ -157,7 +157,7 @@ class StorySource(Step):
 
     def execute(self, ctx: StepContext, inputs: Mapping[str, Checkpoint]) -> StepResult:
         path = story_path(ctx)
-        refuse_input_links(ctx.home, path)  # never read through a link (SPEC §11)
+        refuse_input_links(ctx.home, path)  # never read through a link (docs/DESIGN.md#no-escape)
         raw, normalized, parsed = read_story(path, ctx.project.story)
         data = {
             "story_file": STORY_FILE,

@@ -1,4 +1,4 @@
-"""t2i_review: the editorial pass, a mutator of scene_detail and entity_t2i (SPEC §7).
+"""t2i_review: the editorial pass, a mutator of scene_detail and entity_t2i (docs/DESIGN.md#review).
 
 Fixes are addressed by item id (``S{scene}_L{list}_V{variation}`` for shots,
 ``E_{character}_{outlook}`` for entity prompts) and applied by list index, because one
@@ -166,7 +166,7 @@ class T2IReview(Step):
             {"item_id": item, "t2i_prompt": scenes[lst]["t2i_variations"][v]["t2i_prompt"]}
             for item, (lst, v) in scene_map.items()
         ] + [{"item_id": p["item_id"], "t2i_prompt": p["t2i_prompt"]} for p in prompts]
-        # Re-run because a victim was rebuilt (issue 10 §2): review that victim again and
+        # Re-run because a victim was rebuilt: review that victim again and
         # keep the previous review of a victim that still holds its edits, so the run ends
         # as a clean run would. With every victim holding (a force), review everything.
         previous = self._previous(ctx)

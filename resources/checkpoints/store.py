@@ -4,7 +4,7 @@ Layout: ``<home>/checkpoints/<project>/<episode>/<step>/checkpoint.json`` with t
 artifacts beside it and ``archive/`` below it. Nothing here deletes data: a replaced or
 force-cleared checkpoint is moved into the archive first.
 
-No escape from the home (SPEC §11): every path below ``PIPELINE_HOME`` that this module
+No escape from the home (docs/DESIGN.md#no-escape): every path below ``PIPELINE_HOME`` this module
 reads, writes, archives, prunes or deletes is checked without following symlinks — each
 directory from the home down is ``lstat``-ed, files are opened with ``O_NOFOLLOW``, and the
 entries of the directories we work in are scanned. A symlink where a file or directory of
@@ -573,7 +573,7 @@ class CheckpointStore:
         on the way to the checkpoint or its artifacts voids the seal: the long way
         (:meth:`load`, the verifier) then reports it as a typed block.
 
-        Links are checked only where the verdict reads (SPEC §11 for a reader): every
+        Links are checked only where the verdict reads (docs/DESIGN.md#no-escape): every
         directory from the home down to the step and artifact directories is ``lstat``-ed
         (a link there is followed by any path below it), and the envelope and artifacts
         are matched by their ``lstat`` identity, which a link in their place never has.

@@ -1,4 +1,4 @@
-"""A ledger that blinks (issue 19 §3): a dropped PostgreSQL connection is retried, bounded.
+"""A ledger that blinks: a dropped PostgreSQL connection is retried, bounded.
 
 A restart of the server, a failover or an idle-session timeout ends every session: the next
 statement on a pooled connection fails with ``AdminShutdown`` / "server closed the

@@ -171,7 +171,7 @@ _OWNED_WHERE = sa.and_(_KEY_WHERE, step_run.c.run_id == _B("k_mine"))
 
 @functools.cache
 def _claim_statement(on_sqlite: bool, seen: str, steal: bool, auto: bool, beat: bool) -> Any:
-    """The claim upsert of SPEC §5 for one shape.
+    """The claim upsert of docs/DESIGN.md#claims for one shape.
 
     ``seen``: "any" (no compare-and-set), "none" (the judge saw no row: only the insert may
     win) or "row" (the row must still have the run_id / updated_at the judge read);

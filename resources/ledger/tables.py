@@ -117,7 +117,7 @@ sa.Index(
     provider_call.c.step_id,
 )
 
-# The judge's limits shared by the sensor daemon and every run worker (issue 11 §4): one row
+# The judge's limits shared by the sensor daemon and every run worker: one row
 # per setting in force from the ledger (a PIPELINE_* variable still overrides it per process).
 settings = sa.Table(
     "settings",

@@ -2,7 +2,7 @@
 
 Steps depend only on ``TextModel`` / ``ImageModel`` so the offline generator and an
 OpenAI-compatible endpoint are interchangeable, and every call yields ``units`` the ledger
-can count (spec §8).
+can count (docs/DESIGN.md#reference-pipeline).
 """
 
 import os

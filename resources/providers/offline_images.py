@@ -1,4 +1,4 @@
-"""Deterministic offline image generator: the default image provider (spec §8).
+"""Deterministic offline image generator, the default (docs/DESIGN.md#reference-pipeline).
 
 Everything runs without network, and a re-run with identical inputs yields byte-identical
 PNGs, so checkpoint artifact hashes stay stable and a resume never sees spurious drift.

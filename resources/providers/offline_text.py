@@ -1,4 +1,4 @@
-"""Deterministic offline text model: the default text provider (spec §8).
+"""Deterministic offline text model: the default text provider (docs/DESIGN.md#reference-pipeline).
 
 It answers each step's request (``TextCall.task``) with JSON built from the payload alone:
 the story's own sentences, the names and costume cues found in it, templates and the

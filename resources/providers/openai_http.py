@@ -6,7 +6,7 @@ connections), the per-attempt ``timeout`` and typed errors. This module adds wha
 pipeline needs around it: the key read from the environment at each request (never
 stored in config, checkpoints or logs), a validation of the config before any traffic,
 the SDK's errors mapped to our typed provider errors with every text scrubbed of the key
-(errors end up in Dagster event logs, ledger rows and checkpoints, spec §6), and token
+(errors reach Dagster event logs, ledger rows and checkpoints: docs/DESIGN.md#envelope), and token
 usage as the billable ``units``.
 """
 

@@ -1,4 +1,4 @@
-"""One storage for checkpoints, artifacts, archives, pending edits and inputs (SPEC §12).
+"""One storage for checkpoints, artifacts, archives, pending edits, inputs (docs/DESIGN.md#storage).
 
 A local directory (the default, ``PIPELINE_HOME``) or a bucket (``s3://``, ``gs://``,
 ``az://``), behind one contract (``Storage``): immutable objects, create-only puts,

@@ -1,4 +1,4 @@
-"""The storage contract: immutable objects under '/'-separated keys (SPEC §12).
+"""The storage contract: immutable objects under '/'-separated keys (docs/DESIGN.md#storage).
 
 Checkpoints, artifacts, archives, pending edits and inputs live in one storage: a local
 directory (the default, today's layout under ``PIPELINE_HOME``) or a bucket. Both backends

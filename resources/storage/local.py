@@ -4,7 +4,7 @@ Keys map to files below ``root`` with the same relative path, so the layout is t
 Nothing below ``root`` is ever reached through a symbolic link: every directory is opened
 with ``O_NOFOLLOW`` relative to its parent's descriptor (missing ones are made the same
 way), and a link found anywhere on the way or at the key is a ``checkpoint.symlink``
-refusal, with nothing read, written or removed through it (SPEC §11). ``root`` itself may
+refusal, nothing read, written or removed through it (docs/DESIGN.md#no-escape). ``root`` itself may
 be a link: it is the home the operator chose.
 
 Create-only puts are exact: the bytes go to a temp file beside the target, are fsynced, and

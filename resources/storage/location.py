@@ -1,4 +1,4 @@
-"""Which storage a configured URL names (``PIPELINE_STORAGE_URL``, SPEC §12).
+"""Which storage a configured URL names (``PIPELINE_STORAGE_URL``, docs/DESIGN.md#storage).
 
 The caller reads the setting and passes it in: nothing here reads the environment at
 import, and only a bucket storage reads it (its credentials) when opened.

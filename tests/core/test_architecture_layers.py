@@ -1,4 +1,4 @@
-"""The layer order of docs/ARCHITECTURE.md, enforced by import-linter (issue 12 §1).
+"""The layer order of docs/ARCHITECTURE.md, enforced by import-linter.
 
 ``lint-imports`` reads the contracts in pyproject.toml (``[tool.importlinter]``). These tests
 prove both directions: the product passes, and a deliberately wrong-way import — the ledger

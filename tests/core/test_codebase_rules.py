@@ -77,7 +77,7 @@ def test_dagster_validates_the_workspace(tmp_path: Path) -> None:
 
 
 def test_dagster_finds_the_definitions_with_the_module_loader(tmp_path: Path) -> None:
-    """``dagster dev -m pipeline_defs`` (issue 11 §5): the module loader lists the package's
+    """``dagster dev -m pipeline_defs``: the module loader lists the package's
     members, so the lazily imported ``defs`` must be among them."""
     dagster = Path(sys.executable).with_name("dagster")
     result = subprocess.run(
@@ -90,3 +90,36 @@ def test_dagster_finds_the_definitions_with_the_module_loader(tmp_path: Path) ->
     )
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     assert "Validation successful for code location pipeline_defs" in result.stdout + result.stderr
+
+
+CITED = re.compile(r"docs/DESIGN\.md#([a-z0-9-]+)")
+STALE_CITATION = re.compile(r"SPEC §|SPEC\.md|shared/SPEC|\b[Ii]ssues? \d+")
+
+
+def _repo_texts() -> list[Path]:
+    listed = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard", "*.py", "*.md", "*.toml", "*.yaml"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    return [ROOT / name for name in listed if (ROOT / name).is_file()]
+
+
+def test_the_repo_explains_itself() -> None:
+    """Code and docs cite the design in the repo (docs/DESIGN.md, by anchors that exist),
+    never a spec a clone does not have, nor issue numbers (history belongs in git)."""
+    anchors = set(re.findall(r'<a id="([a-z0-9-]+)"', (ROOT / "docs" / "DESIGN.md").read_text()))
+    stale: list[str] = []
+    dangling: list[str] = []
+    for path in _repo_texts():
+        if path == Path(__file__):
+            continue  # the patterns above
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            where = f"{path.relative_to(ROOT)}:{n}"
+            if STALE_CITATION.search(line):
+                stale.append(where)
+            dangling += [f"{where} #{a}" for a in CITED.findall(line) if a not in anchors]
+    assert not stale, f"cite docs/DESIGN.md instead: {stale}"
+    assert not dangling, f"no such anchor in docs/DESIGN.md: {dangling}"

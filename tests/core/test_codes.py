@@ -1,4 +1,4 @@
-"""Every error code the product raises is an ``ErrorCode`` member (issue 12 §3).
+"""Every error code the product raises is an ``ErrorCode`` member.
 
 A static scan of the product code: each ``PipelineError(...)`` / ``provider_error(...)`` /
 ``review_error(...)`` / ``sentinel_error(...)`` call's code (a literal, a module constant, or

@@ -1,4 +1,4 @@
-"""A snapshot of the shipped ``Definitions`` (issue 12 §6, as dagster-open-platform does).
+"""A snapshot of the shipped ``Definitions``.
 
 Any change to what the code location exposes — an asset key, a dependency, the partitions,
 a check, a sensor and the jobs it targets, a resource — shows up as a diff of

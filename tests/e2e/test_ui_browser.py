@@ -1,4 +1,4 @@
-"""The Dagster UI in a real browser (issue 9 §4): a block is explained, a force launches.
+"""The Dagster UI in a real browser: a block is explained, a force launches.
 
 ``dagster dev`` runs the shipped code location (``workspace.yaml``) on a home made by
 ``storyboard demo``; the story of ``demo/ep01`` is then edited, so ``story_source`` is blocked
@@ -125,7 +125,7 @@ def _launch_with_tag(page: "Page", ui: Ui, asset: str, key: str, value: str, sho
 
 
 def test_a_redraw_launches_from_the_materialize_dialog(ui: Ui) -> None:
-    """Issue 9 §2: tag resume/redraw=<id> on ref_image_gen redraws exactly that picture.
+    """tag resume/redraw=<id> on ref_image_gen redraws exactly that picture.
 
     Runs before the force below (which invalidates every step after story_source)."""
     from playwright.sync_api import sync_playwright

@@ -1,4 +1,4 @@
-"""A ledger that blinks (issue 19 §3): a dropped PostgreSQL connection costs no call.
+"""A ledger that blinks: a dropped PostgreSQL connection costs no call.
 
 - a real ``pg_terminate_backend`` of the store's sessions between two operations, and
   inside a fenced publish's transaction: the next operations succeed on a fresh connection,

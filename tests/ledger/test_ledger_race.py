@@ -1,4 +1,4 @@
-"""Claim races (SPEC §5): many contenders, one row, exactly one owner -- every round.
+"""Claim races (docs/DESIGN.md#claims): many contenders, one row, exactly one owner -- every round.
 
 A persistent pool of contenders (spawned processes with their own engine, or threads) runs
 hundreds of rounds. In each round every contender waits on a barrier, claims the same key,

@@ -1,4 +1,4 @@
-"""LedgerStore against real SQLite and real PostgreSQL (SPEC §5): claims, stale steals,
+"""LedgerStore on real SQLite and real PostgreSQL (docs/DESIGN.md#claims): claims, stale steals,
 owner-aware transitions, fenced publishes, and the small operator/audit operations.
 
 Every test runs on both databases through the ``store`` fixture. Nothing is mocked: rows are

@@ -1,4 +1,4 @@
-"""The storage contract (SPEC §12), one suite for both backends: a local directory and S3.
+"""The storage contract (docs/DESIGN.md#storage), one suite for both backends: a directory and S3.
 
 Every test taking ``storage`` runs on ``LocalStorage`` and on ``ObjectStorage`` over moto's
 S3 server (``tests/support/s3_server.py``). Then what only a local directory can get wrong

@@ -1,4 +1,4 @@
-"""A PostgreSQL server a test owns: it may stop and start it at will (issue 19 §3).
+"""A PostgreSQL server a test owns: it may stop and start it at will.
 
 The shared server of ``PIPELINE_TEST_PG_URL`` must never be stopped (other tests and people
 use it), so a test that needs a real outage or restart gets its own: ``initdb`` in a temp

@@ -1,4 +1,4 @@
-"""settings and setting_change: the judge's limits kept in the ledger (issue 11 §4).
+"""settings and setting_change: the judge's limits kept in the ledger.
 
 The sensor daemon and every run worker used to build their limits (lease, running timeout,
 retries) from their own environment, so two processes could judge the same row with

@@ -1,4 +1,4 @@
-"""CHECK constraints: a step status column holds one of the StepStatus values (issue 12 §3).
+"""CHECK constraints: a step status column holds one of the StepStatus values.
 
 The judge reads ``step_run.status`` as a closed set (``pipeline_defs.resume.status``); the
 database now refuses anything else instead of leaving a misspelt status for the judge to

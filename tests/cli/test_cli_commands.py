@@ -181,7 +181,9 @@ def test_status_shows_blocks_recoveries_and_pending(cli: CliEnv) -> None:
     status = cli.json("status", "--partition", "p1/e1")
     rows = {r["step"]: r for r in status["steps"]}
     assert rows["outline"]["last_decision"] == "force_explicit"
-    assert rows["sketch"]["status"] == "stale"
+    # Invalidated by the force: stored as "stale", shown with its own word.
+    assert rows["sketch"]["status"] == "invalidated"
+    assert rows["sketch"]["ledger_status"] == "stale"
     assert rows["probe"]["recovery_count"] == 1
     assert rows["probe"]["retry_not_before"] == "2099-01-01T00:00:00.000000Z"
     assert rows["probe"]["error"] == "boom"

@@ -127,7 +127,7 @@ def test_a_force_never_steals_a_stale_lease_and_says_what_to_do(h: Harness) -> N
     assert not result.success
     description, meta = failure(result, "alpha")
     assert meta["error/code"] == "step.already_running"
-    assert "STALE lease" in description and "dead-worker:0" in description
+    assert "expired lease" in description and "dead-worker:0" in description
     assert f"storyboard reset-running --partition {key.partition_key} --step alpha" in description
     assert h.row("alpha") == before and h.calls("alpha") == []
 

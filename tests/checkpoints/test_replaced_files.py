@@ -14,13 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from storyboard_support import (
-    Env,
-    cloned,
-    create_pg_database,
-    scratch_dir,
-    write_episode,
-)
+from storyboard_support import Env, built_episode, cloned
 
 from pipeline_defs.resume.completion import CompletionReport, Origin
 from pipeline_defs.resume.decision import (
@@ -40,20 +34,14 @@ from resources.providers.base import RETRIES_EXHAUSTED, provider_error
 # ----------------------------------------------------------------------------- homes
 @pytest.fixture(scope="module")
 def sqlite_built() -> Iterator[Env]:
-    env = Env.sqlite(scratch_dir("replaced"))
-    write_episode(env.home)
-    env.materialize()
-    yield env
-    env.destroy()
+    with built_episode("replaced") as env:
+        yield env
 
 
 @pytest.fixture(scope="module")
 def postgresql_built(pg_server_url: str) -> Iterator[Env]:
-    env = Env(scratch_dir("replaced-pg"), create_pg_database(pg_server_url), pg_server_url)
-    write_episode(env.home)
-    env.materialize()
-    yield env
-    env.destroy()
+    with built_episode("replaced", pg_server_url) as env:
+        yield env
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -17,7 +17,7 @@ import dagster as dg
 import pytest
 from cli_helpers import ledger_dump, tree_snapshot
 from click.testing import CliRunner
-from storyboard_support import PARTITION, Env, scratch_dir, write_episode
+from storyboard_support import PARTITION, Env, built_episode
 
 from pipeline_defs.cli import main
 from pipeline_defs.operations.workspace import PARTITIONS_NAME
@@ -26,11 +26,8 @@ from resources.checkpoints.envelope import sha256_text
 
 @pytest.fixture(scope="module")
 def built() -> Iterator[Env]:
-    env = Env.sqlite(scratch_dir("accept"))
-    write_episode(env.home)
-    env.materialize()
-    yield env
-    env.destroy()
+    with built_episode("accept") as env:
+        yield env
 
 
 @pytest.fixture

@@ -318,6 +318,22 @@ class Env:
 
 
 @contextlib.contextmanager
+def built_episode(name: str, pg_server_url: str | None = None) -> Iterator[Env]:
+    """A home where the sample episode ran end to end (SQLite, or a fresh PostgreSQL
+    database on ``pg_server_url``): the template module fixtures clone per test."""
+    if pg_server_url is None:
+        env = Env.sqlite(scratch_dir(name))
+    else:
+        env = Env(scratch_dir(f"{name}-pg"), create_pg_database(pg_server_url), pg_server_url)
+    try:
+        write_episode(env.home)
+        env.materialize()
+        yield env
+    finally:
+        env.destroy()
+
+
+@contextlib.contextmanager
 def cloned(template: Env) -> Iterator[Env]:
     env = template.clone()
     try:

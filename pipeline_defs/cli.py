@@ -141,8 +141,8 @@ def _advice(lines: list[str], hint: str, width: int, indent: str = "    ") -> No
 def _clip(text: Any, width: int = 60) -> str | None:
     if text is None:
         return None
-    text = " ".join(str(text).split())
-    return text if len(text) <= width else text[: width - 1] + "…"
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= width else flat[: width - 1] + "…"
 
 
 def _seconds(value: float | None) -> str | None:
@@ -254,15 +254,21 @@ def _workspace() -> Workspace:
 
 def _run_failure(report: launch.RunReport) -> PipelineError:
     failed = next((s for s in report.steps if s.outcome == "failed"), None)
+    waiting = next((s for s in report.steps if s.outcome == "waiting"), None)
+    if failed is None and waiting is not None:
+        return PipelineError(
+            "step.gate_blocked", f"{waiting.step}: {waiting.error} ({report.partition})"
+        )
     if failed is None:
         return PipelineError(
             "launch.run_failed",
             f"run {report.run_id} of {report.partition} ended {report.dagster_status}",
         )
+    way_out = f"; next: {failed.next_step}" if failed.next_step else ""
     return PipelineError(
         failed.error_code or "launch.run_failed",
         # the cause first: it is what the operator acts on; the run is for looking it up
-        f"{failed.step} failed: {_clip(failed.error, 600)} "
+        f"{failed.step} failed: {_clip(failed.error, 600)}{way_out} "
         f"(run {report.run_id} of {report.partition})",
     )
 

@@ -67,6 +67,7 @@ from pipeline_defs.resume.status import LedgerRow, StepStatus
 from pipeline_defs.steps.graph import StepGraph, order_steps
 from pipeline_defs.steps.judge import ProjectConfigs, StepJudge, recovery_way_out
 from pipeline_defs.steps.spec import Step
+from resources.checkpoints.envelope import EDITED_OUTSIDE
 from resources.checkpoints.seal import FileIdentity, Seal, identity_of
 from resources.checkpoints.store import CheckpointStore
 from resources.ledger.store import LedgerStore
@@ -284,6 +285,9 @@ class StepEvaluation:
                 f"nothing: run {facts.run_id!r} is working on it (a lease that lapses is "
                 "recovered automatically)"
             )
+        if EDITED_OUTSIDE in decision.reason:
+            # A hand edit is often meant: keeping it costs nothing, a force redoes the work.
+            return f"keep the edit: storyboard accept {where}; or discard it: {force}"
         return force
 
     @property

@@ -5,14 +5,14 @@ Nothing here writes to the ledger, the checkpoints or the Dagster instance.
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from pipeline_defs.operations.workspace import Workspace
 from pipeline_defs.resume.clock import MAX_CLOCK_SKEW, beyond_clock_skew, parse_timestamp
-from pipeline_defs.resume.decision import FIRST_RUN_REASON, ResumeAction
+from pipeline_defs.resume.decision import FIRST_RUN_LABEL, FIRST_RUN_REASON, ResumeAction
 from pipeline_defs.resume.partition import Episode, StepKey
 from pipeline_defs.resume.status import LedgerRow, StepStatus
 
@@ -39,7 +39,7 @@ _WAITING = frozenset({StepStatus.PENDING, StepStatus.STALE})
 
 # Words operators read where one stored word means two things. The ledger
 # keeps its status values and the judge its actions; only what the views show differs.
-FIRST_RUN = "first_run"  # a RERUN_SELF of a step that never ran: it re-runs nothing
+FIRST_RUN = FIRST_RUN_LABEL  # a RERUN_SELF of a step that never ran: it re-runs nothing
 INVALIDATED = "invalidated"  # ledger status "stale": a force upstream invalidated the row
 LEASE_EXPIRED = "lease_expired"  # a running row whose owner stopped renewing its lease
 
@@ -238,7 +238,9 @@ def status_report(
                     if updated is not None:
                         pending_ages.append((now - updated).total_seconds())
             states.append(state)
-    count = lambda pred: sum(1 for s in states if pred(s))  # noqa: E731
+    def count(pred: Callable[[StepState], bool]) -> int:
+        return sum(1 for s in states if pred(s))
+
     verdicts = verdict_counts(judged.values())
     totals: dict[str, Any] = {
         "partitions": len(episodes),

@@ -20,7 +20,7 @@ from typing import Any
 import dagster as dg
 import yaml
 
-from pipeline_defs.operations.inspect import DECISION_ACTIONS
+from pipeline_defs.operations.inspect import DECISION_ACTIONS, judge_now, shown_action, utc_now
 from pipeline_defs.operations.workspace import PARTITIONS_NAME, Workspace
 from pipeline_defs.project import (
     ProjectConfig,
@@ -37,7 +37,7 @@ from pipeline_defs.resume.layout import DataLayout
 from pipeline_defs.resume.partition import Episode, StepKey, validate_id
 from pipeline_defs.resume.status import StepStatus
 from pipeline_defs.steps.assets import LAUNCH_PATH_TAG, MODE_TAG
-from pipeline_defs.steps.graph import downstream_of
+from pipeline_defs.steps.graph import StepGraph, downstream_of
 from pipeline_defs.steps.redraw import (
     dependents_of,
     make_redraw,
@@ -189,13 +189,15 @@ class StepReport:
     """One step of one run, as the ledger and the run's events tell it."""
 
     step: str
-    outcome: str  # materialized / failed / not_run
+    outcome: str  # materialized / failed / not_run / waiting (left out: upstream blocked)
     decision: str | None = None
     status: str = "none"
     provider_calls: int = 0
     duration_seconds: float | None = None
     error_code: str | None = None
     error: str | None = None
+    # A blocked step's way out, as ``status``/``decide`` print it (the command that fixes it).
+    next_step: str | None = None
 
 
 @dataclass
@@ -392,7 +394,8 @@ def summarize_run(
     for step_id in step_ids:
         key = episode.step(step_id)
         audit = [t for t in ws.ledger.transitions(key) if mine(t)]
-        decision = next((t["action"] for t in audit if t["action"] in DECISION_ACTIONS), None)
+        decided = next((t for t in audit if t["action"] in DECISION_ACTIONS), None)
+        decision = shown_action(decided["action"], decided["reason"]) if decided else None
         progress = timeline.finished.get(step_id)
         row = rows.get(key)
         step = StepReport(
@@ -435,7 +438,13 @@ def run_assets(
         )
     selected = [ws.step(s).step_id for s in (step_ids or [s.step_id for s in ws.steps])]
     instance = _check_partition(ws, partition_key)
+    blocked, waiting = _blocked_and_waiting(ws, partition_key, selected)
+    selected = [s for s in selected if s not in waiting]
     run_id = str(uuid.uuid4())
+    if not selected:  # everything asked for waits on a block: launch nothing
+        report = RunReport(run_id, partition_key, False, tags.get(LAUNCH_PATH_TAG, "api"))
+        report.steps = [StepReport(step=s, outcome="waiting", error=w) for s, w in waiting.items()]
+        return report
     watcher = _Watcher(instance, run_id, progress or (lambda _p: None))
     with watcher:
         result = ws.job().execute_in_process(
@@ -447,7 +456,7 @@ def run_assets(
             asset_selection=[dg.AssetKey(s) for s in selected],
             run_config=dict(QUIET_RUN_CONFIG),
         )
-    return summarize_run(
+    report = summarize_run(
         ws,
         run_id,
         partition_key,
@@ -457,6 +466,45 @@ def run_assets(
         launch_path=tags.get(LAUNCH_PATH_TAG, "api"),
         dagster_status="SUCCESS" if result.success else "FAILURE",
     )
+    for step in report.steps:
+        if step.outcome == "failed" and step.step in blocked:  # the block's way out
+            step.next_step = blocked[step.step]
+    for step_id, why in waiting.items():
+        report.steps.append(StepReport(step=step_id, outcome="waiting", error=why))
+    if waiting:
+        report.success = False  # what was asked for is not all done
+    return report
+
+
+def _blocked_and_waiting(
+    ws: Workspace, partition_key: str, selected: Sequence[str]
+) -> tuple[dict[str, str], dict[str, str]]:
+    """Judged as the sensor judges now: the selected steps that are blocked (with what to do
+    about each) and the selected steps downstream of one, which can only wait on it.
+
+    The blocked step is still launched: its run fails with the block's typed code, the true
+    record. Its dependents are left out of the run: launched, Dagster would skip them and
+    show them failed, although nothing is wrong with them (docs/DESIGN.md#launch-paths).
+    """
+    judged = judge_now(ws, [Episode.parse(partition_key)], utc_now())
+    blocked = {
+        item["step"]: item["what_to_do"] or item["reason"]
+        for item in judged
+        if item["verdict"] == "blocked"
+    }
+    graph = StepGraph(ws.steps)
+    waiting: dict[str, str] = {}
+    for step_id in selected:
+        if step_id in blocked:
+            continue
+        upstream = [u for u in graph.upstream(step_id) if u in blocked]
+        if upstream:
+            ways = "; ".join(f"{u}: next: {blocked[u]}" for u in upstream if u not in selected)
+            waiting[step_id] = (
+                f"not launched: it waits on blocked upstream {', '.join(upstream)}"
+                + (f" ({ways})" if ways else "")
+            )
+    return blocked, waiting
 
 
 # --------------------------------------------------------------------------- force

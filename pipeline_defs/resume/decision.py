@@ -39,6 +39,8 @@ FORCE_HINT = "launch with tag resume/mode=force to rebuild"
 # Row 3's reason. A first run is a RERUN_SELF (it claims and runs like one) but re-runs
 # nothing: operator views show it as "first run", and find it in audit rows by this text.
 FIRST_RUN_REASON = "first run"
+# What operators read for it (run metadata, logs, status views): not "rerun_self".
+FIRST_RUN_LABEL = "first_run"
 MAX_LISTED_MISSING = 5
 
 
@@ -176,6 +178,11 @@ class ResumeDecision:
             raise ValueError("adopt only applies to SKIP")
         if self.deferred_until is not None and not self.auto_recovery:
             raise ValueError("only automatic recoveries are deferred")
+
+    @property
+    def label(self) -> str:
+        """The decision as people read it: a first run is ``first_run``, not a re-run."""
+        return FIRST_RUN_LABEL if self.first_run else self.action.value
 
     @property
     def claims(self) -> bool:

@@ -36,7 +36,7 @@ from pipeline_defs.project import ProjectConfig
 from pipeline_defs.resume.clock import format_timestamp
 from pipeline_defs.resume.completion import CompletionReport, Origin, Severity
 from pipeline_defs.resume.decision import ScopedConfig
-from pipeline_defs.resume.errors import PipelineError
+from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.steps.context import StepContext
 from pipeline_defs.steps.faults import crash_point
@@ -110,6 +110,18 @@ def held_intents(
     return held
 
 
+def _blocked_victim(victim: str, mutator: str, exc: PipelineError) -> str:
+    """A victim the mutator cannot read, as the operator should read it: the victim is
+    blocked (its own judgement says why and what to do) and the mutator waits on it."""
+    if exc.code == ErrorCode.IO_INTEGRITY_VIOLATION:
+        way_out = f"accept the edit (storyboard accept) or force a rebuild of {victim}"
+        what = "edited outside the pipeline, so it is blocked"
+    else:
+        way_out = f"repair or force a rebuild of {victim}"
+        what = "unreadable, so it is blocked"
+    return f"{victim}: {what} ({exc.code}); {mutator} waits on it: {way_out}"
+
+
 def intent_report(
     checkpoints: CheckpointStore, mutator: StepKey, checkpoint: Checkpoint
 ) -> CompletionReport:
@@ -121,7 +133,7 @@ def intent_report(
         try:
             current = checkpoints.load(victim_key)
         except PipelineError as exc:  # the victim's own judgement reports how it is broken
-            problems.append(f"{intent.victim}: unreadable ({exc.code}); review again after it")
+            problems.append(_blocked_victim(intent.victim, mutator.step_id, exc))
             continue
         found = current.content_hash if current is not None else None
         if found == intent.result:

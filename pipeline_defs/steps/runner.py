@@ -40,7 +40,7 @@ from pipeline_defs.steps.mutations import (
     write_ahead,
 )
 from pipeline_defs.steps.redraw import Redraw, dependents_of, resolve_targets
-from pipeline_defs.steps.spec import StepResult
+from pipeline_defs.steps.spec import Step, StepResult
 from resources.checkpoints.envelope import Checkpoint, mask_secrets
 from resources.providers import ImageModel, TextModel
 
@@ -166,12 +166,34 @@ class StepRunner:
                 problem = f"checkpoint status is {checkpoint.status}"
             elif row is not None and row["status"] in UNSETTLED_ROW:
                 problem = f"ledger status is {row['status']}"
+            elif self.graph_step(dep).modifies_checkpoints:
+                problem = self._mutator_pending(dep_key, row)
             if problem:
                 raise PipelineError(
                     "step.gate_blocked",
                     f"{key}: upstream {dep} {problem}; materialize it first",
                     details={"upstream": dep},
                 )
+
+    def graph_step(self, step_id: str) -> Step:
+        return self.judge.graph.step(step_id)
+
+    def _mutator_pending(self, key: StepKey, row: LedgerRow | None) -> str | None:
+        """Why an upstream mutator (the review) must run before this step may read, or None.
+
+        Its row can be ``completed`` while a victim changed under it (an accepted hand
+        edit, a self-only re-run): the prompts it fixes are then unreviewed, and a step
+        drawing from them now would spend on pictures the review would redo. The sensor
+        waits on it (docs/DESIGN.md#review); a launch of this step alone waits too.
+        """
+        judged = self.judge.for_step(key.step_id).judge(key, mode=LaunchMode.RESUME, row=row)
+        decision = judged.decision
+        if decision.action in (ResumeAction.SKIP, ResumeAction.NOT_APPLICABLE):
+            return None
+        return (
+            f"must run first ({decision.label}: {decision.reason}); "
+            "its edits are not yet in what this step reads"
+        )
 
     def audit(
         self,

@@ -38,6 +38,8 @@ CODE_INVALID = "checkpoint.invalid"
 TEXT_FIELDS = ("step_id", "project_id", "episode_id", "status", "config_hash", "created_at")
 OBJECT_FIELDS = ("project_config_snapshot", "data", "produced_by")
 ARTIFACTS_SHAPE = "a list of objects with a string 'path', a string 'sha256' and an integer 'bytes'"
+# How a content hash that does not match reads; operator views key "storyboard accept" on it.
+EDITED_OUTSIDE = "edited outside the pipeline"
 SHOWN_CHARS = 120  # how much of a wrong value an error message quotes
 
 
@@ -326,7 +328,7 @@ class Checkpoint:
             raise PipelineError(
                 "io.integrity_violation",
                 f"checkpoint {source}: content hash {stored} does not match the content "
-                f"({checkpoint.content_hash}); the file was edited outside the pipeline",
+                f"({checkpoint.content_hash}); the file was {EDITED_OUTSIDE}",
                 origin=Origin.INVARIANT_DRIFT.value,
                 details={"path": source},
             )

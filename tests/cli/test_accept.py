@@ -121,3 +121,53 @@ def test_an_unedited_checkpoint_has_nothing_to_accept(env: Env) -> None:
     )
     assert code == 0 and isinstance(payload, dict) and payload["accepted"] is False
     assert ledger_dump(env.db_url) == before_rows
+
+
+def test_the_block_of_a_hand_edit_offers_accept_before_force(env: Env) -> None:
+    edit_first_prompt(env, "a lighthouse at dusk, edited by hand")
+    code, payload = storyboard(env, "status", "--partition", PARTITION, "--json")
+    assert code == 0, payload
+    assert isinstance(payload, dict)
+    (state,) = [s for s in payload["steps"] if s["step"] == "scene_detail"]
+    assert state["verdict"] == "blocked"
+    hint = state["what_to_do"]
+    assert hint.startswith(f"keep the edit: storyboard accept --partition {PARTITION}"), hint
+    assert "storyboard force" in hint  # discarding it stays possible
+
+
+def test_materialize_launches_no_step_that_can_only_wait_on_a_blocked_one(env: Env) -> None:
+    from pipeline_defs.steps.graph import StepGraph
+    from pipeline_defs.storyboard import STORYBOARD_STEPS
+
+    edit_first_prompt(env, "a lighthouse at dusk, edited by hand")
+    waits = set(StepGraph(STORYBOARD_STEPS).downstream("scene_detail"))
+    assert waits  # the test means something only if scene_detail has dependents
+    code, payload = storyboard(env, "materialize", "--partition", PARTITION, "--json")
+
+    assert code == 1 and isinstance(payload, dict)
+    outcomes = {s["step"]: s for s in payload["steps"]}
+    assert outcomes["scene_detail"]["outcome"] == "failed"
+    assert outcomes["scene_detail"]["error_code"] == "step.resume_blocked"
+    assert "storyboard accept" in outcomes["scene_detail"]["next_step"]
+    assert "next: keep the edit: storyboard accept" in payload["error"]["message"]
+    assert {s for s, o in outcomes.items() if o["outcome"] == "waiting"} == waits
+    for step_id in waits:
+        assert "waits on blocked upstream" in outcomes[step_id]["error"]
+    # Dagster recorded no failure for the steps that were never going to run.
+    instance = dg.DagsterInstance.from_config(str(env.dagster_home))  # type: ignore[attr-defined]
+    run = instance.get_run_by_id(payload["run_id"])
+    assert run is not None
+    planned = {key.path[-1] for key in run.asset_selection or ()}
+    assert planned.isdisjoint(waits) and "scene_detail" in planned
+
+
+def test_materialize_of_a_step_behind_a_block_says_what_to_do(env: Env) -> None:
+    edit_first_prompt(env, "a lighthouse at dusk, edited by hand")
+    code, payload = storyboard(
+        env, "materialize", "--partition", PARTITION, "--step", "t2i_review", "--json"
+    )
+    assert code == 1 and isinstance(payload, dict)
+    (only,) = payload["steps"]
+    assert (only["step"], only["outcome"]) == ("t2i_review", "waiting")
+    assert payload["error"]["code"] == "step.gate_blocked"
+    assert "scene_detail: next: keep the edit: storyboard accept" in payload["error"]["message"]

@@ -43,7 +43,7 @@ def test_every_launch_path_reaches_the_same_decision_and_claim(h: Harness) -> No
         row = h.row("alpha", partition)
         assert row is not None and (row["status"], row["run_id"]) == ("completed", owner)
         assert h.envelope("alpha", partition)["produced_by"]["launch_path"] == path
-    assert first_runs == {("rerun_self", "first run", "none")}
+    assert first_runs == {("first_run", "first run", "none")}
 
     # the same completed state, judged from every launch path: SKIP, recorded per path
     skips = set()

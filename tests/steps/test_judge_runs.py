@@ -79,7 +79,7 @@ def test_first_run_records_row_checkpoint_audit_and_cost(h: Harness) -> None:
         assert envelope["schema_version"] == 1
         assert envelope["content_hash"] == data_version(result, step_id)
         meta = mat_metadata(result, step_id)
-        assert meta["resume/decision"] == "rerun_self"
+        assert meta["resume/decision"] == "first_run"  # not a re-run: it never ran
         assert meta["resume/reason"] == "first run"
         assert meta["resume/provider_calls"] == 1
         assert meta["checkpoint/path"] == str(h.path(step_id))
@@ -111,7 +111,7 @@ def test_skip_runs_no_body_rewrites_nothing_and_keeps_the_data_version(hp: Harne
     assert meta["resume/reason"] == "completed and verified clean"
     assert meta["resume/provider_calls"] == 0
     assert meta["checkpoint/rewritten"] is False
-    assert mat_metadata(second, "beta")["resume/decision"] == "rerun_self"
+    assert mat_metadata(second, "beta")["resume/decision"] == "first_run"
     third = h.run("alpha", "beta")
     assert third.success
     assert {mat_metadata(third, s)["resume/decision"] for s in ("alpha", "beta")} == {"skip"}

@@ -25,10 +25,13 @@ demo: $(STAMP) $(DAGSTER_HOME)/dagster.yaml
 test: $(STAMP)
 	$(BIN)/python -m pytest -n 2 --dist loadfile -q
 
+## Lint, format, import layers, types (mypy: [tool.mypy] in pyproject.toml, cache in .mypy_cache),
+## then load the Definitions the way Dagster does.
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
+	$(BIN)/mypy
 	VIRTUAL_ENV=$(CURDIR)/$(VENV) $(BIN)/dg check defs
 
 ## Start the Dagster UI on the code location: `make dev` (port 3000), `make dev PORT=3001`

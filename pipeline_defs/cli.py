@@ -13,14 +13,15 @@ import signal
 import sys
 import textwrap
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 import click
 
 from pipeline_defs.operations import accept as accepting
+from pipeline_defs.operations import garbage, launch
 from pipeline_defs.operations import inspect as views
-from pipeline_defs.operations import launch
 from pipeline_defs.operations import sheet as sheets
 from pipeline_defs.operations.workspace import (
     DEFS_ENV,
@@ -586,9 +587,15 @@ def status(*, partitions: tuple[str, ...], as_json: bool) -> dict[str, Any] | No
     ws = _workspace()
     report = views.status_report(ws, partitions)
     invalid = _report_invalid_partitions(ws)
+    storage = _storage_line(ws)
     if as_json:
         settings = ws.effective_settings.rows()
-        return {**report.as_dict(), "invalid_partitions": invalid, "settings": settings}
+        return {
+            **report.as_dict(),
+            "invalid_partitions": invalid,
+            "settings": settings,
+            "storage": storage,
+        }
     width = terminal_width()
     rows = [
         (
@@ -631,7 +638,25 @@ def status(*, partitions: tuple[str, ...], as_json: bool) -> dict[str, Any] | No
     p95 = ", ".join(f"{k} {_seconds(v)}" for k, v in report.p95_duration_seconds.items() if v)
     click.echo(f"p95 duration per step: {p95 or '-'}")
     click.echo(_settings_line(ws.effective_settings))
+    click.echo(storage)
     return {}
+
+
+def _storage_line(ws: Workspace) -> str:
+    """Where checkpoints are published, and what that means for a second machine."""
+    where = ws.pipeline.location()
+    if where.storage_url is None:
+        return f"checkpoints: files under {where.home} (one shared directory for every worker)"
+    line = (
+        f"checkpoints: published to {ws.checkpoints.location}; "
+        f"{where.home} holds inputs and scratch"
+    )
+    if where.ledger_url.startswith("sqlite"):
+        line += (
+            "; the ledger is SQLite: this serves one machine only "
+            "(PIPELINE_DB_URL=postgresql+psycopg://… for several)"
+        )
+    return line
 
 
 @main.command()
@@ -748,6 +773,35 @@ def sheet(*, partition_key: str, out: Path | None, as_json: bool) -> dict[str, A
         return {"out": str(target), **report.as_dict()}
     for line in sheets.sheet_summary_lines(report, target):
         click.echo(line)
+    return None
+
+
+@main.command("gc")
+@click.option(
+    "--grace-hours",
+    type=click.FloatRange(min=0),
+    default=garbage.DEFAULT_GRACE.total_seconds() / 3600,
+    show_default=True,
+    help="Keep any attempt with an object younger than this.",
+)
+@click.option("--dry-run", is_flag=True, help="Say what would be deleted; delete nothing.")
+@operation("gc")
+def gc(*, grace_hours: float, dry_run: bool, as_json: bool) -> dict[str, Any] | None:
+    """Delete attempt prefixes on object storage that no ledger row names (current or
+    archived pointers) and whose newest object is older than the grace period."""
+    ws = _workspace()
+    report = garbage.collect_garbage(ws, grace=timedelta(hours=grace_hours), dry_run=dry_run)
+    if as_json:
+        return report.as_dict()
+    done = report.collection
+    verb = "would delete" if dry_run else "deleted"
+    click.echo(
+        f"{report.storage}: {verb} {len(done.deleted_prefixes)} attempt(s), "
+        f"{done.deleted_objects} object(s); kept {done.kept_referenced} named, "
+        f"{done.kept_young} younger than {grace_hours:g} h"
+    )
+    for prefix in done.deleted_prefixes:
+        click.echo(f"    {prefix}")
     return None
 
 

@@ -1,17 +1,21 @@
 """The pipeline resource: settings, ledger and checkpoint store for one code location."""
 
+import os
 import threading
 from pathlib import Path
 
 import dagster as dg
 
+from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.resume.settings import EffectiveSettings, ResumeSettings, resolve_settings
+from resources.checkpoints.published import PublishedCheckpoints
 from resources.checkpoints.store import CheckpointStore
 from resources.ledger.store import LedgerStore
+from resources.storage import open_storage
 
-_LOCK = threading.Lock()
+_LOCK = threading.RLock()  # checkpoints_for builds a ledger store under it
 _LEDGERS: dict[str, LedgerStore] = {}
-_CHECKPOINTS: dict[Path, CheckpointStore] = {}
+_CHECKPOINTS: dict[tuple[Path, str | None, str | None, int], CheckpointStore] = {}
 
 
 def ledger_for(url: str) -> LedgerStore:
@@ -23,17 +27,46 @@ def ledger_for(url: str) -> LedgerStore:
         return store
 
 
-def checkpoints_for(home: Path) -> CheckpointStore:
-    """One checkpoint store per data root and process, sharing its envelope cache."""
+def checkpoints_for(
+    home: Path, storage_url: str | None = None, ledger_url: str | None = None
+) -> CheckpointStore:
+    """One checkpoint store per data root (and storage) and process, sharing its caches.
+
+    With ``storage_url`` checkpoints are published as objects and ``home`` holds inputs and
+    this process's scratch (:class:`PublishedCheckpoints`); the pointers come from the
+    ledger at ``ledger_url``. Keyed by process too: a forked child gets its own scratch.
+    """
     resolved = Path(home).resolve()
+    key = (resolved, storage_url, ledger_url, os.getpid() if storage_url else 0)
     with _LOCK:
-        store = _CHECKPOINTS.get(resolved)
+        store = _CHECKPOINTS.get(key)
         if store is None:
-            store = _CHECKPOINTS[resolved] = CheckpointStore(resolved)
+            if storage_url is None:
+                store = CheckpointStore(resolved)
+            else:
+                if ledger_url is None:
+                    raise ValueError("a published checkpoint store needs the ledger's URL")
+                store = PublishedCheckpoints(
+                    resolved,
+                    open_storage(storage_url, home=resolved),
+                    LedgerPointers(ledger_for(ledger_url)),
+                )
+            _CHECKPOINTS[key] = store
         return store
 
 
-class PipelineResource(dg.ConfigurableResource):
+class LedgerPointers:
+    """The commit pointers of published checkpoints, read from their ledger rows."""
+
+    def __init__(self, ledger: LedgerStore) -> None:
+        self.ledger = ledger
+
+    def pointer(self, key: StepKey) -> str | None:
+        row = self.ledger.get(key)
+        return None if row is None else row.checkpoint_pointer
+
+
+class PipelineResource(dg.ConfigurableResource["PipelineResource"]):
     """Where the data lives and how the judge is tuned.
 
     Unset fields fall back to ``PIPELINE_*`` environment variables, read when a run or a
@@ -43,6 +76,9 @@ class PipelineResource(dg.ConfigurableResource):
 
     home: str | None = None
     db_url: str | None = None
+    # Where checkpoints are published: unset, files under ``home``; s3://, gs://, az://
+    # (or a directory) makes ``home`` scratch (PIPELINE_STORAGE_URL).
+    storage_url: str | None = None
     running_timeout_seconds: int | None = None
     max_recovery_attempts: int | None = None
     retry_backoff_seconds: int | None = None
@@ -60,6 +96,7 @@ class PipelineResource(dg.ConfigurableResource):
             ledger=self.ledger().stored_settings(),
             home=self.home,
             db_url=self.db_url,
+            storage_url=self.storage_url,
             running_timeout_seconds=self.running_timeout_seconds,
             max_recovery_attempts=self.max_recovery_attempts,
             retry_backoff_seconds=self.retry_backoff_seconds,
@@ -67,10 +104,13 @@ class PipelineResource(dg.ConfigurableResource):
 
     def location(self) -> ResumeSettings:
         """Where the data and the ledger live; the limits kept in the ledger are not read."""
-        return ResumeSettings.locate(home=self.home, db_url=self.db_url)
+        return ResumeSettings.locate(
+            home=self.home, db_url=self.db_url, storage_url=self.storage_url
+        )
 
     def ledger(self) -> LedgerStore:
         return ledger_for(self.location().ledger_url)
 
     def checkpoints(self) -> CheckpointStore:
-        return checkpoints_for(self.location().home)
+        where = self.location()
+        return checkpoints_for(where.home, where.storage_url, where.ledger_url)

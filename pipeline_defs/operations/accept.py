@@ -140,7 +140,9 @@ def accept(
             if row.status == StepStatus.COMPLETED
             else None
         )
-        ws.ledger.with_settled_row(key, staged.commit, reseal=True, seal=seal)
+        ws.ledger.with_settled_row(
+            key, staged.commit, reseal=True, seal=seal, pointer=staged.pointer, reason="accepted"
+        )
     finally:
         staged.discard()
     ws.ledger.append_transition(

@@ -238,6 +238,7 @@ def status_report(
                     if updated is not None:
                         pending_ages.append((now - updated).total_seconds())
             states.append(state)
+
     def count(pred: Callable[[StepState], bool]) -> int:
         return sum(1 for s in states if pred(s))
 

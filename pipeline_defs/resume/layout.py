@@ -37,6 +37,9 @@ class DataLayout:
     """The paths of one home, as strings (``home`` taken as given: not resolved)."""
 
     home: str  # a str or os.PathLike on construction; normalized to a str
+    # Where the checkpoint tree is when it is not ``<home>/checkpoints``: a process's scratch
+    # copy of checkpoints published on object storage (docs/DESIGN.md#storage).
+    checkpoints_root: str | None = None
     projects: str = field(init=False)
     checkpoints: str = field(init=False)
 
@@ -47,7 +50,9 @@ class DataLayout:
         prefix = {".": "", "/": "/"}.get(home, f"{home}/")
         object.__setattr__(self, "home", home)
         object.__setattr__(self, "projects", f"{prefix}{PROJECTS}")
-        object.__setattr__(self, "checkpoints", f"{prefix}{CHECKPOINTS}")
+        root = self.checkpoints_root
+        checkpoints = str(PurePath(root)) if root is not None else f"{prefix}{CHECKPOINTS}"
+        object.__setattr__(self, "checkpoints", checkpoints)
 
     @property
     def ledger_file(self) -> str:

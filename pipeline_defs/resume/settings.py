@@ -28,10 +28,15 @@ ALLOWED_DB_SCHEMES = (
     "postgresql+psycopg2",
 )
 
+# PIPELINE_STORAGE_URL schemes (resources/storage/location.py opens them).
+BUCKET_SCHEMES = ("s3", "gs", "az")
+STORAGE_SCHEMES = ("file", *BUCKET_SCHEMES)
+
 # setting name -> environment variable
 ENV_NAMES: dict[str, str] = {
     "home": "PIPELINE_HOME",
     "db_url": "PIPELINE_DB_URL",
+    "storage_url": "PIPELINE_STORAGE_URL",
     "running_timeout_seconds": "PIPELINE_RUNNING_TIMEOUT_SECONDS",
     "max_recovery_attempts": "PIPELINE_MAX_RECOVERY_ATTEMPTS",
     "retry_backoff_seconds": "PIPELINE_RETRY_BACKOFF_SECONDS",
@@ -74,6 +79,9 @@ class ResumeSettings(BaseModel):
 
     home: Path = Path(".pipeline")
     db_url: str | None = None
+    # Where checkpoints and artifacts live (docs/DESIGN.md#storage): None, the home itself;
+    # s3://, gs://, az:// a bucket (``home`` is then scratch that a worker can lose).
+    storage_url: str | None = None
     running_timeout_seconds: int = Field(default=3600, gt=0, le=MAX_SETTING_SECONDS)
     max_recovery_attempts: int = Field(default=3, ge=1, le=MAX_RECOVERY_ATTEMPTS)
     retry_backoff_seconds: int = Field(default=30, ge=0, le=MAX_SETTING_SECONDS)
@@ -113,6 +121,25 @@ class ResumeSettings(BaseModel):
             )
         return value
 
+    @field_validator("storage_url")
+    @classmethod
+    def _known_storage(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        scheme = value.split("://", 1)[0].lower() if "://" in value else "file"
+        if scheme not in STORAGE_SCHEMES:
+            raise ValueError(
+                f"unknown storage scheme {scheme!r}; expected one of {STORAGE_SCHEMES} "
+                "or a local path"
+            )
+        return value.strip()
+
+    @property
+    def object_storage(self) -> bool:
+        """Checkpoints are published as objects (a bucket, or a directory used the same
+        way) and the home is scratch; unset, they are files under the home."""
+        return self.storage_url is not None
+
     @property
     def ledger_url(self) -> str:
         """The ledger URL: the configured one, else SQLite under the data root."""
@@ -130,7 +157,7 @@ class ResumeSettings(BaseModel):
         """
         clean = {k: v for k, v in values.items() if v is not None and v != ""}
         try:
-            return cls(**clean)  # type: ignore[arg-type]
+            return cls(**clean)
         except ValidationError as exc:
             first = exc.errors()[0]
             sources = _sources or {}
@@ -158,11 +185,16 @@ class ResumeSettings(BaseModel):
         cls, env: Mapping[str, str] | None = None, **overrides: object
     ) -> "ResumeSettings":
         """Read ``PIPELINE_*`` variables (at call time, never at import), then apply overrides."""
-        return resolve_settings(env, **overrides).settings
+        return resolve_settings(env, ledger=None, **overrides).settings
 
     @classmethod
     def locate(
-        cls, env: Mapping[str, str] | None = None, *, home: object = None, db_url: object = None
+        cls,
+        env: Mapping[str, str] | None = None,
+        *,
+        home: object = None,
+        db_url: object = None,
+        storage_url: object = None,
     ) -> "ResumeSettings":
         """Only where the data and the ledger live (the rest at its defaults).
 
@@ -173,6 +205,9 @@ class ResumeSettings(BaseModel):
         return cls.build(
             home=home if home is not None else source.get(ENV_NAMES["home"]),
             db_url=db_url if db_url is not None else source.get(ENV_NAMES["db_url"]),
+            storage_url=(
+                storage_url if storage_url is not None else source.get(ENV_NAMES["storage_url"])
+            ),
         )
 
 
@@ -250,7 +285,8 @@ def resolve_settings(
 
 def _field_adapter(name: str) -> TypeAdapter[Any]:
     info = ResumeSettings.model_fields[name]
-    return TypeAdapter(Annotated[info.annotation, info])  # type: ignore[valid-type]
+    # A type form built at run time from the field: no static type for mypy to check.
+    return TypeAdapter(Annotated[info.annotation, info])  # type: ignore[arg-type]
 
 
 def format_value(value: object) -> str:
@@ -297,8 +333,8 @@ def check_environment(env: Mapping[str, str] | None = None) -> None:
     source = os.environ if env is None else env
     set_vars = {name: source[var] for name, var in ENV_NAMES.items() if source.get(var, "") != ""}
     for name, value in set_vars.items():
-        if name in ("home", "db_url"):
-            ResumeSettings.build(**{name: value})
+        if name in ("home", "db_url", "storage_url"):
+            ResumeSettings.build(_sources=None, **{name: value})
             continue
         try:
             _field_adapter(name).validate_python(value)

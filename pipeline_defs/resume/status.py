@@ -115,7 +115,7 @@ class LedgerRow(Mapping[str, Any]):
     def of(cls, row: "LedgerRow | Mapping[str, Any] | None") -> "LedgerRow | None":
         """``row`` as a LedgerRow (hand-built mappings, e.g. in tests, are converted)."""
         if row is None or type(row) is cls:
-            return row  # type: ignore[return-value]
+            return row
         return cls.from_row(row)
 
     @property

@@ -80,7 +80,10 @@ class CheckpointIOManager(dg.ConfigurableIOManager):
         ledger = self.pipeline.ledger()
         run_id = obj.run_id or ""
         written = checkpoints.save(
-            obj, fence=lambda commit: ledger.publish(obj.key, run_id, commit)
+            obj,
+            fence=lambda staged: ledger.publish(
+                obj.key, run_id, staged.commit, pointer=staged.pointer
+            ),
         )
         context.add_output_metadata({"checkpoint/path": source, "checkpoint/rewritten": written})
 

@@ -30,6 +30,7 @@ from pipeline_defs.resume.decision import (
     decide,
 )
 from pipeline_defs.resume.errors import PipelineError
+from pipeline_defs.resume.files import SYMLINK_CODE, file_sha256
 from pipeline_defs.resume.partition import Episode, StepKey
 from pipeline_defs.resume.settings import ResumeSettings
 from pipeline_defs.resume.status import LedgerRow, StepStatus
@@ -39,7 +40,7 @@ from pipeline_defs.steps.mutations import intent_report
 from pipeline_defs.steps.spec import Step
 from resources.checkpoints.envelope import Checkpoint
 from resources.checkpoints.seal import Seal
-from resources.checkpoints.store import ARCHIVE_DIR, SYMLINK_CODE, CheckpointStore, file_sha256
+from resources.checkpoints.store import ARCHIVE_DIR, CheckpointStore
 from resources.ledger.store import LedgerStore
 
 Loaded = tuple[Checkpoint | None, PipelineError | None]  # a checkpoint, or why it is unusable

@@ -232,7 +232,9 @@ def settle(
                     )
                 staged.commit()
 
-            ledger.with_settled_row(victim_key, compare_and_set, reseal=True, seal=seal)
+            ledger.with_settled_row(
+                victim_key, compare_and_set, reseal=True, seal=seal, pointer=staged.pointer
+            )
         finally:
             staged.discard()
         checkpoints.drop_pending(mutator, intent.victim)
@@ -445,7 +447,14 @@ class MutatorEdits:
             return
         restore = self.checkpoints.stage(before)
         try:
-            self.ledger.with_settled_row(after.key, restore.commit, reseal=True, seal=None)
+            self.ledger.with_settled_row(
+                after.key,
+                restore.commit,
+                reseal=True,
+                seal=None,
+                pointer=restore.pointer,
+                reason="restored",
+            )
         finally:
             restore.discard()
         raise PipelineError(

@@ -327,7 +327,10 @@ class StepRunner:
             self.judge.project(key),
         )
         self.checkpoints.save(
-            checkpoint, fence=lambda commit: self.ledger.publish(key, run.run_id, commit)
+            checkpoint,
+            fence=lambda staged: self.ledger.publish(
+                key, run.run_id, staged.commit, pointer=staged.pointer
+            ),
         )
         self.audit(
             key,
@@ -711,7 +714,13 @@ class StepRunner:
                 else None
             )
             return self.ledger.transition(
-                key, run.run_id, status, publish=staged.commit, seal=seal, **kwargs
+                key,
+                run.run_id,
+                status,
+                publish=staged.commit,
+                pointer=staged.pointer,
+                seal=seal,
+                **kwargs,
             )
         finally:
             staged.discard()

@@ -33,7 +33,7 @@ def character_ids(canon: Mapping[str, Any]) -> list[str]:
 
 def outlook_for_scene(character: Mapping[str, Any], scene_index: int) -> Mapping[str, Any]:
     """The outfit a character wears in a scene: the latest one introduced so far, else O00."""
-    chosen = character["outlooks"][0]
+    chosen: Mapping[str, Any] = character["outlooks"][0]
     for outlook in character["outlooks"][1:]:
         if int(outlook["first_scene"]) <= scene_index:
             chosen = outlook

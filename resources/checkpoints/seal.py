@@ -151,7 +151,7 @@ def _files(raw: Any) -> tuple[SealedEntry, ...]:
     files = tuple(map(tuple, raw))
     if files and (min(map(len, files)) != 5 or max(map(len, files)) != 5):
         raise ValueError("a sealed file is [path, mtime_ns, size, ino, sha256]")
-    return files  # type: ignore[return-value]
+    return files
 
 
 def _matches(
@@ -285,7 +285,9 @@ def make_seal(
     step_dir = checkpoint_file.parent
     files: list[SealedFile] = []
     reads_found: list[SealedFile] = []
-    wanted = [(step_dir / rel, sha, True) for rel, sha in artifacts.items()]
+    wanted: list[tuple[Path, str | None, bool]] = [
+        (step_dir / rel, sha, True) for rel, sha in artifacts.items()
+    ]
     wanted += [(Path(path), None, False) for path in reads]
     for path, recorded, required in wanted:
         try:

@@ -46,12 +46,11 @@ from pipeline_defs.resume.files import (  # re-exported: the store's callers use
     read_nofollow,
     symlink_error,
 )
-from pipeline_defs.resume.layout import DataLayout, dir_stat_identity, stat_identity
+from pipeline_defs.resume.layout import DataLayout, FileIdentity, dir_stat_identity, stat_identity
 from pipeline_defs.resume.partition import StepKey
 from resources.checkpoints.envelope import Artifact, Checkpoint
 from resources.checkpoints.seal import (
     BACKDATE_NS,
-    FileIdentity,
     Seal,
     identity_of,
     is_racy,
@@ -67,7 +66,9 @@ MAX_CACHED_ENVELOPES = 20_000
 # Directories whose entries were found free of links (one per step and artifact directory).
 MAX_CLEAN_DIRS = 400_000
 
-Fence = Callable[[Callable[[], None]], Any]
+# Publishes a staged checkpoint under the ledger row lock: runs ``staged.commit`` and stores
+# ``staged.pointer`` (object storage) in the same transaction.
+Fence = Callable[["StagedCheckpoint"], Any]
 
 
 @functools.lru_cache(maxsize=4096)
@@ -115,11 +116,20 @@ def atomic_write_bytes(target: Path, payload: bytes) -> None:
 class StagedCheckpoint:
     """A checkpoint written and fsynced beside its target, waiting for a fenced rename."""
 
-    def __init__(self, temp: Path, target: Path, on_commit: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        temp: Path,
+        target: Path,
+        on_commit: Callable[[], None],
+        pointer: str | None = None,
+    ) -> None:
         self.temp = temp
         self.target = target
         self._on_commit = on_commit
         self.committed = False
+        # On object storage: the manifest of the uploaded attempt, which the ledger stores
+        # in the transaction that commits (the commit pointer); None on a local disk.
+        self.pointer = pointer
 
     def commit(self) -> None:
         # A link planted since staging would be replaced (deleted) by the rename: refuse it.
@@ -140,9 +150,11 @@ class StagedCheckpoint:
 class CheckpointStore:
     """All checkpoint file operations of one ``PIPELINE_HOME``."""
 
-    def __init__(self, home: Path, *, keep_archives: int = 5) -> None:
+    def __init__(
+        self, home: Path, *, keep_archives: int = 5, checkpoints_root: str | None = None
+    ) -> None:
         self.home = Path(home)
-        self.layout = DataLayout(str(self.home))
+        self.layout = DataLayout(str(self.home), checkpoints_root=checkpoints_root)
         self.root = Path(self.layout.checkpoints)
         self._home, self._root = str(self.home), str(self.root)
         self.keep_archives = keep_archives
@@ -158,6 +170,16 @@ class CheckpointStore:
         # Per thread: ancestors of step directories (checkpoints/, project, episode) found to
         # be real directories during the current judging scope (:meth:`judging_scope`).
         self._local = threading.local()
+
+    @property
+    def poolable(self) -> bool:
+        """Whether worker processes may judge from their own store over the same home."""
+        return True
+
+    @property
+    def location(self) -> str:
+        """Where checkpoints are published, for messages."""
+        return str(self.root)
 
     # ------------------------------------------------------------------ paths
     def _paths_of(self, key: StepKey) -> tuple[Path, Path]:
@@ -627,7 +649,7 @@ class CheckpointStore:
             if fence is None:
                 staged.commit()
             else:
-                fence(staged.commit)
+                fence(staged)
         finally:
             staged.discard()
         return True

@@ -34,6 +34,7 @@ from resources.ledger.tables import (
     step_run,
     step_transition,
 )
+from resources.ledger.transitions import status_guard
 
 T = TypeVar("T")
 # A result row as the mapping it is (SQLAlchemy types RowMapping's keys wider than str).
@@ -195,7 +196,7 @@ def _claim_statement(on_sqlite: bool, seen: str, steal: bool, auto: bool, beat: 
         recovery_count=1 if auto else 0,
         last_recovery_reason=_B("c_reason") if auto else None,
     )
-    may_take: sa.ColumnElement[bool] = step_run.c.status != StepStatus.RUNNING.value
+    may_take: sa.ColumnElement[bool] = status_guard("claim")  # docs/DESIGN.md#status-transitions
     if seen == "none":
         may_take = sa.false()
     elif seen == "row":
@@ -208,7 +209,7 @@ def _claim_statement(on_sqlite: bool, seen: str, steal: bool, auto: bool, beat: 
         may_take = sa.or_(
             may_take,
             sa.and_(
-                step_run.c.status == StepStatus.RUNNING.value,
+                status_guard("steal"),
                 step_run.c.started_at == _B("c_expected_started_at", type_=sa.Text),
                 step_run.c.run_id == _B("c_expected_run_id", type_=sa.String),
                 step_run.c.heartbeat_at == _B("c_expected_heartbeat_at", type_=sa.Text)
@@ -775,7 +776,7 @@ class LedgerStore:
                     "updated_at": ts,
                     "error_message": None,
                 },
-                where=step_run.c.status != StepStatus.RUNNING.value,
+                where=status_guard("mark_not_applicable"),
             )
             .returning(step_run.c.id)
         )
@@ -890,13 +891,23 @@ class LedgerStore:
 
         return self._retry("transition", body, callbacks=(once,) if once else ())
 
-    def publish(self, key: StepKey, run_id: str, fn: Callable[[], T]) -> T:
+    def publish(
+        self,
+        key: StepKey,
+        run_id: str,
+        fn: Callable[[], T],
+        *,
+        pointer: str | None = None,
+        keep_archives: int = 5,
+    ) -> T:
         """Run ``fn`` while holding the row lock of a row that still names this owner.
 
         After a dropped connection the lock is taken again; ``fn`` runs at most once (a
-        retry after it ran only re-checks the owner and returns its result).
+        retry after it ran only re-checks the owner and returns its result). ``pointer``
+        (object storage): the manifest this publishes, stored in the same transaction.
         """
         once = Once(fn)
+        ts = _now()
 
         def body(_attempt: int) -> T:
             with self._write() as conn:
@@ -907,6 +918,17 @@ class LedgerStore:
                     raise PipelineError(
                         "step.ownership_lost",
                         f"{key}: run {run_id} no longer owns the ledger row; refusing to publish",
+                    )
+                if pointer is not None:
+                    pointers.set_pointer(
+                        conn,
+                        key,
+                        pointer,
+                        previous=pointers.current_pointer(conn, key),
+                        reason="replaced",
+                        run_id=run_id,
+                        keep=keep_archives,
+                        now=ts,
                     )
                 return once()
 
@@ -958,19 +980,34 @@ class LedgerStore:
         return self._in_read("read references", pointers.referenced)
 
     def with_settled_row(
-        self, key: StepKey, fn: Callable[[], T], *, reseal: bool = False, seal: str | None = None
+        self,
+        key: StepKey,
+        fn: Callable[[], T],
+        *,
+        reseal: bool = False,
+        seal: str | None = None,
+        pointer: str | None = None,
+        reason: str = "mutation",
+        run_id: str | None = None,
+        keep_archives: int = 5,
     ) -> T:
         """Run ``fn`` under the row lock of a settled (completed/partial) row.
 
         Used by mutators to edit another step's checkpoint: refused while that step is
         running (its owner would publish over the edit) or has no completed result. With
         ``reseal`` the row's checkpoint seal becomes ``seal`` in the same transaction (a
-        partial row never keeps one).
+        partial row never keeps one). ``pointer`` (object storage): the edited checkpoint's
+        manifest, stored in the same transaction after ``fn`` (the compare-and-set) passed;
+        the pointer it replaces is archived with ``reason``.
         """
         once = Once(fn)  # retried after a dropped connection: the edit runs at most once
+        ts = _now()
 
-        def body(_attempt: int) -> T:
+        def body(attempt: int) -> T:
             with self._write() as conn:
+                landed = attempt > 1 and pointer is not None
+                if landed and pointers.current_pointer(conn, key) == pointer:
+                    return once()  # the commit landed: ``fn`` ran, its result is kept
                 row = conn.execute(
                     sa.select(step_run.c.status, step_run.c.run_id)
                     .where(self._key_clause(key))
@@ -992,7 +1029,19 @@ class LedgerStore:
                         .where(self._key_clause(key))
                         .values(checkpoint_seal=seal if completed else None)
                     )
-                return once()
+                result = once()
+                if pointer is not None:
+                    pointers.set_pointer(
+                        conn,
+                        key,
+                        pointer,
+                        previous=pointers.current_pointer(conn, key),
+                        reason=reason,
+                        run_id=run_id,
+                        keep=keep_archives,
+                        now=ts,
+                    )
+                return result
 
         return self._retry("edit a settled row", body, callbacks=(once,))
 
@@ -1041,7 +1090,7 @@ class LedgerStore:
                 for key in wanted:
                     result = conn.execute(
                         sa.update(step_run)
-                        .where(self._key_clause(key), step_run.c.status != StepStatus.RUNNING.value)
+                        .where(self._key_clause(key), status_guard("invalidate"))
                         .values(
                             status=StepStatus.STALE.value,
                             updated_at=ts,
@@ -1051,6 +1100,19 @@ class LedgerStore:
                     )
                     if result.rowcount == 1:
                         done.append(key)
+                        # On object storage the checkpoint leaves service with its row (the
+                        # local store moves the file to archive/): its pointer is archived.
+                        previous = pointers.current_pointer(conn, key)
+                        pointers.set_pointer(
+                            conn,
+                            key,
+                            None,
+                            previous=previous,
+                            reason="force",
+                            run_id=None,
+                            keep=5,
+                            now=ts,
+                        )
             return done
 
         return self._retry("invalidate", body)
@@ -1065,7 +1127,7 @@ class LedgerStore:
         ts = _now()
         statement = (
             sa.update(step_run)
-            .where(self._key_clause(key), step_run.c.status == StepStatus.RUNNING.value, started)
+            .where(self._key_clause(key), status_guard("reset_running"), started)
             .values(
                 status=StepStatus.FAILED.value,
                 error_message=reason,

@@ -92,7 +92,7 @@ def check_image_size(call: ImageCall) -> None:
             )
 
 
-class TextModel(dg.ConfigurableResource):
+class TextModel(dg.ConfigurableResource["TextModel"]):
     """A text model answering one JSON object per call; steps depend on this, not on a vendor."""
 
     def for_provider(self, provider: "ProviderConfig") -> "TextModel":
@@ -116,7 +116,7 @@ class TextModel(dg.ConfigurableResource):
         raise NotImplementedError(f"{type(self).__name__} does not implement model_name")
 
 
-class ImageModel(dg.ConfigurableResource):
+class ImageModel(dg.ConfigurableResource["ImageModel"]):
     """An image model returning PNG bytes; steps depend on this, not on a vendor."""
 
     def for_provider(self, provider: "ProviderConfig") -> "ImageModel":

@@ -152,7 +152,7 @@ def _client_for(
         return client
 
 
-class OpenAIConnection(dg.ConfigurableResource):
+class OpenAIConnection(dg.ConfigurableResource["OpenAIConnection"]):
     """Connection settings and the SDK call wrapper shared by the text and image providers."""
 
     base_url: str = Field(description="Endpoint root, e.g. https://api.openai.com/v1")
@@ -384,7 +384,7 @@ class OpenAIImageModel(OpenAIConnection, ImageModel):
             lambda client: client.images.generate(
                 model=self.model,
                 prompt=call.prompt,
-                size=f"{call.width}x{call.height}",  # type: ignore[arg-type]  # any server size
+                size=f"{call.width}x{call.height}",  # any size the server accepts
                 response_format="b64_json",
                 n=1,
             ),

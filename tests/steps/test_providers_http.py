@@ -212,14 +212,14 @@ def test_400_is_http_error_immediately_and_redacted(server: FakeOpenAI) -> None:
 def test_slow_server_times_out_then_retries_exhausted(server: FakeOpenAI) -> None:
     server.script(CHAT, Reply(body=chat('{"late": true}'), delay=0.6))
 
-    started = time.monotonic()
     with pytest.raises(PipelineError) as info:
         text_model(server, timeout_seconds=0.15, max_retries=1).complete(CALL)
 
+    # The timeout, not the late answer, ended each attempt (no wall-clock bound: under a
+    # loaded CI machine any such bound is a guess).
     assert info.value.code == RETRIES_EXHAUSTED
     assert "timed out" in info.value.message.lower()
     assert len(server.seen(CHAT)) == 2
-    assert time.monotonic() - started < 2.5
     assert_no_key(info.value)
 
 

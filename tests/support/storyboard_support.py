@@ -153,6 +153,8 @@ class Env:
     db_url: str
     pg_server: str | None = None
     first: RunOutcome | None = field(default=None, repr=False)
+    # Checkpoints published on object storage (PIPELINE_STORAGE_URL); the home is scratch.
+    storage_url: str | None = None
 
     @classmethod
     def sqlite(cls, root: Path) -> "Env":
@@ -164,7 +166,9 @@ class Env:
 
     @property
     def pipeline(self) -> PipelineResource:
-        return PipelineResource(home=str(self.home), db_url=self.db_url)
+        return PipelineResource(
+            home=str(self.home), db_url=self.db_url, storage_url=self.storage_url
+        )
 
     @property
     def ledger(self) -> LedgerStore:
@@ -172,6 +176,8 @@ class Env:
 
     @property
     def checkpoints(self) -> CheckpointStore:
+        if self.storage_url is not None:
+            return self.pipeline.checkpoints()
         return checkpoints_for(self.home)
 
     def key(self, step_id: str, episode: str = EPISODE_ID) -> StepKey:

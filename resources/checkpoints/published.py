@@ -1,0 +1,277 @@
+"""Checkpoints published as objects (a bucket), worked on in a scratch copy.
+
+With ``PIPELINE_STORAGE_URL`` set, the truth is the storage plus the ledger: each step's
+published checkpoint is the manifest in its row (``step_run.checkpoint_pointer``), naming
+immutable objects of one attempt (:mod:`resources.checkpoints.bucket`). ``PIPELINE_HOME``
+is scratch: a worker, the sensor or the CLI keeps there a copy of what it read, so that
+the steps, the verifiers and the run protocol keep working on plain files, exactly as on
+one shared disk. The copy is a cache that any machine can lose; nothing is only there.
+
+- **Read** (:meth:`PublishedCheckpoints.load`): the row's pointer names the manifest; the
+  scratch copy of the step is brought to it (the envelope and each artifact fetched and
+  verified against the manifest's sha256 and size, an artifact whose scratch bytes already
+  match kept without a request) before the usual load and verification. An object deleted
+  from the bucket is absent in scratch (``artifact_missing``: a self-only re-run);
+  replaced bytes are ``io.integrity_violation`` naming the object (a block). A marker per
+  step directory names the pointer the copy holds, so an unchanged pointer costs no
+  request. No pointer: nothing is published (the scratch is not consulted).
+- **Publish** (:meth:`PublishedCheckpoints.stage`): the envelope is staged in scratch as
+  on disk, then every artifact it lists is put create-only under the claim's own attempt
+  prefix (or named from the previous manifest when its bytes are unchanged: copy-free
+  reuse), the envelope last; the staged checkpoint carries the manifest as its
+  ``pointer``, which the ledger stores in the owner-aware transaction that commits it. A
+  fenced worker only ever wrote into its own attempt, and its transaction matches no row.
+- **Write-ahead edits** of a mutator live in the storage (``pending/…``): another machine
+  settles them after a crash.
+
+Adapters stay independent: the pointers come from a :class:`PointerSource` the caller
+(``resources/pipeline.py``) builds over the ledger.
+"""
+
+import atexit
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import socket
+from pathlib import Path
+from typing import Protocol
+from uuid import uuid4
+
+from pipeline_defs.resume.completion import Origin
+from pipeline_defs.resume.errors import ErrorCode, PipelineError
+from pipeline_defs.resume.files import file_sha256, read_nofollow
+from pipeline_defs.resume.partition import StepKey
+from resources.checkpoints.bucket import BucketCheckpoints, sha256_bytes
+from resources.checkpoints.envelope import Checkpoint
+from resources.checkpoints.manifest import Manifest, ObjectRef
+from resources.checkpoints.store import CheckpointStore, StagedCheckpoint, atomic_write_bytes
+from resources.storage import Storage
+
+# Names the pointer a scratch step directory holds a verified copy of (sha256 of its text).
+PUBLISHED_MARKER = ".published"
+PENDING_ROOT = "pending"
+SCRATCH_DIR = ".scratch"  # under PIPELINE_HOME: per-process copies, never the truth
+
+
+class PointerSource(Protocol):
+    """The published pointer of a step: its ledger row's ``checkpoint_pointer``."""
+
+    def pointer(self, key: StepKey) -> str | None: ...
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+class PublishedCheckpoints(CheckpointStore):
+    """The checkpoint store over object storage, with ``home`` as scratch."""
+
+    def __init__(
+        self,
+        home: Path,
+        storage: Storage,
+        pointers: PointerSource,
+        *,
+        keep_archives: int = 5,
+    ) -> None:
+        # A scratch tree of this process's own: a run's drawn pictures and the copies the
+        # sensor brings up to date never meet, and each run verifies what it reads in full
+        # (it fetches it). Removed when the process exits; any left behind (a kill) is
+        # only a cache.
+        scratch = (
+            Path(home) / SCRATCH_DIR / f"{socket.gethostname()}-{os.getpid()}-{uuid4().hex[:8]}"
+        )
+        super().__init__(
+            home, keep_archives=keep_archives, checkpoints_root=str(scratch / "checkpoints")
+        )
+        self.scratch = scratch
+        self.storage = storage
+        self.bucket = BucketCheckpoints(storage)
+        self.pointers = pointers
+        atexit.register(shutil.rmtree, scratch, ignore_errors=True)
+
+    @property
+    def poolable(self) -> bool:
+        return False  # worker processes would judge from a local tree that is not the truth
+
+    @property
+    def location(self) -> str:
+        """Where checkpoints are published (secrets masked), for messages."""
+        return self.storage.url
+
+    # ------------------------------------------------------------------ reads
+    def manifest(self, key: StepKey) -> Manifest | None:
+        """The published manifest of ``key`` (None: nothing published)."""
+        text = self.pointers.pointer(key)
+        return None if text is None else self._decode(key, text)
+
+    def _decode(self, key: StepKey, text: str) -> Manifest:
+        manifest = Manifest.decode(text, where=f"the ledger row of {key}")
+        if manifest.step != key:
+            raise PipelineError(
+                ErrorCode.IO_INTEGRITY_VIOLATION,
+                f"the ledger row of {key} points at a checkpoint of {manifest.step}",
+                origin=Origin.CONTRACT_DRIFT.value,
+            )
+        return manifest
+
+    def load(self, key: StepKey) -> Checkpoint | None:
+        text = self.pointers.pointer(key)
+        if text is None:
+            return None
+        if not self._hydrate(key, text, self._decode(key, text)):
+            return None  # the envelope object is gone: completed without checkpoint
+        return super().load(key)
+
+    def _hydrate(self, key: StepKey, text: str, manifest: Manifest) -> bool:
+        """Bring the scratch copy of ``key`` to ``manifest``; False if its envelope is gone."""
+        self.refuse_links_in_tree(key)
+        step_dir = self.step_dir(key)
+        marker = step_dir / PUBLISHED_MARKER
+        digest = _digest(text)
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+            if read_nofollow(marker).decode("utf-8") == digest and self.path_for(key).is_file():
+                return True
+        with contextlib.suppress(FileNotFoundError):
+            marker.unlink()  # a copy half brought up to date is never taken as current
+        for relative, ref in sorted(manifest.artifacts.items()):
+            self._fetch(key, relative, ref)
+        envelope = self._get(manifest.envelope)
+        if envelope is None:
+            return False
+        atomic_write_bytes(self.path_for(key), envelope)
+        atomic_write_bytes(marker, digest.encode("utf-8"))
+        return True
+
+    def _fetch(self, key: StepKey, relative: str, ref: ObjectRef) -> None:
+        """One artifact into scratch: kept when its bytes are the published ones, fetched
+        and verified otherwise, absent (moved out of the way) when the object is gone."""
+        path = self.artifact_path(key, relative)
+        held = path.is_file() and path.stat().st_size == ref.size
+        if held and file_sha256(path) == ref.sha256 and self.storage.head(ref.key) is not None:
+            return  # the published bytes are here already: one HEAD, no download
+        payload = self._get(ref)
+        if payload is None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)  # scratch: the truth (a missing object) must show here
+            return
+        atomic_write_bytes(path, payload)
+
+    def _get(self, ref: ObjectRef) -> bytes | None:
+        """An object's bytes verified against the manifest; None if the object is gone."""
+        try:
+            payload = self.storage.get(ref.key)
+        except PipelineError as exc:
+            if exc.code == ErrorCode.STORAGE_OBJECT_MISSING:
+                return None
+            raise
+        if len(payload) != ref.size or sha256_bytes(payload) != ref.sha256:
+            raise PipelineError(
+                ErrorCode.IO_INTEGRITY_VIOLATION,
+                f"object {ref.key} in {self.storage.url} is not the published one (sha256 "
+                f"{sha256_bytes(payload)[:12]}…, {len(payload)} bytes; published "
+                f"{ref.sha256[:12]}…, {ref.size} bytes): it was overwritten or replaced",
+                origin=Origin.INVARIANT_DRIFT.value,
+                details={"key": ref.key, "storage": self.storage.url},
+            )
+        return payload
+
+    # ------------------------------------------------------------------ publish
+    def stage(self, checkpoint: Checkpoint) -> StagedCheckpoint:
+        """Stage in scratch, upload the attempt, and carry its manifest as the pointer."""
+        staged = super().stage(checkpoint)
+        try:
+            key = checkpoint.key
+            previous = self.manifest(key)
+            owner = str(checkpoint.produced_by.get("run_id") or "unowned")
+            # One attempt per owner and content: a mutator's edit of a victim (same producer)
+            # gets its own prefix, and a retried stage of the same content finds its objects.
+            attempt = self.bucket.attempt(
+                key, f"{owner}|{checkpoint.content_hash}", checkpoint.created_at
+            )
+            for artifact in checkpoint.artifacts:
+                kept = previous.artifacts.get(artifact.path) if previous else None
+                if kept is not None and self._still_there(kept, artifact.sha256, artifact.bytes):
+                    attempt.reuse(artifact.path, kept)
+                    continue
+                data = read_nofollow(self.artifact_path(key, artifact.path))
+                attempt.put(artifact.path, data)
+            manifest = attempt.publishable(checkpoint)
+        except BaseException:
+            staged.discard()
+            raise
+        pointer = manifest.encode()
+        marker = staged.target.parent / PUBLISHED_MARKER
+        inner = staged
+
+        class _Published(StagedCheckpoint):
+            def commit(self) -> None:
+                with contextlib.suppress(FileNotFoundError):
+                    marker.unlink()
+                inner.commit()
+                atomic_write_bytes(marker, _digest(pointer).encode("utf-8"))
+                self.committed = True
+
+            def discard(self) -> None:
+                inner.discard()
+
+        return _Published(staged.temp, staged.target, lambda: None, pointer=pointer)
+
+    def _still_there(self, ref: ObjectRef, sha256: str, size: int) -> bool:
+        """The published object holds these bytes and is still in the storage (one HEAD)."""
+        if (ref.sha256, ref.size) != (sha256, size):
+            return False
+        meta = self.storage.head(ref.key)
+        return meta is not None and ref.same_object(meta.size, meta.e_tag, meta.version)
+
+    def is_unchanged(self, checkpoint: Checkpoint) -> bool:
+        """Same content as published, and every object it names still in the storage: a
+        re-run that redrew a deleted picture has the same content but must publish it."""
+        try:
+            current = self.load(checkpoint.key)
+            published = self.manifest(checkpoint.key)
+        except PipelineError:
+            return False
+        if current is None or published is None:
+            return False
+        if current.identity_hash != checkpoint.identity_hash:
+            return False
+        return all(
+            self._still_there(ref, ref.sha256, ref.size) for ref in published.artifacts.values()
+        )
+
+    # ------------------------------------------------------------------ write-ahead edits
+    def _pending_key(self, mutator: StepKey, victim: str) -> str:
+        return (
+            f"{PENDING_ROOT}/{mutator.project_id}/{mutator.episode_id}/"
+            f"{mutator.step_id}/{victim}.json"
+        )
+
+    def write_pending(self, mutator: StepKey, edited: Checkpoint) -> Path:
+        key = self._pending_key(mutator, edited.step_id)
+        data = edited.to_json().encode("utf-8")
+        found = self.storage.head(key)
+        if found is None:
+            self.storage.put_create(key, data)
+        else:
+            self.storage.put_if_match(key, data, found)
+        return Path(key)
+
+    def load_pending(self, mutator: StepKey, victim: str) -> Checkpoint | None:
+        key = self._pending_key(mutator, victim)
+        try:
+            payload = self.storage.get(key)
+        except PipelineError as exc:
+            if exc.code == ErrorCode.STORAGE_OBJECT_MISSING:
+                return None
+            raise
+        try:
+            raw = json.loads(payload.decode("utf-8"))
+            return Checkpoint.from_dict(raw, source=f"{self.storage.url}/{key}")
+        except (UnicodeDecodeError, ValueError, PipelineError):
+            return None  # a torn or foreign write-ahead copy is no edit to apply
+
+    def drop_pending(self, mutator: StepKey, victim: str) -> None:
+        self.storage.delete(self._pending_key(mutator, victim))

@@ -1,0 +1,188 @@
+"""The ten storyboard steps with their checkpoints on S3 (moto), PIPELINE_HOME as scratch.
+
+Each "machine" is its own empty ``PIPELINE_HOME`` (inputs aside) sharing only the ledger
+and the bucket: what one publishes, another reads, verified against the manifest in the
+ledger row. A picture deleted from the bucket is redrawn self-only, one call; an envelope
+overwritten in the bucket is a block naming the object; nothing but scratch lands in any
+home.
+"""
+
+import json
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from s3_server import S3Server
+from storyboard_support import STEP_IDS, Env, scratch_dir, write_episode
+
+from pipeline_defs.resume.decision import ResumeAction
+from resources.checkpoints.manifest import Manifest
+from resources.checkpoints.published import SCRATCH_DIR
+
+PREFIX = "storyboard"
+
+
+@pytest.fixture
+def machines(
+    s3_server: S3Server, aws_env: Callable[[S3Server], None]
+) -> Iterator[Callable[[], Env]]:
+    """Machines on one ledger (SQLite on this host) and one fresh bucket."""
+    aws_env(s3_server)
+    bucket = s3_server.new_bucket()
+    url = f"s3://{bucket}/{PREFIX}"
+    made: list[Env] = []
+    ledger = scratch_dir("bucket-ledger")
+
+    def machine() -> Env:
+        env = Env(scratch_dir("bucket-home"), f"sqlite:///{ledger / 'ledger.sqlite3'}")
+        env.storage_url = url
+        write_episode(env.home)  # the inputs stay under each home for now
+        made.append(env)
+        return env
+
+    machine.client = s3_server.client()  # type: ignore[attr-defined]
+    machine.bucket = bucket  # type: ignore[attr-defined]
+    yield machine
+    for env in made:
+        shutil.rmtree(env.root, ignore_errors=True)
+    shutil.rmtree(ledger, ignore_errors=True)
+
+
+def manifest(env: Env, step_id: str) -> Manifest:
+    row = env.ledger.get(env.key(step_id))
+    assert row is not None and row.checkpoint_pointer is not None, step_id
+    return Manifest.decode(row.checkpoint_pointer)
+
+
+def test_a_run_publishes_every_step_to_the_bucket_and_another_machine_skips_it_all(
+    machines: Callable[[], Env],
+) -> None:
+    first = machines()
+    outcome = first.materialize()
+    assert outcome.result.success
+    assert outcome.total_calls > 0
+    client = machines.client  # type: ignore[attr-defined]
+    listed = client.list_objects_v2(Bucket=machines.bucket, Prefix=PREFIX)  # type: ignore[attr-defined]
+    keys = {o["Key"] for o in listed.get("Contents", [])}
+    for step_id in STEP_IDS:
+        published = manifest(first, step_id)
+        assert f"{PREFIX}/{published.envelope.key}" in keys
+        for ref in published.artifacts.values():
+            assert f"{PREFIX}/{ref.key}" in keys
+    # the home holds inputs, the ledger's neighbour and scratch: no checkpoint tree
+    assert not (first.home / "checkpoints").exists()
+    assert {p.name for p in first.home.iterdir()} <= {"projects", SCRATCH_DIR}
+
+    second = machines()
+    again = second.materialize()
+    assert again.result.success
+    assert again.total_calls == 0
+    assert set(again.decisions.values()) == {"skip"}
+
+
+def test_a_picture_deleted_from_the_bucket_is_redrawn_self_only_on_any_machine(
+    machines: Callable[[], Env],
+) -> None:
+    first = machines()
+    assert first.materialize().result.success
+    published = manifest(first, "ref_image_gen")
+    relative, ref = sorted(published.artifacts.items())[0]
+    client = machines.client  # type: ignore[attr-defined]
+    client.delete_object(Bucket=machines.bucket, Key=f"{PREFIX}/{ref.key}")  # type: ignore[attr-defined]
+
+    other = machines()
+    decision = other.judge("ref_image_gen")
+    assert decision.action is ResumeAction.RERUN_SELF
+    assert relative in decision.reason
+    outcome = other.materialize()
+    assert outcome.result.success
+    assert outcome.decisions["ref_image_gen"] == "rerun_self"
+    assert {s for s, d in outcome.decisions.items() if d != "skip"} == {"ref_image_gen"}
+    assert outcome.calls_of("ref_image_gen", "image") == 1  # only the lost picture
+    assert outcome.total_calls == 1
+    redrawn = manifest(other, "ref_image_gen")
+    assert redrawn.artifacts[relative].sha256 == ref.sha256  # offline models are deterministic
+    assert redrawn.artifacts[relative].key != ref.key  # a new object, in the new attempt
+    kept = {p: r.key for p, r in redrawn.artifacts.items() if p != relative}
+    assert kept == {p: r.key for p, r in published.artifacts.items() if p != relative}
+
+
+def test_an_envelope_overwritten_in_the_bucket_blocks_naming_the_object(
+    machines: Callable[[], Env],
+) -> None:
+    first = machines()
+    assert first.materialize().result.success
+    published = manifest(first, "scene_detail")
+    client = machines.client  # type: ignore[attr-defined]
+    key = f"{PREFIX}/{published.envelope.key}"
+    raw = json.loads(client.get_object(Bucket=machines.bucket, Key=key)["Body"].read())  # type: ignore[attr-defined]
+    raw["data"]["scenes"][0]["t2i_variations"][0]["t2i_prompt"] = "edited in the bucket"
+    client.put_object(Bucket=machines.bucket, Key=key, Body=json.dumps(raw).encode())  # type: ignore[attr-defined]
+
+    other = machines()
+    decision = other.judge("scene_detail")
+    assert decision.action is ResumeAction.BLOCK
+    assert published.envelope.key in decision.reason
+    before = other.ledger.get(other.key("scene_detail"))
+    outcome = other.materialize(raise_on_error=False)
+    assert not outcome.result.success
+    assert outcome.total_calls == 0
+    assert other.ledger.get(other.key("scene_detail")) == before
+
+
+def test_home_is_scratch_a_lost_scratch_costs_no_call(
+    machines: Callable[[], Env], tmp_path: Path
+) -> None:
+    first = machines()
+    assert first.materialize().result.success
+    for scratch in (first.home / SCRATCH_DIR).iterdir():
+        shutil.rmtree(scratch)  # the machine lost its disk
+    assert first.materialize().total_calls == 0
+
+
+def test_gc_deletes_only_old_attempts_that_no_row_names(machines: Callable[[], Env]) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from pipeline_defs.definitions import defs
+    from pipeline_defs.operations.garbage import collect_garbage
+    from pipeline_defs.operations.workspace import Workspace, steps_of
+
+    first = machines()
+    assert first.materialize().result.success
+    client = machines.client  # type: ignore[attr-defined]
+    bucket = machines.bucket  # type: ignore[attr-defined]
+    step = f"{PREFIX}/checkpoints/demo/ep01/ref_image_gen"
+    orphan = f"{step}/a20200101T000000Z-00000000000000aa"  # a dead, unnamed attempt
+    client.put_object(Bucket=bucket, Key=f"{orphan}/refs/C01.png", Body=b"dead")
+    named = {ref.key for s in STEP_IDS for ref in manifest(first, s).artifacts.values()}
+    ws = Workspace(defs=defs, steps=steps_of(defs), pipeline=first.pipeline)
+
+    young = collect_garbage(ws, grace=timedelta(hours=1))
+    assert young.collection.deleted_prefixes == ()  # just written: inside the grace period
+    later = datetime.now(UTC) + timedelta(hours=2)
+    dry = collect_garbage(ws, grace=timedelta(hours=1), now=later, dry_run=True)
+    assert dry.collection.deleted_prefixes == (orphan.removeprefix(f"{PREFIX}/"),)
+    assert client.list_objects_v2(Bucket=bucket, Prefix=orphan)["KeyCount"] == 1
+
+    done = collect_garbage(ws, grace=timedelta(hours=1), now=later)
+    assert done.collection.deleted_prefixes == dry.collection.deleted_prefixes
+    assert client.list_objects_v2(Bucket=bucket, Prefix=orphan)["KeyCount"] == 0
+    listed = client.list_objects_v2(Bucket=bucket, Prefix=f"{PREFIX}/checkpoints")
+    present = {o["Key"].removeprefix(f"{PREFIX}/") for o in listed["Contents"]}
+    assert named <= present  # everything a row names survives
+    assert first.materialize().total_calls == 0
+
+
+def test_status_says_where_checkpoints_go_and_that_sqlite_serves_one_machine(
+    machines: Callable[[], Env],
+) -> None:
+    from pipeline_defs.cli import _storage_line
+    from pipeline_defs.definitions import defs
+    from pipeline_defs.operations.workspace import Workspace, steps_of
+
+    env = machines()
+    line = _storage_line(Workspace(defs=defs, steps=steps_of(defs), pipeline=env.pipeline))
+    assert f"published to s3://{machines.bucket}/{PREFIX}" in line  # type: ignore[attr-defined]
+    assert "serves one machine only" in line
+    assert "test-secret" not in line and "SeCrEt" not in line

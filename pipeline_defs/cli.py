@@ -20,7 +20,7 @@ from typing import Any, NoReturn, TypeVar
 import click
 
 from pipeline_defs.operations import accept as accepting
-from pipeline_defs.operations import garbage, launch
+from pipeline_defs.operations import garbage, launch, storage_migrate
 from pipeline_defs.operations import inspect as views
 from pipeline_defs.operations import sheet as sheets
 from pipeline_defs.operations.workspace import (
@@ -802,6 +802,34 @@ def gc(*, grace_hours: float, dry_run: bool, as_json: bool) -> dict[str, Any] | 
     )
     for prefix in done.deleted_prefixes:
         click.echo(f"    {prefix}")
+    return None
+
+
+@main.group("storage")
+def storage_group() -> None:
+    """Where checkpoints are published (PIPELINE_STORAGE_URL)."""
+
+
+@storage_group.command("migrate")
+@click.option("--to", "url", required=True, help="s3://bucket/prefix, gs://…, az://…")
+@operation("storage migrate")
+def storage_migrate_command(*, url: str, as_json: bool) -> dict[str, Any] | None:
+    """Copy every settled checkpoint of the local home into object storage, verified, and
+    point its ledger row at the copy. Changes nothing local; run it again to finish; then
+    set PIPELINE_STORAGE_URL everywhere."""
+    ws = _workspace()
+    report = storage_migrate.migrate_to(ws, url)
+    if as_json:
+        return report.as_dict()
+    click.echo(
+        f"{report.storage}: {len(report.migrated)} checkpoint(s) migrated ({report.objects} "
+        f"objects, {report.bytes} bytes), {len(report.already)} already there, "
+        f"{report.pending_edits} write-ahead edit(s) copied"
+    )
+    for key, why in report.skipped.items():
+        click.echo(f"    skipped {key}: {why}")
+    if not report.skipped:
+        click.echo(f"next: set PIPELINE_STORAGE_URL={report.storage} on every process")
     return None
 
 

@@ -111,6 +111,25 @@ def swap_pointer(
     return True
 
 
+def adopt_pointer(conn: Connection, key: StepKey, pointer: str, *, now: str) -> bool:
+    """Give a settled row that publishes nothing yet its first pointer (a home moved into a
+    bucket): only while the row is not running and names no pointer. Its seal, which names
+    files of the old home, is cleared in the same statement: judged the long way next."""
+    locked = conn.execute(
+        sa.select(step_run.c.checkpoint_pointer)
+        .where(sa.and_(_where(key), step_run.c.status != "running"))
+        .with_for_update()
+    ).first()
+    if locked is None or locked[0] is not None:
+        return False
+    conn.execute(
+        sa.update(step_run)
+        .where(_where(key))
+        .values(checkpoint_pointer=pointer, checkpoint_seal=None, updated_at=now)
+    )
+    return True
+
+
 @dataclass(frozen=True)
 class References:
     """What garbage collection must keep: every pointer any row names (current and

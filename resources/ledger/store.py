@@ -968,6 +968,19 @@ class LedgerStore:
 
         return self._retry("swap a commit pointer", body)
 
+    def adopt_pointer(self, key: StepKey, pointer: str, now: str | None = None) -> bool:
+        """First pointer of a settled row that has none (``storyboard storage migrate``);
+        False when the row is running, absent or already publishes one. Idempotent."""
+        ts = now or _now()
+
+        def body(attempt: int) -> bool:
+            with self._write() as conn:
+                if attempt > 1 and pointers.current_pointer(conn, key) == pointer:
+                    return True
+                return pointers.adopt_pointer(conn, key, pointer, now=ts)
+
+        return self._retry("adopt a commit pointer", body)
+
     def archived_pointers(self, key: StepKey) -> list[str]:
         """The step's replaced commit pointers, newest first."""
         return self._in_read(

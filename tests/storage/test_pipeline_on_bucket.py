@@ -186,3 +186,38 @@ def test_status_says_where_checkpoints_go_and_that_sqlite_serves_one_machine(
     assert f"published to s3://{machines.bucket}/{PREFIX}" in line  # type: ignore[attr-defined]
     assert "serves one machine only" in line
     assert "test-secret" not in line and "SeCrEt" not in line
+
+
+def test_storage_migrate_moves_a_home_into_the_bucket_verified_and_resumable(
+    machines: Callable[[], Env],
+) -> None:
+    from pipeline_defs.definitions import defs
+    from pipeline_defs.operations.storage_migrate import migrate_to
+    from pipeline_defs.operations.workspace import Workspace, steps_of
+
+    template = machines()
+    local = Env(template.root, template.db_url)  # the same home and ledger, no bucket yet
+    assert local.materialize().result.success
+    before = local.snapshot()
+    broken = local.checkpoint_path("world_guide")
+    raw = json.loads(broken.read_text())  # edited by hand: its content hash no longer holds
+    raw["data"]["edited"] = True
+    broken.write_text(json.dumps(raw))
+    url = template.storage_url
+    assert url is not None
+    ws = Workspace(defs=defs, steps=steps_of(defs), pipeline=local.pipeline)
+
+    report = migrate_to(ws, url)
+    assert set(report.skipped) == {str(local.key("world_guide"))}
+    assert "broken" in report.skipped[str(local.key("world_guide"))]
+    assert len(report.migrated) == len(STEP_IDS) - 1 and report.objects > len(STEP_IDS)
+    assert local.snapshot().keys() == before.keys()  # nothing local changed or deleted
+    assert local.ledger.get(local.key("world_guide")).checkpoint_pointer is None
+
+    again = migrate_to(ws, url)
+    assert again.migrated == [] and len(again.already) == len(STEP_IDS) - 1
+
+    other = machines()  # a machine that only has the bucket (and the inputs)
+    for step_id in STEP_IDS:
+        if step_id != "world_guide":
+            assert other.judge(step_id).action is ResumeAction.SKIP, step_id

@@ -43,6 +43,8 @@ class JudgeDispatch:
         workers = self.workers or default_workers()
         if workers < 2 or partitions < self.parallel_from or self.pool_failed:
             return 1
+        if not self.stores.checkpoints.poolable:  # workers would judge a local tree instead
+            return 1
         return workers
 
     def _pool(self) -> JudgePool:

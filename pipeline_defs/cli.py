@@ -265,7 +265,9 @@ def _run_failure(report: launch.RunReport) -> PipelineError:
             "launch.run_failed",
             f"run {report.run_id} of {report.partition} ended {report.dagster_status}",
         )
-    way_out = f"; next: {failed.next_step}" if failed.next_step else ""
+    # The way out, unless the failure already names it (an exhausted recovery does).
+    known = failed.next_step is None or failed.next_step in (failed.error or "")
+    way_out = "" if known else f"; next: {failed.next_step}"
     return PipelineError(
         failed.error_code or "launch.run_failed",
         # the cause first: it is what the operator acts on; the run is for looking it up

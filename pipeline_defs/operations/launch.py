@@ -142,6 +142,9 @@ def add_episode(
     config_path = refuse_project_links(home, project_id)
     refuse_input_links(home, target)
     template = config_template or default_project_yaml()
+    # On object storage the published inputs are the truth: compare with them, not with
+    # whatever an earlier process left in this home.
+    ws.checkpoints.sync_inputs(project_id, episode_id)
     payload = _read_story(Path(story), _story_knobs(home, project_id, config_path, template))
     instance = ws.instance()  # fail before writing anything if DAGSTER_HOME is unusable
     assert instance is not None
@@ -172,6 +175,7 @@ def add_episode(
     else:
         write_file_under(home, config_path, template)
         config_state = "created"
+    ws.checkpoints.publish_inputs(project_id, episode_id)  # every machine reads them
     added = register_partition(instance, episode.partition_key)
     return {
         "partition": episode.partition_key,

@@ -389,6 +389,9 @@ class StepJudge:
         ``sealed``: a seal of this key's checkpoint that still holds (read-only judges):
         the publishing run's clean verification stands in for reading and verifying again.
         """
+        # On object storage the inputs are copied into the home first (a cache; no-op and
+        # no request on a local home or within a few seconds of the last copy).
+        self.checkpoints.sync_inputs(key.project_id, key.episode_id)
         ctx = self.context(key)
         config = self.scoped_config(ctx.project)
         if sealed is None and loaded is None:

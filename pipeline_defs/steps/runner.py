@@ -221,6 +221,7 @@ class StepRunner:
         self, partition_key: str, run: RunInfo, inputs: Mapping[str, Checkpoint | None]
     ) -> StepOutcome:
         key = self.judge.key(partition_key)
+        self.checkpoints.sync_inputs(key.project_id, key.episode_id)  # object storage
         self.gate(key)
         if run.redraw is not None:  # unknown ids fail here: before the claim, nothing changed
             run = self._resolve_redraw(key, run)

@@ -35,23 +35,26 @@ import json
 import os
 import shutil
 import socket
+import time
 from pathlib import Path
 from typing import Protocol
 from uuid import uuid4
 
 from pipeline_defs.resume.completion import Origin
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
-from pipeline_defs.resume.files import file_sha256, read_nofollow
+from pipeline_defs.resume.files import file_sha256, read_nofollow, write_file_under
 from pipeline_defs.resume.partition import StepKey
 from resources.checkpoints.bucket import BucketCheckpoints, sha256_bytes
 from resources.checkpoints.envelope import Checkpoint
 from resources.checkpoints.manifest import Manifest, ObjectRef
 from resources.checkpoints.store import CheckpointStore, StagedCheckpoint, atomic_write_bytes
-from resources.storage import Storage
+from resources.storage import ObjectMeta, Storage
 
 # Names the pointer a scratch step directory holds a verified copy of (sha256 of its text).
 PUBLISHED_MARKER = ".published"
 PENDING_ROOT = "pending"
+# How long a process trusts its copy of an episode's inputs before asking the storage again.
+INPUTS_MAX_AGE_SECONDS = 5.0
 SCRATCH_DIR = ".scratch"  # under PIPELINE_HOME: per-process copies, never the truth
 
 
@@ -90,6 +93,9 @@ class PublishedCheckpoints(CheckpointStore):
         self.storage = storage
         self.bucket = BucketCheckpoints(storage)
         self.pointers = pointers
+        # (project, episode) -> when its inputs were last synced; input key -> its e_tag.
+        self._synced: dict[tuple[str, str | None], float] = {}
+        self._input_tags: dict[str, str | None] = {}
         atexit.register(shutil.rmtree, scratch, ignore_errors=True)
 
     @property
@@ -241,6 +247,63 @@ class PublishedCheckpoints(CheckpointStore):
         return all(
             self._still_there(ref, ref.sha256, ref.size) for ref in published.artifacts.values()
         )
+
+    # ------------------------------------------------------------------ inputs
+    def _input_keys(self, project_id: str, episode_id: str | None) -> list[str]:
+        keys = [self.layout.project_file(project_id)]
+        if episode_id is not None:
+            keys.append(self.layout.story_file(project_id, episode_id))
+        return [str(Path(k).relative_to(self.home)) for k in keys]
+
+    def sync_inputs(self, project_id: str, episode_id: str | None = None) -> None:
+        """Copy the project's config and the episode's inputs from the storage into the
+        home, where every reader finds them (at most once per ``INPUTS_MAX_AGE_SECONDS``
+        per episode and process: a run starts with fresh inputs, a tick costs at most
+        one LIST and one HEAD per episode it judges the long way).
+
+        An input the storage does not hold keeps its local copy (a home whose inputs were
+        never published). The home's copy is a cache here: it is overwritten by the
+        published bytes, atomically and never through a link.
+        """
+        memo_key = (project_id, episode_id)
+        now = time.monotonic()
+        if now - self._synced.get(memo_key, -INPUTS_MAX_AGE_SECONDS) < INPUTS_MAX_AGE_SECONDS:
+            return
+        found: dict[str, ObjectMeta] = {}
+        project_file = self._input_keys(project_id, None)[0]
+        meta = self.storage.head(project_file)
+        if meta is not None:
+            found[project_file] = meta
+        if episode_id is not None:
+            folder = str(
+                Path(self.layout.episode_dir(project_id, episode_id)).relative_to(self.home)
+            )
+            found.update({m.key: m for m in self.storage.list(folder)})
+        for key, meta in sorted(found.items()):
+            if self._input_tags.get(key) == meta.e_tag and (self.home / key).is_file():
+                continue
+            data = self.storage.get(key)
+            target = self.home / key
+            if not (target.is_file() and read_nofollow(target) == data):
+                write_file_under(self.home, target, data)
+            self._input_tags[key] = meta.e_tag
+        self._synced[memo_key] = now
+
+    def publish_inputs(self, project_id: str, episode_id: str) -> None:
+        """Put the home's project config and story into the storage (create, or replace
+        what is there by compare-and-set: two writers cannot silently overwrite each
+        other), so every machine reads them."""
+        for key in self._input_keys(project_id, episode_id):
+            data = read_nofollow(self.home / key)
+            found = self.storage.head(key)
+            if found is None:
+                meta = self.storage.put_create(key, data)
+            elif self.storage.get(key) != data:
+                meta = self.storage.put_if_match(key, data, found)
+            else:
+                meta = found
+            self._input_tags[key] = meta.e_tag
+        self._synced.pop((project_id, episode_id), None)
 
     # ------------------------------------------------------------------ write-ahead edits
     def _pending_key(self, mutator: StepKey, victim: str) -> str:

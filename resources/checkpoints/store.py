@@ -181,6 +181,14 @@ class CheckpointStore:
         """Where checkpoints are published, for messages."""
         return str(self.root)
 
+    # ------------------------------------------------------------------ inputs
+    def sync_inputs(self, project_id: str, episode_id: str | None = None) -> None:
+        """Bring the home's copy of the inputs up to date: nothing to do, they are the
+        truth here (object storage keeps them, see ``PublishedCheckpoints``)."""
+
+    def publish_inputs(self, project_id: str, episode_id: str) -> None:
+        """Make the home's inputs the shared truth: they already are on a local home."""
+
     # ------------------------------------------------------------------ paths
     def _paths_of(self, key: StepKey) -> tuple[Path, Path]:
         found = self._paths.get(key)

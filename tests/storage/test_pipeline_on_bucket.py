@@ -34,10 +34,11 @@ def machines(
     made: list[Env] = []
     ledger = scratch_dir("bucket-ledger")
 
-    def machine() -> Env:
+    def machine(inputs: bool = True) -> Env:
         env = Env(scratch_dir("bucket-home"), f"sqlite:///{ledger / 'ledger.sqlite3'}")
         env.storage_url = url
-        write_episode(env.home)  # the inputs stay under each home for now
+        if inputs:  # written under this home only (not published): a home of before
+            write_episode(env.home)
         made.append(env)
         return env
 
@@ -221,3 +222,50 @@ def test_storage_migrate_moves_a_home_into_the_bucket_verified_and_resumable(
     for step_id in STEP_IDS:
         if step_id != "world_guide":
             assert other.judge(step_id).action is ResumeAction.SKIP, step_id
+
+
+def test_inputs_added_on_one_machine_are_read_by_an_empty_one(
+    machines: Callable[..., Env], tmp_path: Path
+) -> None:
+    """add-episode publishes the story and project.yaml; a machine with an empty home runs
+    the whole episode from the bucket, and a third pays nothing."""
+    from click.testing import CliRunner
+
+    from pipeline_defs.cli import main
+    from pipeline_defs.storyboard import sample_stories
+
+    writer = machines(inputs=False)
+    dagster_home = tmp_path / "dagster_home"
+    dagster_home.mkdir()
+    (dagster_home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    result = CliRunner().invoke(
+        main,
+        ["add-episode", "--project", "demo", "--episode", "ep01", "--story",
+         str(sample_stories()["ep01"]), "--json"],
+        env={
+            "PIPELINE_HOME": str(writer.home),
+            "PIPELINE_DB_URL": writer.db_url,
+            "PIPELINE_STORAGE_URL": str(writer.storage_url),
+            "DAGSTER_HOME": str(dagster_home),
+        },
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    client = machines.client  # type: ignore[attr-defined]
+    listed = client.list_objects_v2(Bucket=machines.bucket, Prefix=f"{PREFIX}/projects")  # type: ignore[attr-defined]
+    assert {o["Key"] for o in listed["Contents"]} == {
+        f"{PREFIX}/projects/demo/project.yaml",
+        f"{PREFIX}/projects/demo/episodes/ep01/story.md",
+    }
+
+    runner = machines(inputs=False)
+    assert not (runner.home / "projects").exists()
+    outcome = runner.materialize()
+    assert outcome.result.success
+    assert outcome.total_calls > 0
+    assert {r.status for r in runner.ledger.get_many().values()} == {"completed"}
+    assert (runner.home / "projects/demo/episodes/ep01/story.md").read_bytes() == (
+        writer.home / "projects/demo/episodes/ep01/story.md"
+    ).read_bytes()
+
+    third = machines(inputs=False)
+    assert third.materialize().total_calls == 0

@@ -15,7 +15,7 @@ from pipeline_defs.steps.io_manager import STEP_METADATA_KEY
 from pipeline_defs.steps.judge import StepJudge
 from pipeline_defs.steps.redraw import parse_redraw
 from pipeline_defs.steps.runner import RunInfo, StepOutcome, StepRunner
-from pipeline_defs.steps.spec import Step, step_import_path
+from pipeline_defs.steps.spec import Markdown, Step, step_import_path
 from resources.checkpoints.envelope import Checkpoint
 
 episodes = dg.DynamicPartitionsDefinition(name="episodes")
@@ -110,7 +110,7 @@ def _failure(
 def _outcome_metadata(step: Step, outcome: StepOutcome, path: str) -> dict[str, Any]:
     decision = outcome.decision
     metadata: dict[str, Any] = {
-        "resume/decision": decision.action.value,
+        "resume/decision": decision.label,
         "resume/reason": decision.reason,
         "resume/origin": decision.origin.value if decision.origin else "none",
         "resume/status": outcome.status,
@@ -122,7 +122,9 @@ def _outcome_metadata(step: Step, outcome: StepOutcome, path: str) -> dict[str, 
         metadata["checkpoint/content_hash"] = outcome.checkpoint.content_hash
         metadata["checkpoint/artifacts"] = len(outcome.checkpoint.artifacts)
     for name, value in outcome.metadata.items():
-        if isinstance(value, str | int | float | bool):
+        if isinstance(value, Markdown):  # the image steps' contact sheet, rendered
+            metadata[f"step/{name}"] = dg.MetadataValue.md(value.text)
+        elif isinstance(value, str | int | float | bool):
             metadata[f"step/{name}"] = value
     return metadata
 
@@ -191,7 +193,7 @@ def build_step_asset(step: Step, graph: StepGraph) -> dg.AssetsDefinition:
         metadata = _outcome_metadata(step, outcome, path)
         decision = outcome.decision
         context.log.info(
-            f"{step.step_id} [{context.partition_key}]: {decision.action} — {decision.reason}"
+            f"{step.step_id} [{context.partition_key}]: {decision.label} — {decision.reason}"
         )
         with warnings.catch_warnings():
             # data_version on Output is beta in Dagster 1.13; we rely on it deliberately so
@@ -215,7 +217,7 @@ def build_step_asset(step: Step, graph: StepGraph) -> dg.AssetsDefinition:
             check_name=RESUME_CHECK,
             passed=True,
             metadata={
-                "resume/decision": outcome.decision.action.value,
+                "resume/decision": outcome.decision.label,
                 "resume/status": outcome.status,
             },
         )

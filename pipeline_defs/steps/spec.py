@@ -28,8 +28,23 @@ class Mutation:
 
 
 @dataclass(frozen=True)
+class Markdown:
+    """A metadata value shown rendered on the asset page (a contact sheet of pictures).
+
+    Steps know nothing of Dagster: the asset factory turns this marker into Dagster's
+    markdown metadata, as it passes plain values (str, int, float, bool) through.
+    """
+
+    text: str
+
+
+@dataclass(frozen=True)
 class StepResult:
-    """What a step body produced. Counts decide completed / partial / failed."""
+    """What a step body produced. Counts decide completed / partial / failed.
+
+    ``metadata`` goes on the run's materialization event: plain values or ``Markdown``;
+    anything else is left out.
+    """
 
     data: Mapping[str, Any]
     applicable_count: int = 1

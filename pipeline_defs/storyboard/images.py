@@ -18,25 +18,26 @@ replace or archive what the step's new owner published.
 import contextlib
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pipeline_defs.resume.completion import CompletionReport, Origin, Severity
 from pipeline_defs.resume.errors import PipelineError
-from pipeline_defs.resume.files import fsync_dir
+from pipeline_defs.resume.files import SYMLINK_CODE, file_sha256, fsync_dir, read_nofollow
 from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.steps.context import StepContext
 from pipeline_defs.steps.judge import not_a_file
-from pipeline_defs.steps.spec import CleanupReport, ItemSource, Step, StepResult
-from resources.checkpoints.envelope import Artifact, Checkpoint, canonical_json, sha256_text
-from resources.checkpoints.store import (
-    SYMLINK_CODE,
-    atomic_write_bytes,
-    file_sha256,
-    read_nofollow,
+from pipeline_defs.steps.spec import CleanupReport, ItemSource, Markdown, Step, StepResult
+from pipeline_defs.storyboard.contact_sheet import (
+    ItemAction,
+    SheetItem,
+    build_contact_sheet,
+    thumbnail,
 )
+from resources.checkpoints.envelope import Artifact, Checkpoint, canonical_json, sha256_text
+from resources.checkpoints.store import atomic_write_bytes
 from resources.providers import PNG_SIGNATURE, ImageCall
 
 MAX_LISTED = 20
@@ -153,10 +154,10 @@ class ImageStep(Step):
         self, ctx: StepContext, job: ImageJob, png: bytes, model: str, *, redraw: bool
     ) -> Artifact:
         """Write the PNG and its receipt (what it is, which model drew it) privately, then
-        move both into place, archiving what they replace, under the ledger row lock (issue
-        11 §3): a worker whose lease was taken over never replaces nor archives a file the
-        new owner published. The pair lands right after the call, so a run killed before it
-        publishes its checkpoint still leaves reusable work behind."""
+        move both into place, archiving what they replace, under the ledger row lock
+        (docs/DESIGN.md#fencing): a worker whose lease was taken over never replaces nor
+        archives a file the new owner published. The pair lands right after the call, so a
+        run killed before it publishes its checkpoint still leaves reusable work behind."""
         staging = self._staging(ctx)
         staged = ctx.write_artifact(f"{staging}/{job.path}", png)
         artifact = Artifact(path=job.path, sha256=staged.sha256, bytes=staged.bytes)
@@ -267,6 +268,23 @@ class ImageStep(Step):
             return None
         return artifact if file_sha256(path) == artifact.sha256 else None
 
+    @staticmethod
+    def _replaced_thumbnail(ctx: StepContext, job: ImageJob) -> bytes | None:
+        """The thumbnail of the picture a redraw is about to replace (archived when the new
+        one is placed), for the contact sheet; None if there is none to read."""
+        try:
+            png = read_nofollow(ctx.artifact_path(job.path))
+        except (OSError, PipelineError):
+            return None
+        return thumbnail(png, name=f"{job.item_id} (replaced)")
+
+    @staticmethod
+    def _picture(ctx: StepContext, job: ImageJob) -> Callable[[], bytes]:
+        """Reads the item's placed PNG when the contact sheet shows it (not before: an
+        episode may have more pictures than the sheet holds)."""
+        path = ctx.artifact_path(job.path)
+        return lambda: read_nofollow(path)
+
     def execute(self, ctx: StepContext, inputs: Mapping[str, Checkpoint]) -> StepResult:
         # Before any provider call: a link in our directory would fail the run only after
         # paying for images (when the first PNG or receipt is written).
@@ -289,9 +307,13 @@ class ImageStep(Step):
         failed: list[dict[str, Any]] = []
         artifacts: list[Artifact] = []
         drawn = reused = redrawn = outdated = 0
+        sheet: list[SheetItem] = []
         for job in plan.jobs:
             if job.blocked:
                 failed.append({"item_id": job.item_id, "reason": job.blocked})
+                sheet.append(
+                    SheetItem(job.item_id, ItemAction.FAILED, job.prompt, note=job.blocked)
+                )
                 continue
             redrawing = job.item_id in ctx.redraw
             # A redraw asks for a new picture of the same job: the call's seed differs per
@@ -312,20 +334,34 @@ class ImageStep(Step):
                     if redrawing
                     else job.seed
                 )
+                # Read before the new picture is placed: placing archives the old one.
+                replaced = self._replaced_thumbnail(ctx, job) if redrawing else None
                 call = ImageCall(job.prompt, job.caption, size.width, size.height, seed)
                 try:
                     reply = ctx.providers.image(call)
                 except PipelineError as exc:
-                    failed.append({"item_id": job.item_id, "reason": f"[{exc.code}] {exc.message}"})
+                    reason = f"[{exc.code}] {exc.message}"
+                    failed.append({"item_id": job.item_id, "reason": reason})
+                    sheet.append(SheetItem(job.item_id, ItemAction.FAILED, job.prompt, note=reason))
                     continue
                 if not reply.png.startswith(PNG_SIGNATURE):
-                    failed.append({"item_id": job.item_id, "reason": "provider returned no PNG"})
+                    reason = "provider returned no PNG"
+                    failed.append({"item_id": job.item_id, "reason": reason})
+                    sheet.append(SheetItem(job.item_id, ItemAction.FAILED, job.prompt, note=reason))
                     continue
                 artifact = self._place(ctx, job, reply.png, reply.model, redraw=redrawing)
                 drawn += 1
                 redrawn += redrawing
+                action = ItemAction.REDREW if redrawing else ItemAction.DREW
+                picture = self._picture(ctx, job)
+                sheet.append(
+                    SheetItem(job.item_id, action, job.prompt, picture=picture, replaced=replaced)
+                )
             else:
                 reused += 1
+                action = ItemAction.KEPT_OUTDATED if kept is not None else ItemAction.REUSED
+                picture = self._picture(ctx, job)
+                sheet.append(SheetItem(job.item_id, action, job.prompt, picture=picture))
             artifacts.append(artifact)
             if kept is not None:
                 images[job.item_id] = dict(kept[1])
@@ -363,6 +399,10 @@ class ImageStep(Step):
                 "kept_outdated": outdated,
                 "failed": len(failed),
                 "skipped": len(plan.skipped),
+                # Built only by a run that executes: a SKIP re-emits no pictures.
+                "contact_sheet": Markdown(
+                    build_contact_sheet(f"{self.step_id} contact sheet", sheet).markdown
+                ),
             },
         )
 

@@ -12,7 +12,9 @@
    launches; the forced run must succeed.
 
 Before that, a redraw is launched the same way on ``ref_image_gen`` (tag
-``resume/redraw=<item>``): it must succeed and change exactly that picture.
+``resume/redraw=<item>``): it must succeed and change exactly that picture, and its
+materialization's contact sheet (Events tab, ``step/contact_sheet``) must render: a table
+with one decoded thumbnail per item and the replaced picture beside the redrawn one.
 
 Screenshots of each page are written to the test's tmp dir (``-rP`` prints where).
 ``PIPELINE_REQUIRE_BROWSER=1`` (set by ``.ci/run``) makes a missing browser a failure.
@@ -160,6 +162,35 @@ def test_a_redraw_launches_from_the_materialize_dialog(ui: Ui) -> None:
     assert target.read_bytes() != old
     assert {p: (p.stat().st_ino, p.stat().st_mtime_ns) for p in others} == others
     assert old in [p.read_bytes() for p in (step_dir / "archive").iterdir()]
+    _contact_sheet_renders(ui, run, item, len(checkpoint["data"]["expected"]))
+
+
+def _contact_sheet_renders(ui: Ui, run: dg.DagsterRun, item: str, items: int) -> None:
+    """The redraw's materialization: its contact sheet opens from the Events tab and Dagster
+    renders it (a table, the data-URI thumbnails decoded), the replaced picture beside the
+    new one."""
+    from playwright.sync_api import expect, sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1500, "height": 1000})
+        page.set_default_timeout(TIMEOUT_MS)
+        try:
+            page.goto(f"{ui.url}/assets/ref_image_gen?view=events")
+            expect(page.get_by_text(f"materialized in run {run.run_id[:8]}")).to_be_visible()
+            page.get_by_text("[Show Markdown]").first.click()
+            dialog = page.get_by_role("dialog")
+            expect(dialog.get_by_text("ref_image_gen contact sheet")).to_be_visible()
+            images = dialog.locator('img[src^="data:image/png;base64,"]')
+            expect(images).to_have_count(items + 1)  # one per item, and the replaced one
+            row = dialog.locator("tr").filter(has_text=item)
+            expect(row.get_by_text("redrew", exact=True)).to_be_visible()
+            expect(row.locator("img")).to_have_count(2)
+            decoded = images.evaluate_all("all => all.map(i => i.complete && i.naturalWidth)")
+            assert all(decoded), decoded
+            page.screenshot(path=str(ui.shots / "6-contact-sheet.png"))
+        finally:
+            browser.close()
 
 
 def test_cli_redraw_through_the_webserver(ui: Ui) -> None:

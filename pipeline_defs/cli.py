@@ -367,12 +367,6 @@ def _operator() -> str:
     return f"by {user} on {lock_owner()}"
 
 
-def _settings_line(effective: EffectiveSettings) -> str:
-    return "settings in force: " + "  ".join(
-        f"{r['key']}={format_value(r['value'])} ({r['source']})" for r in effective.rows()
-    )
-
-
 @main.group("settings")
 def settings_group() -> None:
     """The judge's limits kept in the ledger, shared by the sensor and every run worker.
@@ -581,7 +575,8 @@ def redraw(
 )
 @operation("status")
 def status(*, partitions: tuple[str, ...], as_json: bool) -> dict[str, Any] | None:
-    """Per partition and step: state, what the sensor does now, blocks, costs, durations.
+    """Per partition and step: state, what the sensor does now, blocks, costs, durations;
+    then the queue, the leases, exhausted recoveries, the last hour and the settings in force.
 
     "now" and the blocks are the judgement `storyboard decide` and the resume sensor make;
     "last decision" is the last one a run recorded.
@@ -599,49 +594,159 @@ def status(*, partitions: tuple[str, ...], as_json: bool) -> dict[str, Any] | No
             "storage": storage,
         }
     width = terminal_width()
+    # One write for the table (a reader that stops early, e.g. ``head``, cuts it short).
+    click.echo("\n".join(_status_table(report.steps, width)) if report.steps else "no partitions")
+    lines = ["", *_packed("", _totals_items(report.totals), width)]
+    lines += _summary_lines(report.summary, width)
+    p95 = [f"{k} {_seconds(v)}" for k, v in report.p95_duration_seconds.items() if v]
+    lines += _packed("p95 duration per step:", _listed(p95) or ["-"], width)
+    lines += _packed("settings in force:", _settings_items(ws.effective_settings), width)
+    lines += _wrap(storage, width) or [storage]
+    click.echo("\n".join(lines))
+    return {}
+
+
+def _status_table(steps: Sequence[views.StepState], width: int) -> list[str]:
+    """One line per step at 120 columns for the usual states; a block's reason and what to
+    do follow its row (as in ``decide``), so nothing about a step is printed twice.
+
+    Backoff shows as the time left in "sensor now" (``deferred 25s``; the timestamp is in
+    ``--json``), and a step another run holds a live lease on as ``running``: the sensor
+    leaves it to its owner, which is no block.
+    """
     rows = [
         (
             s.partition,
             s.step,
             views.shown_status(s.status),
-            s.verdict,
+            _sensor_now(s),
             s.last_decision,
             s.recovery_count,
-            s.retry_not_before,
             s.provider_calls,
             _seconds(s.last_duration_seconds),
             f"{s.block_origin}: {s.block_reason}" if s.block_origin else s.block_reason,
         )
-        for s in report.steps
+        for s in steps
     ]
     headers = ["partition", "step", "status", "sensor now", "last decision", "recov"]
-    headers += ["retry not before", "calls total", "last dur", "block"]
-    click.echo(render_table(headers, rows, width) if rows else "no partitions")
-    blocks = [s for s in report.steps if s.verdict == "blocked" and s.what_to_do]
-    if blocks:
-        lines: list[str] = ["", "blocked — what to do:"]
-        for s in blocks:
-            lines.append(f"  {s.partition} {s.step}:")
-            _advice(lines, s.what_to_do or "", width)
-        click.echo("\n".join(lines))
-    t = report.totals
-    click.echo(
-        f"\nrunning {t['running']}  blocked {t['blocked']}  failed {t['failed']}  "
-        f"partial {t['partial']}  pending {t['pending']}  never run {t['never_run']}  "
-        f"oldest pending {_seconds(t['oldest_pending_age_seconds']) or '-'}  "
-        f"queued runs {t['queued_runs'] if t['queued_runs'] is not None else '-'}  "
-        f"provider calls total {t['provider_calls']}"
-        + (
-            f" ({t['unknown_outcome_calls']} of unknown outcome: sent by a worker that died)"
-            if t["unknown_outcome_calls"]
-            else ""
-        )
+    headers += ["calls total", "last dur", "block"]
+    lines, groups = table_lines(headers, rows, width)
+    for s, group in zip(steps, groups, strict=True):
+        lines += group
+        if s.what_to_do:
+            _advice(lines, s.what_to_do, width)
+    return lines
+
+
+def _sensor_now(state: views.StepState) -> str | None:
+    if state.running_healthy:
+        return "running"
+    if state.verdict == "deferred" and state.retry_in_seconds is not None:
+        return f"deferred {_age(state.retry_in_seconds)}"
+    return state.verdict
+
+
+def _totals_items(t: Mapping[str, Any]) -> list[str]:
+    calls = f"provider calls total {t['provider_calls']}"
+    if t["unknown_outcome_calls"]:
+        calls += f" ({t['unknown_outcome_calls']} of unknown outcome: sent by a worker that died)"
+    return [
+        f"running {t['running']}",
+        f"blocked {t['blocked']}",
+        f"failed {t['failed']}",
+        f"partial {t['partial']}",
+        f"pending {t['pending']}",
+        f"never run {t['never_run']}",
+        calls,
+    ]
+
+
+# How many exhausted steps are named on their line; the table names every one.
+_NAMED_EXHAUSTED = 3
+
+
+def _summary_lines(summary: views.StatusSummary, width: int) -> list[str]:
+    """The queue, the leases, what waits for an operator and the last hour, a line each."""
+    q, leases, hour = summary.queue, summary.leases, summary.last_hour
+    queued = "-" if q.queued_runs is None else str(q.queued_runs)
+    if q.oldest_queued_run_age_seconds is not None:
+        queued += f" (oldest {_age(q.oldest_queued_run_age_seconds)})"
+    lines = _packed(
+        "queue:",
+        [
+            f"launch now {q.launch}",
+            f"waiting {q.waiting}",
+            f"deferred {q.deferred}",
+            f"oldest wait {_age(q.oldest_wait_seconds)}",
+            f"queued runs {queued}",
+        ],
+        width,
     )
-    p95 = ", ".join(f"{k} {_seconds(v)}" for k, v in report.p95_duration_seconds.items() if v)
-    click.echo(f"p95 duration per step: {p95 or '-'}")
-    click.echo(_settings_line(ws.effective_settings))
-    click.echo(storage)
-    return {}
+    lines += _packed(
+        "leases:",
+        [
+            f"live {leases.live}",
+            f"expired, not yet reclaimed {leases.expired_not_reclaimed}",
+            f"in backoff {leases.in_backoff}",
+        ],
+        width,
+    )
+    exhausted = [f"{p} {s}" for p, s in summary.recovery_exhausted]
+    named = exhausted[:_NAMED_EXHAUSTED]
+    if len(exhausted) > len(named):
+        named.append(f"and {len(exhausted) - len(named)} more")
+    label = f"recoveries exhausted {len(exhausted)}" + (":" if named else "")
+    lines += _packed(label, _listed(named), width)
+    failed = f"failed {hour.failed}" + (":" if hour.failure_codes else "")
+    codes = _listed([f"{code} {n}" for code, n in hour.failure_codes])
+    lines += _packed(
+        "last hour:",
+        [
+            f"completed {hour.completed}",
+            f"partial {hour.partial}",
+            f"p95 {_seconds(hour.p95_duration_seconds) or '-'}",
+            f"max {_seconds(hour.max_duration_seconds) or '-'}",
+            failed,
+            *codes,
+        ],
+        width,
+    )
+    return lines
+
+
+def _settings_items(effective: EffectiveSettings) -> list[str]:
+    return [f"{r['key']}={format_value(r['value'])} ({r['source']})" for r in effective.rows()]
+
+
+def _listed(items: Sequence[str]) -> list[str]:
+    """Items of a comma-separated list, each keeping its comma (for :func:`_packed`)."""
+    return [f"{item}," for item in items[:-1]] + list(items[-1:])
+
+
+def _packed(label: str, items: Sequence[str], width: int) -> list[str]:
+    """``label`` and the items two spaces apart (one after a list's comma or colon), wrapped
+    between items only: an item such as ``lease_seconds=60 (default)`` is never split."""
+    lines: list[str] = []
+    line = label
+    for item in items:
+        gap = " " if line == label or line.endswith((",", ":")) else "  "
+        if line.strip() and len(line) + len(gap) + len(item) > width:
+            lines.append(line)
+            line, gap = "  ", ""  # continued under an indent
+        line = f"{line}{gap}{item}" if line else item
+    return [*lines, line]
+
+
+def _age(seconds: float | None) -> str:
+    """A wait as operators read it: ``45s``, ``12m05s``, ``3h02m``."""
+    if seconds is None:
+        return "-"
+    whole = max(int(seconds), 0)
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
 
 
 def _storage_line(ws: Workspace) -> str:

@@ -4,17 +4,33 @@ Nothing here writes to the ledger, the checkpoints or the Dagster instance.
 """
 
 import math
-from collections import defaultdict
+import re
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
-from typing import Any
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
 
 from pipeline_defs.operations.workspace import Workspace
-from pipeline_defs.resume.clock import MAX_CLOCK_SKEW, beyond_clock_skew, parse_timestamp
-from pipeline_defs.resume.decision import FIRST_RUN_LABEL, FIRST_RUN_REASON, ResumeAction
+from pipeline_defs.resume.causes import root_cause_of_text
+from pipeline_defs.resume.clock import (
+    MAX_CLOCK_SKEW,
+    beyond_clock_skew,
+    format_timestamp,
+    parse_timestamp,
+)
+from pipeline_defs.resume.decision import (
+    CODE_RECOVERY_EXHAUSTED,
+    FIRST_RUN_LABEL,
+    FIRST_RUN_REASON,
+    ResumeAction,
+)
+from pipeline_defs.resume.errors import ErrorCode
 from pipeline_defs.resume.partition import Episode, StepKey
 from pipeline_defs.resume.status import LedgerRow, StepStatus
+
+if TYPE_CHECKING:  # at run time it stays imported where judged (_evaluate), as it was
+    from pipeline_defs.judging.evaluation import StepEvaluation
 
 # Audit actions that record a judge's verdict (the rest are follow-up transitions).
 DECISION_ACTIONS = frozenset(
@@ -95,6 +111,11 @@ class StepState:
     recovery_count: int = 0
     last_recovery_reason: str | None = None
     retry_not_before: str | None = None
+    # Seconds of backoff left (retry_not_before in the future), else None.
+    retry_in_seconds: float | None = None
+    # Verdict "blocked" only because another run holds a live lease: not a fault, so
+    # neither counted nor shown as a block (docs/DESIGN.md#leases).
+    running_healthy: bool = False
     provider_calls: int = 0
     # Calls recorded as sent whose reply never came (the worker died during them): most
     # likely paid, outcome unknown.
@@ -105,11 +126,77 @@ class StepState:
     error: str | None = None
 
 
+@dataclass(frozen=True)
+class QueueSummary:
+    """What waits for the sensor: steps it launches now, steps waiting on an upstream step,
+    steps in backoff, and how long the oldest of them has waited."""
+
+    launch: int
+    waiting: int
+    deferred: int
+    # Age of the oldest queued step's ledger row (since its ``updated_at``: when it failed,
+    # was invalidated or last changed); a step that never ran has no row and no age.
+    oldest_wait_seconds: float | None
+    # Dagster runs queued for a slot (None without an instance).
+    queued_runs: int | None
+    oldest_queued_run_age_seconds: float | None
+
+
+@dataclass(frozen=True)
+class LeaseSummary:
+    """Running rows as the judge sees them (docs/DESIGN.md#leases), and rows in backoff."""
+
+    live: int  # an owner renews its lease: left alone
+    expired_not_reclaimed: int  # the lease lapsed and no run has taken the row over yet
+    in_backoff: int  # ``retry_not_before`` in the future (docs/DESIGN.md#decision-table row 13)
+
+
+@dataclass(frozen=True)
+class LastHour:
+    """Runs that ended at or after ``since`` (an hour before now), from the audit rows."""
+
+    since: str
+    completed: int
+    partial: int
+    failed: int
+    failure_codes: tuple[tuple[str, int], ...]  # most frequent first
+    # Over runs that finished (completed or partial), as the per-step p95: a failure's
+    # duration says when it broke, not how long the step takes.
+    p95_duration_seconds: float | None
+    max_duration_seconds: float | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "failure_codes": dict(self.failure_codes)}
+
+
+@dataclass(frozen=True)
+class StatusSummary:
+    """The operator's question in one place: the queue, the leases, what only an operator
+    can unblock (exhausted recoveries) and the last hour."""
+
+    queue: QueueSummary
+    leases: LeaseSummary
+    recovery_exhausted: tuple[tuple[str, str], ...]  # (partition, step)
+    last_hour: LastHour
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "queue": asdict(self.queue),
+            "leases": asdict(self.leases),
+            "recovery_exhausted": [
+                {"partition": partition, "step": step}
+                for partition, step in self.recovery_exhausted
+            ],
+            "last_hour": self.last_hour.as_dict(),
+        }
+
+
 @dataclass
 class StatusReport:
     steps: list[StepState]
     totals: dict[str, Any]
-    p95_duration_seconds: dict[str, float | None] = field(default_factory=dict)
+    p95_duration_seconds: dict[str, float | None]
+    summary: StatusSummary
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -120,6 +207,7 @@ class StatusReport:
             ],
             "totals": self.totals,
             "p95_duration_seconds": self.p95_duration_seconds,
+            "summary": self.summary.as_dict(),
         }
 
 
@@ -162,7 +250,8 @@ def _in_flight(
 def status_report(
     ws: Workspace, partitions: tuple[str, ...] = (), now: datetime | None = None
 ) -> StatusReport:
-    """Per partition and step: ledger state, the sensor's verdict now, blocks, costs, durations.
+    """Per partition and step: ledger state, the sensor's verdict now, blocks, costs, durations;
+    and the summary of them an operator reads first (:class:`StatusSummary`).
 
     Blocks come from the same batch judgement as ``decide`` and the sensor
     (:func:`judge_now`), not from the last recorded decision: a change made since the last
@@ -176,10 +265,10 @@ def status_report(
         episodes = ws.known_episodes()
     wanted = {e.partition_key for e in episodes}
     rows = ws.ledger.get_many(episodes=episodes) if episodes else {}
-    decisions = _last_decisions(
-        t for t in ws.ledger.transitions() if f"{t['project_id']}/{t['episode_id']}" in wanted
-    )
-    judged = {(d["partition"], d["step"]): d for d in judge_now(ws, episodes, now)}
+    audit = [t for t in ws.ledger.transitions() if f"{t['project_id']}/{t['episode_id']}" in wanted]
+    decisions = _last_decisions(audit)
+    evaluations = {(ev.partition_key, ev.step_id): ev for ev in _evaluate(ws, episodes, now)}
+    judged = {slot: _judged_item(ev) for slot, ev in evaluations.items()}
     calls: dict[StepKey, int] = defaultdict(int)
     unknown: dict[StepKey, int] = defaultdict(int)
     for call in ws.ledger.provider_calls():
@@ -212,7 +301,8 @@ def status_report(
             now_judged = judged.get((episode.partition_key, step_id))
             if now_judged is not None:
                 state.verdict = now_judged["verdict"]
-                if now_judged["verdict"] == "blocked":
+                state.running_healthy = evaluations[episode.partition_key, step_id].running_healthy
+                if now_judged["verdict"] == "blocked" and not state.running_healthy:
                     state.block_code = now_judged["code"]
                     state.block_origin = now_judged["origin"]
                     state.block_reason = now_judged["reason"]
@@ -225,6 +315,9 @@ def status_report(
                 state.recovery_count = row.recovery_count
                 state.last_recovery_reason = row.last_recovery_reason
                 state.retry_not_before = row.retry_not_before
+                retry = parse_timestamp(row.retry_not_before)
+                if retry is not None and retry > now:
+                    state.retry_in_seconds = round((retry - now).total_seconds(), 1)
                 state.run_id = row.run_id
                 state.updated_at = row.updated_at
                 state.error = row.error_message
@@ -242,13 +335,16 @@ def status_report(
     def count(pred: Callable[[StepState], bool]) -> int:
         return sum(1 for s in states if pred(s))
 
+    # ``verdicts`` is the sensor's own tally, as ``decide`` prints it; ``blocked`` leaves
+    # out the steps another run is working on (a live lease is no fault to act on).
     verdicts = verdict_counts(judged.values())
+    queue = _queue(ws, now)
     totals: dict[str, Any] = {
         "partitions": len(episodes),
         "steps": len(states),
         "completed": count(lambda s: s.status == StepStatus.COMPLETED),
         "running": count(lambda s: s.status == StepStatus.RUNNING),
-        "blocked": verdicts.get("blocked", 0),
+        "blocked": count(lambda s: s.verdict == "blocked" and not s.running_healthy),
         "failed": count(lambda s: s.status == StepStatus.FAILED),
         "partial": count(lambda s: s.status == StepStatus.PARTIAL),
         "pending": count(lambda s: s.status in _WAITING),
@@ -257,10 +353,136 @@ def status_report(
         "provider_calls": sum(s.provider_calls for s in states),
         "unknown_outcome_calls": sum(s.unknown_outcome_calls for s in states),
         "verdicts": verdicts,
-        **_queue(ws, now),
+        **queue,
     }
     p95 = {step_id: percentile(durations.get(step_id, []), 95) for step_id in step_ids}
-    return StatusReport(states, totals, p95)
+    summary = StatusSummary(
+        queue=_waiting(states, queue, now),
+        leases=_leases(states, evaluations),
+        recovery_exhausted=tuple(
+            (s.partition, s.step) for s in states if s.block_code == CODE_RECOVERY_EXHAUSTED
+        ),
+        last_hour=last_hour(audit, now),
+    )
+    return StatusReport(states, totals, p95, summary)
+
+
+# --------------------------------------------------------------------------- summary
+LAST_HOUR = timedelta(hours=1)
+# The sensor's verdicts for a step it runs now or later without an operator.
+QUEUED_VERDICTS = ("launch", "waiting", "deferred")
+# Run endings in the audit: (from running) to one of these, by ``finish``, ``failed`` (a
+# run's own failure) or ``reset_running`` (an operator's). A takeover (running → running)
+# is a claim, not an ending.
+_ENDED = frozenset({StepStatus.COMPLETED, StepStatus.PARTIAL, StepStatus.FAILED})
+# ``PipelineError`` text starts with its code: ``[provider.retries_exhausted] ...``.
+_CODE_PREFIX = re.compile(r"\s*\[([a-z][a-z0-9_]*(?:\.[a-z][a-z0-9_]*)*)\]")
+# What an ending that carries no error text failed with: ``finish`` records the failed
+# status of a run whose every item failed (the runner then raises ``step.execute_failed``);
+# ``reset_running`` is an operator's word, not an error: it is named as the action.
+_ENDING_CODES = {"finish": ErrorCode.STEP_EXECUTE_FAILED.value, "reset_running": "reset_running"}
+
+
+def failure_code(text: str | None) -> str:
+    """The typed code of a failure known only as its recorded text.
+
+    A ``PipelineError`` keeps its ``[code]``; anything else is typed as the CLI types a
+    failure it reads as text (:func:`root_cause_of_text`: a storage fault by its errno or
+    the ledger driver's words, else ``internal``).
+    """
+    if not text:
+        return ErrorCode.INTERNAL.value
+    found = _CODE_PREFIX.match(text)
+    return found.group(1) if found else root_cause_of_text(text).code
+
+
+def last_hour(transitions: Iterable[Mapping[str, Any]], now: datetime) -> LastHour:
+    """Runs that ended in the last hour: counts by outcome, failure codes, durations.
+
+    From the audit rows (``step_transition``), not the ledger rows: a row keeps only its
+    latest run, so a step that failed twice and then completed within the hour counts
+    three endings here. A run's duration is from its claim (the audit row that moved the
+    step to running under its run id) to its ending.
+    """
+    since = now - LAST_HOUR
+    claimed: dict[tuple[StepKey, str], datetime] = {}
+    outcomes: Counter[str] = Counter()
+    codes: Counter[str] = Counter()
+    durations: list[float] = []
+    for row in transitions:  # ordered by transition_seq
+        at = parse_timestamp(row["at"])
+        run_id = row["run_id"]
+        if at is None:
+            continue
+        key = StepKey(row["project_id"], row["episode_id"], row["step_id"])
+        if row["to_status"] == StepStatus.RUNNING and run_id:
+            claimed[key, run_id] = at  # a claim, or a takeover of an expired lease
+            continue
+        ended = row["from_status"] == StepStatus.RUNNING and row["to_status"] in _ENDED
+        if not ended or at < since:
+            continue
+        outcome = str(row["to_status"])
+        outcomes[outcome] += 1
+        if outcome == StepStatus.FAILED:
+            action = row["action"]
+            codes[_ENDING_CODES.get(action) or failure_code(row["reason"])] += 1
+            continue
+        began = claimed.get((key, run_id)) if run_id else None
+        if began is not None and at >= began:
+            durations.append(round((at - began).total_seconds(), 3))
+    return LastHour(
+        since=format_timestamp(since),
+        completed=outcomes[StepStatus.COMPLETED],
+        partial=outcomes[StepStatus.PARTIAL],
+        failed=outcomes[StepStatus.FAILED],
+        failure_codes=tuple(sorted(codes.items(), key=lambda item: (-item[1], item[0]))),
+        p95_duration_seconds=percentile(durations, 95),
+        max_duration_seconds=max(durations, default=None),
+    )
+
+
+def _waiting(states: Sequence[StepState], queue: Mapping[str, Any], now: datetime) -> QueueSummary:
+    queued = [s for s in states if s.verdict in QUEUED_VERDICTS]
+    ages = [
+        (now - updated).total_seconds()
+        for s in queued
+        if (updated := parse_timestamp(s.updated_at)) is not None
+    ]
+    return QueueSummary(
+        launch=sum(1 for s in queued if s.verdict == "launch"),
+        waiting=sum(1 for s in queued if s.verdict == "waiting"),
+        deferred=sum(1 for s in queued if s.verdict == "deferred"),
+        oldest_wait_seconds=round(max(ages), 1) if ages else None,
+        queued_runs=queue["queued_runs"],
+        oldest_queued_run_age_seconds=queue["oldest_queued_run_age_seconds"],
+    )
+
+
+def _leases(
+    states: Sequence[StepState], evaluations: Mapping[tuple[str, str], "StepEvaluation"]
+) -> LeaseSummary:
+    """Leases as the sensor's judgement reads them, so this line and ``sensor now`` agree.
+
+    A running row whose lease lapsed is judged STALE_RUNNING_RECOVERY, or blocked as
+    ``step.recovery_exhausted`` when it may not be recovered again (the only automatic
+    recovery of a running row is that one): expired and not reclaimed, either way. A row
+    the judge cannot time (a clock beyond the allowed skew, an unreadable ``started_at``)
+    is neither: it is a block with its own way out.
+    """
+    live = expired = 0
+    for s in states:
+        ev = evaluations.get((s.partition, s.step))
+        if ev is None or s.status != StepStatus.RUNNING:
+            continue
+        if s.running_healthy:
+            live += 1
+        elif (
+            ev.decision.action is ResumeAction.STALE_RUNNING_RECOVERY
+            or ev.decision.code == CODE_RECOVERY_EXHAUSTED
+        ):
+            expired += 1
+    backoff = sum(1 for s in states if s.retry_in_seconds is not None)
+    return LeaseSummary(live=live, expired_not_reclaimed=expired, in_backoff=backoff)
 
 
 # --------------------------------------------------------------------------- shadow decide
@@ -272,19 +494,23 @@ def judge_now(ws: Workspace, episodes: Sequence[Episode], now: datetime) -> list
     upstream is settled, honoring backoff and recovery exhaustion. ``status`` and ``decide``
     both read it, so they cannot disagree with each other or with the sensor.
     """
+    return [_judged_item(ev) for ev in _evaluate(ws, episodes, now)]
+
+
+def _evaluate(ws: Workspace, episodes: Sequence[Episode], now: datetime) -> list["StepEvaluation"]:
     from pipeline_defs.judging.evaluation import Stores, evaluate_partitions
 
     stores = Stores(ws.settings, ws.ledger, ws.checkpoints)
-    keys = [e.partition_key for e in episodes]
-    judged = []
-    for ev in evaluate_partitions(ws.steps, stores, keys, now):
-        item = ev.as_dict()
-        if ev.decision.first_run:  # the sensor launches it as RERUN_SELF; it re-runs nothing
-            item["action"] = FIRST_RUN
-            if item["detail"] == f"launch {ResumeAction.RERUN_SELF.value}":
-                item["detail"] = f"launch {FIRST_RUN}"
-        judged.append(item)
-    return judged
+    return evaluate_partitions(ws.steps, stores, [e.partition_key for e in episodes], now)
+
+
+def _judged_item(ev: "StepEvaluation") -> dict[str, Any]:
+    item = ev.as_dict()
+    if ev.decision.first_run:  # the sensor launches it as RERUN_SELF; it re-runs nothing
+        item["action"] = FIRST_RUN
+        if item["detail"] == f"launch {ResumeAction.RERUN_SELF.value}":
+            item["detail"] = f"launch {FIRST_RUN}"
+    return item
 
 
 def verdict_counts(judged: Iterable[Mapping[str, Any]]) -> dict[str, int]:

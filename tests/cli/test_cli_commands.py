@@ -132,7 +132,8 @@ def test_materialize_then_resume_then_status(cli: CliEnv) -> None:
     first = cli.json("materialize", "--partition", "p1/e1")
     assert first["ok"] and first["launch_path"] == "cli"
     by_step = {s["step"]: s for s in first["steps"]}
-    assert {s: by_step[s]["decision"] for s in by_step} == dict.fromkeys(by_step, "rerun_self")
+    # a first run re-runs nothing: the run report says so
+    assert {s: by_step[s]["decision"] for s in by_step} == dict.fromkeys(by_step, "first_run")
     assert {s: by_step[s]["provider_calls"] for s in by_step} == {
         "source": 0,
         "outline": 3,
@@ -254,9 +255,11 @@ def test_decide_is_a_shadow_with_zero_writes(cli_db: CliEnv) -> None:
     assert got["p2/e1", "probe"]["verdict"] == "blocked"
     assert "running healthy" in got["p2/e1", "probe"]["reason"]
     assert got["p3/e1", "source"]["verdict"] == "launch"
-    assert got["p3/e1", "outline"]["verdict"] == "waiting"
-    assert got["p3/e1", "outline"]["waits_on"] == ["source"]
-    assert payload["counts"]["launch"] == 2
+    # One run per partition (docs/DESIGN.md#sensor): outline goes in source's run.
+    assert got["p3/e1", "outline"]["verdict"] == "launch"
+    assert got["p3/e1", "outline"]["after"] == ["source"]
+    assert got["p3/e1", "outline"]["run_key"] == got["p3/e1", "source"]["run_key"]
+    assert payload["counts"]["launch"] == 5  # p1/e1 sketch; p3/e1's four steps
     assert {d["partition"] for d in also["decisions"]} == {"p1/e1"}
 
 

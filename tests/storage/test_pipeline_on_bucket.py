@@ -269,3 +269,35 @@ def test_inputs_added_on_one_machine_are_read_by_an_empty_one(
 
     third = machines(inputs=False)
     assert third.materialize().total_calls == 0
+
+
+def test_the_sensors_judgement_on_an_empty_home_reads_the_bucket(
+    machines: Callable[..., Env],
+) -> None:
+    """What the resume sensor decides, from a machine that holds nothing: every step clean;
+    a picture deleted from the bucket launches that one step (self-only)."""
+    from datetime import UTC, datetime
+
+    from storyboard_support import PARTITION
+
+    from pipeline_defs.judging.evaluation import evaluate_partitions
+    from pipeline_defs.storyboard import STORYBOARD_STEPS
+
+    first = machines()
+    assert first.materialize().result.success
+    first.checkpoints.publish_inputs("demo", "ep01")  # written under its home only
+
+    def verdicts() -> dict[str, str]:
+        sensor = machines(inputs=False)
+        judged = evaluate_partitions(
+            STORYBOARD_STEPS, sensor.pipeline, [PARTITION], datetime.now(UTC)
+        )
+        return {ev.step_id: ev.verdict.value for ev in judged}
+
+    assert set(verdicts().values()) == {"skip"}
+    ref = sorted(manifest(first, "ref_image_gen").artifacts.values(), key=lambda r: r.key)[0]
+    client = machines.client  # type: ignore[attr-defined]
+    client.delete_object(Bucket=machines.bucket, Key=f"{PREFIX}/{ref.key}")  # type: ignore[attr-defined]
+    after = verdicts()
+    assert after["ref_image_gen"] == "launch"
+    assert {s for s, v in after.items() if v not in ("skip", "waiting")} == {"ref_image_gen"}

@@ -74,6 +74,10 @@ class LaunchMode(StrEnum):
     # Explicit redraw of chosen items (tag resume/redraw): judged as a resume, then claims
     # where a resume would skip or rerun; a block or a running owner still stops it.
     REDRAW = "redraw"
+    # Keep hand edits (tag resume/mode=accept, docs/DESIGN.md#hand-edits). Never judged: the
+    # asset factory accepts a step's edit instead of running it, or runs the step in mode
+    # resume; were it passed here, it would be judged as a resume (it forces nothing).
+    ACCEPT = "accept"
 
 
 class JudgedStep(Protocol):

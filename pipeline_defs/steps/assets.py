@@ -9,11 +9,13 @@ import dagster as dg
 
 from pipeline_defs.resume.causes import root_cause
 from pipeline_defs.resume.decision import LaunchMode
-from pipeline_defs.resume.errors import PipelineError
+from pipeline_defs.resume.errors import ErrorCode, PipelineError
+from pipeline_defs.resume.partition import StepKey
+from pipeline_defs.steps.accept import ACCEPTED, MANUAL, Accepted, accept_hand_edit, hand_edited
 from pipeline_defs.steps.graph import StepGraph
 from pipeline_defs.steps.io_manager import STEP_METADATA_KEY
 from pipeline_defs.steps.judge import StepJudge
-from pipeline_defs.steps.redraw import parse_redraw
+from pipeline_defs.steps.redraw import REDRAW_TAG, parse_redraw
 from pipeline_defs.steps.runner import RunInfo, StepOutcome, StepRunner
 from pipeline_defs.steps.spec import Markdown, Step, step_import_path
 from resources.checkpoints.envelope import Checkpoint
@@ -33,11 +35,22 @@ IO_MANAGER_KEY = "checkpoint_io_manager"
 GROUP = "storyboard"
 
 
+# The values of ``resume/mode`` that ask for something; any other value resumes, as a run
+# without the tag does (a typo never forces, and never accepts).
+_TAGGED_MODES = {"force": LaunchMode.FORCE, "accept": LaunchMode.ACCEPT}
+
+
 def launch_mode(tags: Mapping[str, str]) -> LaunchMode:
-    """Explicit force is the run tag ``resume/mode=force``; nothing else produces it."""
-    return (
-        LaunchMode.FORCE if tags.get(MODE_TAG, "").strip().lower() == "force" else LaunchMode.RESUME
-    )
+    """Explicit force is the run tag ``resume/mode=force``, keeping hand edits is
+    ``resume/mode=accept`` (docs/DESIGN.md#hand-edits); nothing else produces either."""
+    mode = _TAGGED_MODES.get(tags.get(MODE_TAG, "").strip().lower(), LaunchMode.RESUME)
+    if mode is LaunchMode.ACCEPT and REDRAW_TAG in tags:
+        # An accept publishes the edit as it stands; a redraw in the same run would draw
+        # over it. Refused before anything is read, as a force with a redraw is.
+        raise PipelineError(
+            "redraw.invalid", f"a launch is an accept ({MODE_TAG}=accept) or a redraw, not both"
+        )
+    return mode
 
 
 def launch_path(tags: Mapping[str, str]) -> str:
@@ -107,6 +120,48 @@ def _failure(
     return dg.Failure(description=str(error), metadata=metadata, allow_retries=allow_retries)
 
 
+def _accepts(
+    context: dg.AssetExecutionContext, judge: StepJudge, key: StepKey, mode: LaunchMode
+) -> bool:
+    """Whether this step of a ``resume/mode=accept`` run accepts instead of running.
+
+    docs/DESIGN.md#hand-edits: a step whose checkpoint carries a hand edit accepts it; so does
+    a step the run selected alone (the launch named it to accept: nothing to accept is then
+    its typed failure, not a silent resume). Every other step of the run judges itself as
+    usual, so a tagged launch of a whole partition accepts where there are edits and resumes
+    elsewhere.
+    """
+    if mode is not LaunchMode.ACCEPT:
+        return False
+    # A launched run (UI, GraphQL, backfill) names its assets in ``asset_selection``; an
+    # in-process materialize of a selection runs a job built of only those, with that field
+    # empty: the job's own assets then say what the run selected.
+    selected = context.run.asset_selection or context.job_def.asset_layer.executable_asset_keys
+    alone = set(selected) == {context.asset_key}
+    return alone or hand_edited(judge.checkpoints, key)
+
+
+def _accepted_metadata(step: Step, done: Accepted, path: str) -> dict[str, Any]:
+    """What the materialization of an accepted hand edit says: the decision, the fields."""
+    assert done.checkpoint is not None
+    fields = ", ".join(done.changed)
+    metadata: dict[str, Any] = {
+        "resume/decision": ACCEPTED,
+        "resume/reason": f"hand edit accepted: {fields}",
+        "resume/origin": MANUAL,
+        "resume/status": done.status or "",
+        "resume/provider_calls": 0,  # an accept never calls a model
+        "resume/accepted_fields": fields,
+        "checkpoint/path": path,
+        "checkpoint/content_hash": done.checkpoint.content_hash,
+        "checkpoint/artifacts": len(done.checkpoint.artifacts),
+        "step/schema_version": step.schema_version,
+    }
+    if done.archived:
+        metadata["checkpoint/archived"] = done.archived
+    return metadata
+
+
 def _outcome_metadata(step: Step, outcome: StepOutcome, path: str) -> dict[str, Any]:
     decision = outcome.decision
     metadata: dict[str, Any] = {
@@ -127,6 +182,17 @@ def _outcome_metadata(step: Step, outcome: StepOutcome, path: str) -> dict[str, 
         elif isinstance(value, str | int | float | bool):
             metadata[f"step/{name}"] = value
     return metadata
+
+
+def _output(checkpoint: Checkpoint, metadata: dict[str, Any]) -> dg.Output[Checkpoint]:
+    """The step's output, its DataVersion the checkpoint's content hash."""
+    with warnings.catch_warnings():
+        # data_version on Output is beta in Dagster 1.13; we rely on it deliberately so
+        # Dagster's staleness agrees with the ledger. Silenced here only.
+        warnings.simplefilter("ignore", dg.BetaWarning)
+        return dg.Output(
+            checkpoint, data_version=dg.DataVersion(checkpoint.content_hash), metadata=metadata
+        )
 
 
 def build_step_asset(step: Step, graph: StepGraph) -> dg.AssetsDefinition:
@@ -156,9 +222,17 @@ def build_step_asset(step: Step, graph: StepGraph) -> dg.AssetsDefinition:
         pipeline = context.resources.pipeline
         tags = context.run.tags
         judge: StepJudge | None = None
+        accepted: Accepted | None = None
+        outcome: StepOutcome | None = None
         try:  # settings and redraw tags are read here too: invalid ones fail typed
+            mode = launch_mode(tags)
             run = RunInfo(
-                owner_token(context), launch_mode(tags), launch_path(tags), parse_redraw(tags)
+                owner_token(context),
+                # The run protocol never sees ``accept``: a step that does not accept below
+                # runs exactly as an untagged one (docs/DESIGN.md#hand-edits).
+                LaunchMode.RESUME if mode is LaunchMode.ACCEPT else mode,
+                launch_path(tags),
+                parse_redraw(tags),
             )
             judge = StepJudge(
                 step,
@@ -169,12 +243,24 @@ def build_step_asset(step: Step, graph: StepGraph) -> dg.AssetsDefinition:
                 log=context.log,
                 owner_ended=owner_ended_in(context.instance),
             )
-            runner = StepRunner(
-                judge,
-                text_model=context.resources.text_model,
-                image_model=context.resources.image_model,
-            )
-            outcome = runner.run(context.partition_key, run, inputs)
+            key = judge.key(context.partition_key)
+            if _accepts(context, judge, key, mode):
+                accepted = accept_hand_edit(
+                    judge, key, run_id=run.run_id, launch_path=run.launch_path
+                )
+                if not accepted.accepted:  # the run asked this step to accept: it cannot
+                    raise PipelineError(
+                        ErrorCode.ACCEPT_NOTHING,
+                        f"{key}: launched with tag {MODE_TAG}=accept, but there is nothing to "
+                        f"accept ({accepted.note}); nothing was changed",
+                    )
+            else:
+                runner = StepRunner(
+                    judge,
+                    text_model=context.resources.text_model,
+                    image_model=context.resources.image_model,
+                )
+                outcome = runner.run(context.partition_key, run, inputs)
         except (dg.DagsterError, dg.Failure, dg.RetryRequested):
             raise  # Dagster's own control flow
         except PipelineError as error:
@@ -188,23 +274,29 @@ def build_step_asset(step: Step, graph: StepGraph) -> dg.AssetsDefinition:
             ledger = judge.ledger.engine.url.render_as_string() if judge else None
             cause = root_cause(exc, ledger=ledger)
             raise _failure(cause, judge, context.partition_key, allow_retries=True) from exc
-        assert outcome.checkpoint is not None
         path = str(judge.checkpoints.path_for(judge.key(context.partition_key)))
+        if accepted is not None:
+            # The accepted envelope is the output, as a SKIP's checkpoint is: downstream
+            # steps of the run get it as input and judge themselves against it.
+            assert accepted.checkpoint is not None
+            context.log.info(
+                f"{step.step_id} [{context.partition_key}]: {ACCEPTED} — hand edit accepted "
+                f"({', '.join(accepted.changed)}), no model call"
+            )
+            yield _output(accepted.checkpoint, _accepted_metadata(step, accepted, path))
+            yield dg.AssetCheckResult(
+                check_name=RESUME_CHECK,
+                passed=True,
+                metadata={"resume/decision": ACCEPTED, "resume/status": accepted.status or ""},
+            )
+            return
+        assert outcome is not None and outcome.checkpoint is not None
         metadata = _outcome_metadata(step, outcome, path)
         decision = outcome.decision
         context.log.info(
             f"{step.step_id} [{context.partition_key}]: {decision.label} — {decision.reason}"
         )
-        with warnings.catch_warnings():
-            # data_version on Output is beta in Dagster 1.13; we rely on it deliberately so
-            # Dagster's staleness agrees with the ledger. Silenced here only.
-            warnings.simplefilter("ignore", dg.BetaWarning)
-            output = dg.Output(
-                outcome.checkpoint,
-                data_version=dg.DataVersion(outcome.checkpoint.content_hash),
-                metadata=metadata,
-            )
-        yield output
+        yield _output(outcome.checkpoint, metadata)
         for victim in outcome.mutated:
             context.log_event(
                 dg.AssetObservation(

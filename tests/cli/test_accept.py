@@ -6,6 +6,11 @@ On a real run of the ten storyboard steps (offline models): a prompt edited in
 audits it as manual, with no model call; the next run SKIPs ``scene_detail`` and lets the
 steps downstream judge themselves. An edit the step cannot make valid is refused naming
 the field, with not one byte or row changed.
+
+The same through a Dagster launch tagged ``resume/mode=accept``: the edited step accepts
+(no call, audited as manual, its materialization says so), the others judge themselves; a
+tagged launch of one step with nothing to accept, or an edit it cannot make valid, fails
+typed with not one byte or row changed.
 """
 
 import json
@@ -100,11 +105,16 @@ def test_an_edited_prompt_is_accepted_with_no_call_and_downstream_judges_itself(
     assert after.data["scenes"][0]["t2i_variations"][0]["t2i_prompt"].endswith("by hand")
 
 
-def test_an_edit_the_step_cannot_make_valid_is_refused_and_changes_nothing(env: Env) -> None:
+def edit_camera_direction(env: Env) -> None:
+    """An edit the step cannot make valid: it does not re-derive the hash that covers it."""
     path = env.checkpoint_path("scene_detail")
     raw = json.loads(path.read_text(encoding="utf-8"))
     raw["data"]["scenes"][0]["camera_direction"] = "a camera direction edited by hand"
     path.write_text(json.dumps(raw), encoding="utf-8")
+
+
+def test_an_edit_the_step_cannot_make_valid_is_refused_and_changes_nothing(env: Env) -> None:
+    edit_camera_direction(env)
     before_files, before_rows = tree_snapshot(env.home), ledger_dump(env.db_url)
     code, output = storyboard(env, "accept", "--partition", PARTITION, "--step", "scene_detail")
     assert code == 1
@@ -171,3 +181,87 @@ def test_materialize_of_a_step_behind_a_block_says_what_to_do(env: Env) -> None:
     assert (only["step"], only["outcome"]) == ("t2i_review", "waiting")
     assert payload["error"]["code"] == "step.gate_blocked"
     assert "scene_detail: next: keep the edit: storyboard accept" in payload["error"]["message"]
+
+
+# --------------------------------------------------------------------- tag resume/mode=accept
+# The same accept from a Dagster launch (UI launchpad, GraphQL, backfill): the run tag
+# resume/mode=accept (docs/DESIGN.md#hand-edits). Real launches through dg.materialize.
+ACCEPT_TAG = {"resume/mode": "accept"}
+
+
+def test_launch_modes_from_tags() -> None:
+    from pipeline_defs.resume.decision import LaunchMode
+    from pipeline_defs.resume.errors import PipelineError
+    from pipeline_defs.steps.assets import launch_mode
+
+    assert launch_mode(ACCEPT_TAG) is LaunchMode.ACCEPT
+    assert launch_mode({"resume/mode": " Accept "}) is LaunchMode.ACCEPT
+    assert launch_mode({"resume/mode": "force"}) is LaunchMode.FORCE
+    # An unknown value resumes, as a run without the tag: a typo never accepts or forces.
+    assert launch_mode({"resume/mode": "accepted"}) is LaunchMode.RESUME
+    assert launch_mode({}) is LaunchMode.RESUME
+    with pytest.raises(PipelineError) as refused:  # an accept would publish what it redraws
+        launch_mode({**ACCEPT_TAG, "resume/redraw": "all"})
+    assert refused.value.code == "redraw.invalid"
+
+
+def test_a_launch_tagged_accept_keeps_the_edit_and_the_other_steps_judge_themselves(
+    env: Env,
+) -> None:
+    from judge_steps import mat_metadata
+
+    from pipeline_defs.steps.graph import StepGraph
+    from pipeline_defs.storyboard import STORYBOARD_STEPS
+
+    edit_first_prompt(env, "a lighthouse at dusk, ink storyboard, edited by hand")
+    seq = env.ledger.cursor()[0]
+    outcome = env.materialize(tags=ACCEPT_TAG)  # the whole partition, as from the launchpad
+
+    assert outcome.result.success
+    run_id = outcome.result.run_id
+    audit = [t for t in env.ledger.transitions(since_seq=seq) if t["action"] == "accepted"]
+    assert [(t["step_id"], t["origin"]) for t in audit] == [("scene_detail", "manual")]
+    assert (audit[0]["run_id"], audit[0]["launch_path"]) == (f"{run_id}:0", "api")
+    assert outcome.calls_of("scene_detail") == 0  # no model call
+    metadata = mat_metadata(outcome.result, "scene_detail")
+    assert metadata["resume/decision"] == "accepted"
+    assert metadata["resume/origin"] == "manual" and metadata["resume/provider_calls"] == 0
+    field = "data.scenes[0].t2i_variations[0].owned_validation.t2i_prompt_hash"
+    assert metadata["resume/accepted_fields"] == field
+    accepted = env.checkpoint("scene_detail")  # loads clean: content hash recomputed
+    assert accepted is not None and metadata["checkpoint/content_hash"] == accepted.content_hash
+    assert accepted.data["scenes"][0]["t2i_variations"][0]["t2i_prompt"].endswith("by hand")
+    assert accepted.mutations[-1]["by_step"] == "manual"
+    assert accepted.mutations[-1]["run_id"] == f"{run_id}:0"
+    assert env.judge("scene_detail").action.value == "skip"
+    # Every other step judged itself, as in an untagged run: its own decision in the ledger
+    # and on its materialization, nothing accepted; upstream of the edit all SKIP.
+    others = [s.step_id for s in STORYBOARD_STEPS if s.step_id != "scene_detail"]
+    assert set(outcome.decisions) == set(others)
+    for step_id in others:
+        decision = mat_metadata(outcome.result, step_id)["resume/decision"]
+        assert decision == outcome.decisions[step_id], step_id
+    for step_id in StepGraph(STORYBOARD_STEPS).upstream("scene_detail"):
+        assert outcome.decisions[step_id] == "skip" and outcome.calls_of(step_id) == 0
+
+
+@pytest.mark.parametrize(
+    ("edit", "code"),
+    [("none", "accept.nothing_published"), ("camera_direction", "accept.refused")],
+)
+def test_a_launch_tagged_accept_with_nothing_to_accept_fails_typed_and_changes_nothing(
+    env: Env, edit: str, code: str
+) -> None:
+    from judge_steps import failure
+
+    if edit == "camera_direction":
+        edit_camera_direction(env)
+    before_files, before_rows = tree_snapshot(env.home), ledger_dump(env.db_url)
+    outcome = env.materialize(["scene_detail"], tags=ACCEPT_TAG, raise_on_error=False)
+
+    assert not outcome.result.success
+    description, metadata = failure(outcome.result, "scene_detail")
+    assert metadata["error/code"] == code, description
+    assert "nothing was changed" in description
+    assert tree_snapshot(env.home) == before_files  # not one byte, not one row
+    assert ledger_dump(env.db_url) == before_rows

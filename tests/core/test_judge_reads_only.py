@@ -10,9 +10,20 @@ import inspect
 
 from pipeline_defs.steps import judge, runner
 
-# Store methods a judge may call: reads, stat checks and path arithmetic.
+# Store methods a judge may call: reads, stat checks and path arithmetic. ``sync_inputs``
+# is a read too: on object storage it copies the published inputs into this process's
+# home (a cache, as ``load`` keeps a copy of what it fetched); it writes no ledger row, no
+# published object, and nothing at all on a local home.
 READS = frozenset(
-    {"load", "path_for", "step_dir", "artifact_path", "artifact_problems", "refuse_links_in_tree"}
+    {
+        "load",
+        "path_for",
+        "step_dir",
+        "artifact_path",
+        "artifact_problems",
+        "refuse_links_in_tree",
+        "sync_inputs",
+    }
 )
 STORES = frozenset({"ledger", "checkpoints"})
 

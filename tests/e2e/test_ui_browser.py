@@ -16,7 +16,11 @@ Before that, a redraw is launched the same way on ``ref_image_gen`` (tag
 materialization's contact sheet (Events tab, ``step/contact_sheet``) must render: a table
 with one decoded thumbnail per item and the replaced picture beside the redrawn one.
 
-Screenshots of each page are written to the test's tmp dir (``-rP`` prints where).
+Before the force, too, the page ``storyboard sheet`` writes for the episode is opened from
+disk (``file://``): its scenes and shots in story order, one decoded picture per shot.
+
+Screenshots of each page are written to the test's tmp dir (``-rP`` prints where); the ones
+under ``docs/screenshots/`` are copies of them.
 ``PIPELINE_REQUIRE_BROWSER=1`` (set by ``.ci/run``) makes a missing browser a failure.
 """
 
@@ -29,7 +33,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 import pytest
@@ -223,6 +227,55 @@ def test_cli_redraw_through_the_webserver(ui: Ui) -> None:
     assert run is not None and run.tags["resume/redraw"] == item
     assert run.tags["resume/launch_path"] == "cli"
     assert target.read_bytes() != old
+
+
+def test_the_shared_sheet_opens_in_the_browser_in_story_order(ui: Ui) -> None:
+    """``storyboard sheet --out FILE.html`` opened from disk: the page needs no server, and
+    shows each scene, in story order, with its shots in order and one decoded picture each.
+
+    Runs before the force below (which archives every checkpoint after story_source)."""
+    from playwright.sync_api import expect, sync_playwright
+
+    checkpoints = ui.home / "checkpoints" / "demo" / "ep01"
+
+    def data(step_id: str) -> dict[str, Any]:
+        found: dict[str, Any] = json.loads((checkpoints / step_id / "checkpoint.json").read_text())
+        return found["data"]
+
+    # What the episode holds, read from the checkpoints, not from the page's own code.
+    scenes = [f"Scene {s['scene_index']}: {s['heading']}" for s in data("story_source")["scenes"]]
+    shots = data("scene_image_pipeline")["expected"]  # every shot, in scene_detail's order
+    assert scenes and len(shots) > len(scenes)  # several shots per scene: order means something
+    page_file = ui.shots.parent / "sheet.html"
+    storyboard = str(Path(sys.executable).with_name("storyboard"))
+    env = {**os.environ, "PIPELINE_HOME": str(ui.home)}
+    for name in ("PIPELINE_DB_URL", "STORYBOARD_DEFS", "DAGSTER_HOME"):
+        env.pop(name, None)
+    done = subprocess.run(
+        [storyboard, "sheet", "--partition", PARTITION, "--out", str(page_file), "--json"],
+        env=env, capture_output=True, text=True, timeout=300, cwd=ui.home.parent,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert json.loads(done.stdout)["shots"] == len(shots)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1500, "height": 1000})
+        page.set_default_timeout(TIMEOUT_MS)
+        try:
+            page.goto(page_file.as_uri())
+            sections = page.locator("section.scene")
+            expect(sections).to_have_count(len(scenes))
+            assert sections.locator("h2").all_inner_texts() == scenes
+            # Shot ids in the order the page shows them, scene after scene.
+            assert sections.locator("figcaption b").all_inner_texts() == shots
+            images = sections.locator("img")
+            expect(images).to_have_count(len(shots))  # one picture per shot, none missing
+            assert sections.locator(".absent").count() == 0
+            decoded = images.evaluate_all("all => all.map(i => i.complete && i.naturalWidth)")
+            assert all(decoded), decoded
+            page.screenshot(path=str(ui.shots / "7-sheet.png"))
+        finally:
+            browser.close()
 
 
 def test_a_block_is_explained_and_a_force_launches_from_the_ui(ui: Ui) -> None:

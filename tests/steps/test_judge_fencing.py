@@ -160,7 +160,7 @@ def test_a_stale_lease_is_recovered_and_the_dead_worker_cannot_publish(h: Harnes
     )
     with pytest.raises(PipelineError) as caught:
         h.checkpoints.save(
-            stale, fence=lambda commit: h.ledger.publish(key, "dead-worker:0", commit)
+            stale, fence=lambda staged: h.ledger.publish(key, "dead-worker:0", staged.commit)
         )
     assert caught.value.code == "step.ownership_lost"
     assert not h.ledger.transition(key, "dead-worker:0", "completed")

@@ -289,7 +289,7 @@ def steal(ctx: StepContext, *, publish: bool) -> None:
         produced_by={"run_id": THIEF_RUN_ID},
         created_at="2020-01-01T00:00:00.000000Z",
     )
-    store.save(checkpoint, fence=lambda commit: thief.publish(ctx.key, THIEF_RUN_ID, commit))
+    store.save(checkpoint, fence=lambda staged: thief.publish(ctx.key, THIEF_RUN_ID, staged.commit))
     assert thief.transition(ctx.key, THIEF_RUN_ID, "completed")
 
 

@@ -1,0 +1,153 @@
+"""The storyboard episode on object storage against the same episode on a local disk.
+
+Each round runs the sample episode's ten steps through real Dagster execution (offline
+models, in process) twice, alternating: once with checkpoints under ``PIPELINE_HOME`` and
+once published to a moto S3 server on 127.0.0.1 (``PIPELINE_STORAGE_URL``), the ledger on
+the same database kind. It reports the median of each and their ratio, then counts the
+object-store requests of what follows a run on the bucket:
+
+- a resume on the same machine (every step SKIPs),
+- a resume on a fresh machine (empty home: it fetches and verifies what it reads),
+- the sensor's judgement of the episode, first on a fresh machine, then again unchanged.
+
+    .venv/bin/python benchmarks/bucket_demo.py --rounds 5
+
+Absolute times differ between machines; the ratio and the request counts are the figures.
+"""
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests" / "support"))
+
+from s3_server import SECRET, running_s3_server  # noqa: E402
+from storyboard_support import PARTITION, Env, scratch_dir, write_episode  # noqa: E402
+
+from pipeline_defs.judging.evaluation import evaluate_partitions  # noqa: E402
+from pipeline_defs.storyboard import STORYBOARD_STEPS  # noqa: E402
+from resources.checkpoints.published import PublishedCheckpoints  # noqa: E402
+from resources.storage import ObjectMeta, Storage  # noqa: E402
+
+
+class Counting:
+    """A storage that counts its requests by kind (a LIST page counts once per call)."""
+
+    def __init__(self, inner: Storage, counts: Counter[str]) -> None:
+        self.inner = inner
+        self.counts = counts
+
+    @property
+    def url(self) -> str:
+        return self.inner.url
+
+    @property
+    def is_local(self) -> bool:
+        return self.inner.is_local
+
+    def get(self, key: str) -> bytes:
+        self.counts["get"] += 1
+        return self.inner.get(key)
+
+    def head(self, key: str) -> ObjectMeta | None:
+        self.counts["head"] += 1
+        return self.inner.head(key)
+
+    def put_create(self, key: str, data: bytes) -> ObjectMeta:
+        self.counts["put"] += 1
+        return self.inner.put_create(key, data)
+
+    def put_if_match(self, key: str, data: bytes, expected: ObjectMeta) -> ObjectMeta:
+        self.counts["put"] += 1
+        return self.inner.put_if_match(key, data, expected)
+
+    def list(self, prefix: str = "") -> Iterator[ObjectMeta]:
+        self.counts["list"] += 1
+        return self.inner.list(prefix)
+
+    def delete(self, key: str) -> None:
+        self.counts["delete"] += 1
+        self.inner.delete(key)
+
+
+def counted(env: Env, counts: Counter[str]) -> Env:
+    store = env.checkpoints
+    assert isinstance(store, PublishedCheckpoints)
+    if not isinstance(store.storage, Counting):
+        store.storage = store.bucket.storage = Counting(store.storage, counts)  # type: ignore[assignment]
+    return env
+
+
+def timed_run(env: Env) -> float:
+    started = time.perf_counter()
+    outcome = env.materialize()
+    assert outcome.result.success
+    return time.perf_counter() - started
+
+
+def fresh(url: str | None, inputs: bool = True) -> Env:
+    root = scratch_dir("bench-bucket")
+    env = Env.sqlite(root)
+    env.storage_url = url
+    if inputs:
+        write_episode(env.home)
+    return env
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    disk: list[float] = []
+    bucket: list[float] = []
+    made: list[Env] = []
+    with running_s3_server() as server:
+        os.environ.update(server.env(SECRET))
+        for _ in range(args.rounds):
+            local = fresh(None)
+            made.append(local)
+            disk.append(timed_run(local))
+            remote = fresh(f"s3://{server.new_bucket()}/sb")
+            made.append(remote)
+            bucket.append(timed_run(remote))
+        print(f"rounds: {args.rounds}, median of each, alternating")
+        print(f"  ten steps on disk:      {statistics.median(disk) * 1000:8.0f} ms")
+        print(f"  ten steps on S3 (moto): {statistics.median(bucket) * 1000:8.0f} ms")
+        print(f"  ratio: {statistics.median(bucket) / statistics.median(disk):.2f}x")
+
+        url = remote.storage_url
+        remote.checkpoints.publish_inputs("demo", "ep01")  # what add-episode does
+        counts: Counter[str] = Counter()
+        counted(remote, counts)
+        remote.materialize()
+        print(f"requests, resume on the same machine (all SKIP): {dict(counts)}")
+        other = fresh(url, inputs=False)
+        other.db_url = remote.db_url  # an empty home on the same ledger and bucket
+        counted(other, counts := Counter())
+        other.materialize()
+        print(f"requests, resume on a fresh machine: {dict(counts)}")
+        sensor = fresh(url, inputs=False)
+        sensor.db_url = remote.db_url
+        counted(sensor, counts := Counter())
+        evaluate_partitions(STORYBOARD_STEPS, sensor.pipeline, [PARTITION], datetime.now(UTC))
+        print(f"requests, the sensor's judgement on a fresh machine: {dict(counts)}")
+        counts.clear()
+        time.sleep(5.1)  # past the inputs' cache age: what a later tick pays
+        evaluate_partitions(STORYBOARD_STEPS, sensor.pipeline, [PARTITION], datetime.now(UTC))
+        print(f"requests, the same judgement again, nothing changed: {dict(counts)}")
+    for env in made:
+        shutil.rmtree(env.root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -301,3 +301,27 @@ def test_the_sensors_judgement_on_an_empty_home_reads_the_bucket(
     after = verdicts()
     assert after["ref_image_gen"] == "launch"
     assert {s for s, v in after.items() if v not in ("skip", "waiting")} == {"ref_image_gen"}
+
+
+def test_the_shared_sheet_reads_the_bucket_from_an_empty_home(
+    machines: Callable[..., Env],
+) -> None:
+    from storyboard_support import PARTITION
+
+    from pipeline_defs.definitions import defs
+    from pipeline_defs.operations.sheet import build_sheet
+    from pipeline_defs.operations.workspace import Workspace, steps_of
+    from pipeline_defs.resume.partition import Episode
+
+    first = machines()
+    assert first.materialize().result.success
+    first.checkpoints.publish_inputs("demo", "ep01")
+    reader = machines(inputs=False)
+    ws = Workspace(defs=defs, steps=steps_of(defs), pipeline=reader.pipeline)
+    calls = len(reader.ledger.provider_calls())
+    report = build_sheet(ws, Episode.parse(PARTITION))
+    assert report.missing_steps == [] and report.problems == []
+    shots = len(manifest(first, "scene_image_pipeline").artifacts)
+    assert report.shots > 0 and report.pictures >= report.shots
+    assert report.html.count("data:image/png;base64,") >= min(shots, report.shots)
+    assert len(reader.ledger.provider_calls()) == calls  # no model call

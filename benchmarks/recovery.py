@@ -14,8 +14,20 @@ A. **kill**: the sensor launches ``entity_canon`` (one text call of ``--latency`
    ``PIPELINE_RUNNING_TIMEOUT_SECONDS`` (3600 s) plus an interval.
 B. **long step**: ``entity_canon``'s one call takes ten leases. Measured: that it completes
    in one run, with one provider call and no takeover (the heartbeat keeps the lease).
+C. **new episode** (docs/DESIGN.md#sensor): ``storyboard add-episode`` while ``dagster dev``
+   runs (its sensor has ticked) → seconds until all ten steps are completed, the runs the
+   sensor launched for it, and the wait for the launching tick; against the CLI doing the
+   same work (``storyboard materialize`` of a freshly added episode, no ``dagster dev``).
+D. **force**: ``storyboard force --step entity_t2i`` on that episode (it stales the four
+   steps below) → seconds until those four are completed again; against the CLI doing the
+   same work (the same force, then ``storyboard materialize``).
 
-    .venv/bin/python benchmarks/recovery.py            # ~3 min on 2 cores
+C and D use the offline models without latency by default (``--run-latency``): the ratio
+is then the sensor's and Dagster's own overhead. Target: one sensor interval plus 1.5x
+the CLI time.
+
+    .venv/bin/python benchmarks/recovery.py            # ~5 min on 2 cores
+    .venv/bin/python benchmarks/recovery.py --scenarios new_episode,force
 
 Prints one JSON object; BENCHMARKS.md "Recovery" records a run.
 """
@@ -30,15 +42,19 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+import urllib.request
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import dagster as dg  # noqa: E402
+
 from pipeline_defs.resume.partition import Episode  # noqa: E402
-from pipeline_defs.storyboard import sample_stories  # noqa: E402
+from pipeline_defs.steps.graph import StepGraph  # noqa: E402
+from pipeline_defs.storyboard import STORYBOARD_STEPS, sample_stories  # noqa: E402
 from resources.ledger.store import LedgerStore  # noqa: E402
 
 PARTITION = "demo/ep01"
@@ -62,16 +78,17 @@ def _port() -> int:
 
 
 @contextlib.contextmanager
-def deployment(root: Path, env: dict[str, str]) -> Iterator[None]:
-    """``dagster dev`` in its own process group, stopped by that group."""
+def deployment(root: Path, env: dict[str, str]) -> Iterator[str]:
+    """``dagster dev`` in its own process group, stopped by that group; yields its URL."""
     log = (root / "dagster_dev.log").open("wb")
     dagster = str(Path(sys.executable).with_name("dagster"))
+    port = _port()
     process = subprocess.Popen(
-        [dagster, "dev", "-w", str(ROOT / "workspace.yaml"), "-p", str(_port())],
+        [dagster, "dev", "-w", str(ROOT / "workspace.yaml"), "-h", "127.0.0.1", "-p", str(port)],
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
     try:
-        yield
+        yield f"http://127.0.0.1:{port}"
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGTERM)
@@ -84,7 +101,9 @@ def deployment(root: Path, env: dict[str, str]) -> Iterator[None]:
         log.close()
 
 
-def _home(root: Path, heartbeat: float, lease: float, latency_s: float) -> dict[str, str]:
+def _home(
+    root: Path, heartbeat: float, lease: float, latency_s: float, *, episode: bool = True
+) -> dict[str, str]:
     home, dagster_home = root / "home", root / "dagster_home"
     dagster_home.mkdir(parents=True)
     (dagster_home / "dagster.yaml").write_text(DAGSTER_YAML)
@@ -95,17 +114,29 @@ def _home(root: Path, heartbeat: float, lease: float, latency_s: float) -> dict[
         "PIPELINE_HEARTBEAT_SECONDS": str(heartbeat),
         "PIPELINE_LEASE_SECONDS": str(lease),
         "PIPELINE_OFFLINE_LATENCY_MS": str(int(latency_s * 1000)),
+        # The code under test is this checkout's, whichever package the venv installed.
+        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
     }
     for name in ("PIPELINE_DB_URL", "STORYBOARD_DEFS"):
         env.pop(name, None)
-    episode = Episode.parse(PARTITION)
-    storyboard = str(Path(sys.executable).with_name("storyboard"))
-    subprocess.run(
-        [storyboard, "add-episode", "--project", episode.project_id, "--episode",
-         episode.episode_id, "--story", str(sample_stories()["ep01"])],
-        env=env, check=True, capture_output=True, cwd=root,
-    )  # fmt: skip
+    if episode:
+        _storyboard(env, root, "add-episode", *_EPISODE_ARGS)
     return env
+
+
+_EPISODE_ARGS = (
+    "--project", Episode.parse(PARTITION).project_id,
+    "--episode", Episode.parse(PARTITION).episode_id,
+    "--story", str(sample_stories()["ep01"]),
+)  # fmt: skip
+
+
+def _storyboard(env: dict[str, str], cwd: Path, *args: str) -> float:
+    """``storyboard ARGS`` as an operator runs it (its own process); its wall-clock seconds."""
+    storyboard = str(Path(sys.executable).with_name("storyboard"))
+    started = time.monotonic()
+    subprocess.run([storyboard, *args], env=env, check=True, capture_output=True, cwd=cwd)
+    return time.monotonic() - started
 
 
 def _row(ledger: LedgerStore) -> dict[str, Any]:
@@ -175,22 +206,162 @@ def scenario_long_step(heartbeat: float, lease: float) -> dict[str, Any]:
         }
 
 
+# ----------------------------------------------------------------------------- C and D
+ORDERED = tuple(s.step_id for s in StepGraph(STORYBOARD_STEPS).ordered)
+FORCED = "entity_t2i"
+BELOW_FORCED = StepGraph(STORYBOARD_STEPS).downstream(FORCED)
+TICKS_QUERY = """
+query { sensorOrError(sensorSelector: {repositoryLocationName: "storyboard",
+    repositoryName: "__repository__", sensorName: "resume_sensor"}) {
+  ... on Sensor { sensorState { ticks(limit: 1000) { status timestamp } } } } }
+"""
+
+
+def _ticks(url: str) -> list[dict[str, Any]]:
+    """The resume sensor's ticks so far (none while the code location loads)."""
+    body = json.dumps({"query": TICKS_QUERY}).encode()
+    request = urllib.request.Request(
+        f"{url}/graphql", data=body, headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            data = json.loads(response.read())["data"]["sensorOrError"]
+    except (OSError, KeyError, TypeError, ValueError):
+        return []
+    return list((data or {}).get("sensorState", {}).get("ticks", []))
+
+
+def _statuses(ledger: LedgerStore, steps: tuple[str, ...]) -> Callable[[], bool]:
+    episode = Episode.parse(PARTITION)
+
+    def completed() -> bool:
+        rows = ledger.get_many(episodes=[episode], step_ids=steps)
+        return len(rows) == len(steps) and all(r.status == "completed" for r in rows.values())
+
+    return completed
+
+
+def _step_runs(instance: dg.DagsterInstance, since: float) -> list[dg.RunRecord]:
+    """Runs of the steps' job for the partition created after ``since`` (epoch seconds)."""
+    records = instance.get_run_records(dg.RunsFilter(tags={"dagster/partition": PARTITION}))
+    return [r for r in records if r.create_timestamp.timestamp() >= since]
+
+
+def _sensor_side(
+    url: str, instance: dg.DagsterInstance, ledger: LedgerStore, steps: tuple[str, ...]
+) -> Callable[[Callable[[], None]], dict[str, Any]]:
+    """A measure of one action under the sensor: from its end to ``steps`` completed."""
+
+    def measure(action: Callable[[], None]) -> dict[str, Any]:
+        began = time.time()
+        action()
+        acted, wall = time.monotonic(), time.time()
+        done = _wait(f"{steps} completed", _statuses(ledger, steps), 900)
+        runs = [r for r in _step_runs(instance, began) if r.dagster_run.job_name == "resume_steps"]
+
+        def ended() -> bool:
+            return all(
+                (instance.get_run_by_id(r.dagster_run.run_id) or r.dagster_run).is_finished
+                for r in runs
+            )
+
+        _wait("the runs to end", ended, 300)
+        first = min((r.create_timestamp.timestamp() for r in runs), default=wall)
+        waited = max(0.0, first - wall)
+        return {
+            "seconds": round(done - acted, 1),
+            "to_launching_tick_s": round(waited, 1),
+            "run_s": round(done - acted - waited, 1),
+            "sensor_runs": len(runs),
+            "steps_per_run": [len(r.dagster_run.asset_selection or ()) for r in runs],
+            "ticks": len([t for t in _ticks(url) if t["timestamp"] >= began]),
+        }
+
+    return measure
+
+
+def scenario_one_run(run_latency_s: float) -> dict[str, Any]:
+    """C and D under ``dagster dev``, each next to the CLI doing the same work."""
+    with tempfile.TemporaryDirectory(prefix="bench_one_run_") as tmp:
+        root = Path(tmp)
+        # The CLI doing the same work, on a home of its own (no dagster dev, no sensor).
+        cli_root = root / "cli"
+        cli_env = _home(cli_root, 20.0, 60.0, run_latency_s)
+        cli_new = _storyboard(cli_env, cli_root, "materialize", "--partition", PARTITION)
+        _storyboard(cli_env, cli_root, "force", "--partition", PARTITION, "--step", FORCED)
+        cli_force = _storyboard(cli_env, cli_root, "materialize", "--partition", PARTITION)
+
+        dev_root = root / "dev"
+        env = _home(dev_root, 20.0, 60.0, run_latency_s, episode=False)
+        instance = dg.DagsterInstance.from_config(env["DAGSTER_HOME"])
+        ledger = LedgerStore(f"sqlite:///{dev_root / 'home' / 'ledger.sqlite3'}")
+        try:
+            with deployment(dev_root, env) as url:
+                _wait("the sensor's first tick", lambda: len(_ticks(url)) > 0, 600)
+
+                def add() -> None:
+                    _storyboard(env, dev_root, "add-episode", *_EPISODE_ARGS)
+
+                def force_it() -> None:  # through the CLI, as an operator does; its run ends
+                    _storyboard(env, dev_root, "force", "--partition", PARTITION, "--step", FORCED)
+
+                new = _sensor_side(url, instance, ledger, ORDERED)(add)
+                force = _sensor_side(url, instance, ledger, BELOW_FORCED)(force_it)
+        finally:
+            instance.dispose()
+    bound_new = SENSOR_INTERVAL + 1.5 * cli_new
+    bound_force = SENSOR_INTERVAL + 1.5 * cli_force
+    return {
+        "new_episode": {
+            **new,
+            "cli_materialize_s": round(cli_new, 1),
+            "ratio_to_cli": round(new["seconds"] / cli_new, 1),
+            "target_s": round(bound_new, 1),
+            "met": new["seconds"] <= bound_new,
+        },
+        "force_entity_t2i": {
+            **force,
+            "cli_materialize_s": round(cli_force, 1),
+            "ratio_to_cli": round(force["seconds"] / cli_force, 1),
+            "target_s": round(bound_force, 1),
+            "met": force["seconds"] <= bound_force,
+        },
+    }
+
+
+SCENARIOS = ("kill", "long_step", "new_episode", "force")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--heartbeat", type=float, default=2.0)
     parser.add_argument("--lease", type=float, default=10.0)
     parser.add_argument("--latency", type=float, default=8.0, help="seconds per model call")
+    parser.add_argument(
+        "--run-latency", type=float, default=0.0, help="seconds per model call in C and D"
+    )
+    parser.add_argument(
+        "--scenarios", default=",".join(SCENARIOS), help=f"comma-separated of {SCENARIOS}"
+    )
     args = parser.parse_args()
-    result = {
+    chosen = {s.strip() for s in args.scenarios.split(",") if s.strip()}
+    result: dict[str, Any] = {
         "settings": {
             "heartbeat_s": args.heartbeat,
             "lease_s": args.lease,
             "sensor_interval_s": SENSOR_INTERVAL,
             "call_latency_s": args.latency,
+            "run_call_latency_s": args.run_latency,
+            "cpus": os.cpu_count(),
+            "load_average": os.getloadavg()[0],
         },
-        "kill": scenario_kill(args.heartbeat, args.lease, args.latency),
-        "long_step": scenario_long_step(args.heartbeat / 2, args.lease / 2),
     }
+    if "kill" in chosen:
+        result["kill"] = scenario_kill(args.heartbeat, args.lease, args.latency)
+    if "long_step" in chosen:
+        result["long_step"] = scenario_long_step(args.heartbeat / 2, args.lease / 2)
+    if chosen & {"new_episode", "force"}:
+        result.update(scenario_one_run(args.run_latency))
     print(json.dumps(result, indent=2))
 
 

@@ -2,13 +2,21 @@
 
 Per tick (see :mod:`pipeline_defs.judging.tick` for what counts as a change and what a tick costs):
 
-- ``RunRequest(asset_selection=[step], partition_key=pk)`` for RERUN_SELF and
-  STALE_RUNNING_RECOVERY only (never FORCE_EXPLICIT: the sensor always judges in resume
-  mode), when no backoff applies and no upstream step of that partition is itself about to
-  be re-run, deferred, running or blocked. The run key is derived from the step, the
-  partition and the state that caused the decision, so Dagster launches it once until that
-  state changes. Tags: ``resume/action``, ``resume/origin``, ``resume/reason`` (cut to
-  Dagster's 63-character tag-value limit), ``resume/state``.
+- ONE ``RunRequest(asset_selection=[steps...], partition_key=pk)`` per partition with
+  work (docs/DESIGN.md#sensor): every step that needs work on its own judgement
+  (RERUN_SELF or STALE_RUNNING_RECOVERY, never FORCE_EXPLICIT: the sensor always judges in
+  resume mode; no backoff) and whose unsettled upstream steps are all in that run. Dagster
+  runs the selection in dependency order and skips what is below a step that fails; each
+  step judges itself again when the run reaches it. A settled step is never selected for
+  the sake of its upstream, and a step below a deferred, running or blocked one waits.
+  The run key is derived from the steps, the partition and the states that caused the
+  decisions, so Dagster launches it once until one of them changes. While a run of the
+  partition's steps is in flight (queued, starting, started), the partition's request
+  waits for it: the steps that run has not reached yet would look like work and race it
+  (stale-lease recoveries excepted, see :func:`pipeline_defs.judging.plan.hold_back`). Tags:
+  ``resume/action``, ``resume/origin`` and ``resume/reason`` of the run's cause (its first
+  step launched for work of its own; the reason cut to Dagster's 63-character tag-value
+  limit), ``resume/state`` (the digest in the run key), ``resume/steps`` (how many).
 - a ``resume_integrity`` check evaluation on the asset partition for every block whose
   state changed (failed, with origin / reason / code / what to do) and once when a blocked
   partition leaves the block (passed), published by a ``resume_report`` run (never as
@@ -19,18 +27,19 @@ Per tick (see :mod:`pipeline_defs.judging.tick` for what counts as a change and 
 The sensor writes nothing to the ledger or the checkpoint tree.
 """
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from datetime import UTC, datetime
 
 import dagster as dg
 
 from pipeline_defs.judging.blocks import CheckChange
-from pipeline_defs.judging.evaluation import StepEvaluation, Stores, order_steps
+from pipeline_defs.judging.evaluation import LAUNCH_ACTIONS, StepEvaluation, Stores
 from pipeline_defs.judging.registry import ticker_for
 from pipeline_defs.judging.scan import episode_of
-from pipeline_defs.judging.tick import TickConfig, TickResult
+from pipeline_defs.judging.tick import InFlight, TickConfig, TickResult
 from pipeline_defs.resume.decision import ResumeAction
 from pipeline_defs.steps.assets import episodes, owner_ended_in
+from pipeline_defs.steps.graph import order_steps
 from pipeline_defs.steps.spec import Step
 from resources.ledger.store import LedgerStore
 from resources.pipeline import PipelineResource
@@ -70,21 +79,67 @@ def tag_value(text: str, limit: int = TAG_VALUE_LIMIT) -> str:
     return flat if len(flat) <= limit else flat[: limit - 3].rstrip() + "..."
 
 
-def run_request(ev: StepEvaluation, job_name: str = STEPS_JOB) -> dg.RunRequest:
-    """A self-only materialization of one asset partition, deduped by its run key."""
-    decision = ev.decision
+def run_request(run: Sequence[StepEvaluation], job_name: str = STEPS_JOB) -> dg.RunRequest:
+    """One materialization of a partition's steps (dependency order), deduped by run key."""
+    first = run[0]
+    # The run's cause: its first step launched for work of its own (a not-applicable step
+    # recorded on the way is no cause).
+    lead = next((ev for ev in run if ev.decision.action in LAUNCH_ACTIONS), first)
+    decision = lead.decision
     return dg.RunRequest(
-        run_key=ev.run_key,
+        run_key=first.run_key,
         job_name=job_name,
-        asset_selection=[dg.AssetKey(ev.step_id)],
-        partition_key=ev.partition_key,
+        asset_selection=[dg.AssetKey(ev.step_id) for ev in run],
+        partition_key=first.partition_key,
         tags={
             "resume/action": decision.action.value,
             "resume/origin": decision.origin.value if decision.origin else "none",
             "resume/reason": tag_value(decision.reason),
-            "resume/state": ev.state,
+            "resume/state": first.run_state,
+            "resume/steps": str(len(run)),
         },
     )
+
+
+IN_FLIGHT = (
+    dg.DagsterRunStatus.QUEUED,
+    dg.DagsterRunStatus.NOT_STARTED,
+    dg.DagsterRunStatus.STARTING,
+    dg.DagsterRunStatus.STARTED,
+    dg.DagsterRunStatus.CANCELING,
+)
+
+
+def runs_in_flight(instance: dg.DagsterInstance, steps: Collection[dg.AssetKey]) -> InFlight:
+    """Of some partitions, those with a run of their steps not ended (any launch path: the
+    sensor's, the UI's, a backfill, the CLI), with its last sign of life: when it started,
+    or last changed status on its way there; None while it waits in the queue (the queue
+    starts it). One query of those partitions' runs not ended, and only when asked."""
+
+    def ask(partitions: Collection[str]) -> dict[str, float | None]:
+        found: dict[str, float | None] = {}
+        if not partitions:
+            return found
+        wanted = dg.RunsFilter(
+            statuses=list(IN_FLIGHT), tags={"dagster/partition": sorted(partitions)}
+        )
+        for record in instance.get_run_records(wanted):
+            run = record.dagster_run
+            pk = run.tags.get("dagster/partition")
+            selection = run.asset_selection
+            if pk is None or (selection is not None and selection.isdisjoint(steps)):
+                continue  # runs of other assets
+            if run.status is dg.DagsterRunStatus.QUEUED:
+                alive: float | None = None
+            elif run.status is dg.DagsterRunStatus.STARTED and record.start_time is not None:
+                alive = record.start_time
+            else:  # dequeued, starting, canceling: a worker that never comes is dead too
+                alive = record.update_timestamp.timestamp()
+            earlier = found.get(pk, 0.0)
+            found[pk] = None if alive is None or earlier is None else max(earlier, alive)
+        return found
+
+    return ask
 
 
 def dead_owner_requests(
@@ -174,10 +229,12 @@ def _log(context: dg.SensorEvaluationContext, result: TickResult) -> None:
             )
     if len(result.checks) > LOGGED_CHANGES:
         context.log.info(f"... and {len(result.checks) - LOGGED_CHANGES} more block changes")
-    for ev in result.launches[:LOGGED_CHANGES]:
+    for run in result.runs[:LOGGED_CHANGES]:
+        first = run[0]
+        steps = ", ".join(ev.step_id for ev in run)
         context.log.info(
-            f"launch {ev.step_id} [{ev.partition_key}]: {ev.decision.action.value} — "
-            f"{ev.decision.reason}"
+            f"launch {steps} [{first.partition_key}]: {first.decision.action.value} — "
+            f"{first.decision.reason}"
         )
 
 
@@ -209,12 +266,21 @@ def build_resume_sensor(
         trust_seals=trust_seals,
     )
     steps_job_name = STEPS_JOB if name == SENSOR_NAME else f"{name}_steps"
+    step_keys = frozenset(dg.AssetKey(s.step_id) for s in ordered)
     steps_job = dg.define_asset_job(
         # One job per sensor: two sensors in one Definitions (e.g. with and without seals in
         # benchmarks/sensor_tick.py) must not declare the same job twice.
         steps_job_name,
         selection=[dg.AssetKey(s.step_id) for s in ordered],
-        description="Self-only re-runs launched by resume_sensor (one asset partition each).",
+        description=(
+            "Runs launched by resume_sensor: per episode, the steps that need work on their "
+            "own judgement, in dependency order."
+        ),
+        # The steps of a run one after the other in the run's process, as the CLI runs them:
+        # a process per step cost more than the steps themselves (benchmarks/recovery.py C:
+        # ten offline steps took 36.6 s with one process each, against 10.4 s for the CLI).
+        # Episodes still run side by side, one run each.
+        executor_def=dg.in_process_executor,
     )
 
     @dg.sensor(
@@ -223,9 +289,10 @@ def build_resume_sensor(
         default_status=default_status,
         jobs=[steps_job, resume_report],
         description=(
-            "Judges every step of every episode (resume mode) and launches self-only "
-            "re-runs and stale-lease recoveries; reports blocks and their clearance as "
-            "resume_integrity checks through resume_report runs."
+            "Judges every step of every episode (resume mode) and launches one run per "
+            "episode holding its re-runs and stale-lease recoveries (never a step that is "
+            "settled); reports blocks and their clearance as resume_integrity checks "
+            "through resume_report runs."
         ),
     )
     def resume_sensor(
@@ -243,10 +310,11 @@ def build_resume_sensor(
         _INVALID_LOGGED[name] = invalid
         stores = Stores.of(pipeline)
         ticker = ticker_for(name, ordered, stores, config)
-        result = ticker.tick(partition_keys, clock(), context.cursor)
+        in_flight = runs_in_flight(context.instance, step_keys)
+        result = ticker.tick(partition_keys, clock(), context.cursor, in_flight)
         if result.changed:
             _log(context, result)
-        requests = [run_request(ev, steps_job_name) for ev in result.launches]
+        requests = [run_request(run, steps_job_name) for run in result.runs]
         launching = {(ev.step_id, ev.partition_key) for ev in result.launches}
         requests += dead_owner_requests(
             stores.ledger,

@@ -10,17 +10,20 @@ Nothing here writes anywhere.
 
 On top of the decision it says whether the sensor would launch now, and if not, why:
 
-- ``launch``: RERUN_SELF / STALE_RUNNING_RECOVERY, no backoff, every upstream settled;
+- ``launch``: RERUN_SELF / STALE_RUNNING_RECOVERY, no backoff, and every upstream step
+  either settled or launched in the same run (``after`` names those);
 - ``deferred``: launchable but ``retry_not_before`` is in the future (table row 13);
-- ``waiting``: launchable but an upstream step (transitively, same partition) is itself
-  about to be re-run, deferred, waiting, running or blocked;
+- ``waiting``: launchable but an upstream step (transitively, same partition) is deferred,
+  waiting, running or blocked, so it is not in this tick's run;
 - ``blocked`` / ``skip`` / ``not_applicable``: the judge's own verdict (exhausted
   recoveries are blocks with code ``step.recovery_exhausted``).
 
-A launch carries a run key derived from the step, the partition and the state that caused
-the decision (ledger row status / run_id / started_at / updated_at / recovery_count /
-retry_not_before, checkpoint content hash and step-directory identity), so the same
-decision launches once until that state changes.
+The launches of a partition form ONE run (docs/DESIGN.md#sensor,
+:class:`~pipeline_defs.judging.verdicts.PartitionRun`): a settled step is never in it for
+the sake of its upstream. A launch carries a run key derived from the steps, the partition
+and the state that caused each decision (ledger row status / run_id / started_at /
+updated_at / recovery_count / retry_not_before, checkpoint content hash and step-directory
+identity), so the same decisions launch once until that state changes.
 """
 
 import contextlib
@@ -32,13 +35,13 @@ import os
 import posixpath
 import re
 from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
-from pipeline_defs.judging.verdicts import SealedVerdicts
+from pipeline_defs.judging.verdicts import PartitionRun, SealedVerdicts
 from pipeline_defs.project import (
     ProjectConfig,
     load_project_config,
@@ -59,7 +62,7 @@ from pipeline_defs.resume.decision import (
     config_hash,
 )
 from pipeline_defs.resume.errors import PipelineError
-from pipeline_defs.resume.layout import dir_identity
+from pipeline_defs.resume.layout import FileIdentity, dir_identity
 from pipeline_defs.resume.layout import file_identity as layout_file_identity
 from pipeline_defs.resume.partition import Episode, StepKey
 from pipeline_defs.resume.settings import ResumeSettings
@@ -68,7 +71,7 @@ from pipeline_defs.steps.graph import StepGraph, order_steps
 from pipeline_defs.steps.judge import ProjectConfigs, StepJudge, recovery_way_out
 from pipeline_defs.steps.spec import Step
 from resources.checkpoints.envelope import EDITED_OUTSIDE
-from resources.checkpoints.seal import FileIdentity, Seal, identity_of
+from resources.checkpoints.seal import Seal, identity_of
 from resources.checkpoints.store import CheckpointStore
 from resources.ledger.store import LedgerStore
 
@@ -185,6 +188,9 @@ class StepEvaluation:
     facts: Facts = field(default_factory=Facts)
     waits_on: tuple[str, ...] = ()
     upstream: tuple[Facts, ...] = ()  # the upstream steps' states (transitive, same partition)
+    after: tuple[str, ...] = ()  # a launch: the upstream steps of the same run it waits on
+    # A launch in a run of several steps: that run's key (one per partition and tick).
+    run: str | None = None
 
     @property
     def slot(self) -> str:
@@ -214,10 +220,20 @@ class StepEvaluation:
 
     @property
     def run_key(self) -> str | None:
-        """Dedupe key of the launch: same step, partition and causing state → same key."""
+        """Dedupe key of the launch: same steps, partition and causing states → same key.
+
+        A run of one step keeps the self-only key ``resume:<step>:<partition>:<state>``.
+        """
+        if self.run is not None:
+            return self.run
         if self.decision.action not in LAUNCH_ACTIONS:
             return None
         return f"{RUN_KEY_PREFIX}:{self.step_id}:{self.partition_key}:{self.state}"
+
+    @property
+    def run_state(self) -> str:
+        """``resume/state`` of the run it goes in: the digest that ends its run key."""
+        return self.run.rsplit(":", 1)[1] if self.run is not None else self.state
 
     @property
     def block_signature(self) -> str | None:
@@ -310,6 +326,7 @@ class StepEvaluation:
             "origin": decision.origin.value if decision.origin else None,
             "code": decision.code,
             "waits_on": list(self.waits_on),
+            "after": list(self.after),
             "deferred_until": decision.deferred_until,
             "expected_started_at": decision.expected_started_at,
             "expected_run_id": decision.expected_run_id,
@@ -392,7 +409,7 @@ class _HashedScopedConfig(ScopedConfig):
     """The same scoped config, its hash computed once (it is read for every judgement)."""
 
     @functools.cached_property
-    def hash(self) -> str:  # type: ignore[override]
+    def hash(self) -> str:
         return config_hash(self.fingerprints)
 
 
@@ -542,6 +559,7 @@ class BatchJudge:
         settled: dict[str, bool] = {}
         observed: dict[str, Facts] = {}
         upstream = self.upstream
+        run = PartitionRun()  # the steps this tick's one run of the partition holds
         for step in self.steps:
             step_id = step.step_id
             row: LedgerRow | None = None
@@ -572,8 +590,12 @@ class BatchJudge:
             facts = observed[step_id] = Facts.observe(row, seen, directories(pk, step_id))
             skip = decision.action is ResumeAction.SKIP
             waits = () if skip else tuple(u for u in upstream[step_id] if not settled.get(u))
-            verdict, detail = _verdict(decision, waits, done)
+            verdict, detail = _verdict(decision, waits, run.outside(waits), done)
             settled[step_id] = skip or (verdict is Verdict.NOT_APPLICABLE and seen is not None)
+            if verdict is Verdict.LAUNCH:
+                run.join(step_id)
+            elif verdict is Verdict.NOT_APPLICABLE and seen is None:
+                run.offer(step_id, waits)
             if skip and keep_skips is not None and f"{step_id}|{pk}" not in keep_skips:
                 continue
             done[step_id] = StepEvaluation(
@@ -585,8 +607,34 @@ class BatchJudge:
                 facts=facts,
                 waits_on=waits if verdict is Verdict.WAITING else (),
                 upstream=tuple(observed[u] for u in upstream[step_id]),
+                after=waits if verdict is Verdict.LAUNCH else (),
             )
+        return _one_run(pk, done, run)
+
+
+def _one_run(pk: str, done: dict[str, StepEvaluation], run: PartitionRun) -> list[StepEvaluation]:
+    """The partition's launches as one run: the not-applicable steps it must record join
+    it, and a run of several steps gets one run key (docs/DESIGN.md#sensor)."""
+    launched = [ev for ev in done.values() if ev.verdict is Verdict.LAUNCH]
+    if not launched:
         return list(done.values())
+    for step_id, waits in run.recorded(u for ev in launched for u in ev.after).items():
+        done[step_id] = replace(
+            done[step_id],
+            verdict=Verdict.LAUNCH,
+            detail="recorded as not applicable by the partition's run (a step of it needs that)",
+            after=waits,
+        )
+    members = [ev for ev in done.values() if ev.verdict is Verdict.LAUNCH]  # dependency order
+    if len(members) > 1:
+        # Every member's state (its own facts and its upstream's) is in the digest: the
+        # same decisions give the same key (Dagster launches it once), any change a new one.
+        payload = json.dumps([[ev.step_id, ev.state] for ev in members])
+        digest = hashlib.sha256(payload.encode("utf-8")).hexdigest()[:20]
+        key = f"{RUN_KEY_PREFIX}:{members[0].step_id}+{len(members) - 1}:{pk}:{digest}"
+        for ev in members:
+            done[ev.step_id] = replace(ev, run=key)
+    return list(done.values())
 
 
 @contextlib.contextmanager
@@ -614,22 +662,29 @@ def _episode(pk: str) -> Episode | None:
 
 
 def _verdict(
-    decision: ResumeDecision, waits: tuple[str, ...], done: Mapping[str, StepEvaluation]
+    decision: ResumeDecision,
+    waits: tuple[str, ...],
+    outside: tuple[str, ...],
+    done: Mapping[str, StepEvaluation],
 ) -> tuple[Verdict, str]:
+    """``waits``: the unsettled upstream steps; ``outside``: those not in the partition's run."""
     action = decision.action
     if action is ResumeAction.SKIP:
         return Verdict.SKIP, "nothing to do"
     if action is ResumeAction.NOT_APPLICABLE:
-        return Verdict.NOT_APPLICABLE, "not applicable here; never launched by the sensor"
+        # Never a run of its own; a run recorded it, or records it when a step below needs it.
+        return Verdict.NOT_APPLICABLE, "not applicable here; never launched for its own sake"
     if action is ResumeAction.BLOCK:
         return Verdict.BLOCKED, f"blocked ({decision.code}); reported as a failed check"
     if action not in LAUNCH_ACTIONS:  # FORCE_EXPLICIT cannot come out of resume mode
         raise AssertionError(f"the sensor never acts on {action.value}")
     if decision.deferred_until is not None:
         return Verdict.DEFERRED, f"backoff: retry not before {decision.deferred_until}"
-    if waits:
-        listed = ", ".join(f"{u} ({done[u].verdict.value})" for u in waits if u in done)
+    if outside:
+        listed = ", ".join(f"{u} ({done[u].verdict.value})" for u in outside if u in done)
         return Verdict.WAITING, f"waiting for upstream {listed}"
+    if waits:
+        return Verdict.LAUNCH, f"launch {action.value}, in one run after {', '.join(waits)}"
     return Verdict.LAUNCH, f"launch {action.value}"
 
 

@@ -1,10 +1,13 @@
-"""What a tick must judge: the plan phase's decisions, from the cursor and the memos.
+"""What a tick must judge, and which of its launches wait: the plan phase's decisions.
 
 A partition is re-judged when its scan differs from its memo (``disk``), it has no memo
-(``new``), its wake time has come (``time``), or the judged fields of its ledger rows
-differ from what its memo saw (``ledger``). Everything is judged (``full``) every
-``full_refresh_seconds``, when the ledger cursor went backwards or the clock did, and when
-there is no usable memory (``cold``).
+(``new``), its wake time has come (``time``), the judged fields of its ledger rows differ
+from what its memo saw (``ledger``), or a run that held its launches back has ended
+(``run``). Everything is judged (``full``) every ``full_refresh_seconds``, when the ledger
+cursor went backwards or the clock did, and when there is no usable memory (``cold``).
+
+After judging, :func:`hold_back` keeps a partition's run from being requested while
+another run of that partition is in flight (docs/DESIGN.md#sensor).
 """
 
 from collections.abc import Mapping, Sequence
@@ -12,9 +15,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline_defs.judging.cursor import CursorState
+from pipeline_defs.judging.evaluation import StepEvaluation
 from pipeline_defs.judging.memo import Memo, group_rows, row_fingerprint
 from pipeline_defs.judging.scan import PartitionScan, Scan
+from pipeline_defs.resume.clock import parse_timestamp
+from pipeline_defs.resume.decision import ResumeAction
 from pipeline_defs.resume.partition import StepKey
+from pipeline_defs.resume.status import LedgerRow
 
 
 @dataclass
@@ -94,3 +101,58 @@ def add_ledger_changes(
             memo = memos.get(pk)
             if memo is None or memo.rows != row_fingerprint(by_partition[pk]):
                 targets[pk] = "ledger"
+
+
+def hold_back(
+    launches: Sequence[StepEvaluation],
+    in_flight: Mapping[str, float | None],
+    rows: Mapping[StepKey, Mapping[str, Any]],
+    epoch: float,
+    lease_seconds: float,
+) -> tuple[list[StepEvaluation], dict[str, float | None]]:
+    """(the launches to request now, the partitions held back → when to look again).
+
+    ``in_flight``: partition → a run of its steps that has not ended, as Dagster sees it:
+    its last sign of life (when it started), or None while it waits in the queue. Such a
+    run has steps it has not reached yet; judged now they look like work (a first run has
+    no row yet), and a second run of them would race the first one's claims. So the
+    partition waits: the tick that sees the run ended judges it again (``run``) and
+    requests what is left.
+
+    Two escapes keep a dead run from holding a partition for ever, both the lease's rule
+    (docs/DESIGN.md#leases): a stale-lease recovery is never held (the lapsed lease is the
+    evidence), and a started run that has left no trace in the partition's rows (claim,
+    heartbeat, publish) for ``lease_seconds`` is taken for dead; the held partition wakes
+    then to look again.
+    """
+    by_pk: dict[str, list[StepEvaluation]] = {}
+    for ev in launches:
+        by_pk.setdefault(ev.partition_key, []).append(ev)
+    grouped = group_rows(rows)
+    kept: list[StepEvaluation] = []
+    held: dict[str, float | None] = {}
+    for pk, evs in by_pk.items():
+        if pk not in in_flight or any(
+            ev.decision.action is ResumeAction.STALE_RUNNING_RECOVERY for ev in evs
+        ):
+            kept.extend(evs)
+            continue
+        started = in_flight[pk]
+        if started is None:  # queued: the queue starts it, and its end releases the partition
+            held[pk] = None
+            continue
+        seen = max([started, *(_last_trace(row) for row in grouped.get(pk, ()))])
+        if epoch - seen >= lease_seconds:
+            kept.extend(evs)  # no trace for a whole lease: taken for dead
+        else:
+            held[pk] = seen + lease_seconds
+    return kept, held
+
+
+def _last_trace(row: Mapping[str, Any]) -> float:
+    """The latest moment a run left in a ledger row (update, heartbeat), as epoch seconds."""
+    typed = LedgerRow.of(row)
+    moments = (
+        [parse_timestamp(typed.updated_at), parse_timestamp(typed.heartbeat_at)] if typed else []
+    )
+    return max((m.timestamp() for m in moments if m is not None), default=0.0)

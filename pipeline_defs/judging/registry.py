@@ -8,8 +8,9 @@ import threading
 from collections.abc import Sequence
 
 from pipeline_defs.judging.cursor import scope_of
-from pipeline_defs.judging.evaluation import Stores, order_steps
+from pipeline_defs.judging.evaluation import Stores
 from pipeline_defs.judging.tick import ResumeTicker, TickConfig
+from pipeline_defs.steps.graph import order_steps
 from pipeline_defs.steps.spec import Step
 
 _TICKERS: dict[tuple[str, str], ResumeTicker] = {}

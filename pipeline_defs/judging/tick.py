@@ -26,6 +26,8 @@ stay correct). What counts as a change of a partition, and how each is noticed:
 - **time**: a running row turns stale at ``started_at + running_timeout_seconds`` and a
   backoff ends at ``retry_not_before``; the earliest such moment is kept as a wake time.
 - **partition set**: new partitions are judged; removed ones are forgotten.
+- **runs in flight** (Dagster's view, passed in by the sensor): a partition whose launches
+  were held back while a run of it was in flight is judged again once that run has ended.
 
 A tick with none of these changes returns the same cursor without judging anything. The
 per-partition fingerprints live in process memory (the sensor's code server is long-lived)
@@ -62,7 +64,7 @@ import gc
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -82,6 +84,7 @@ from pipeline_defs.judging.plan import (
     add_ledger_changes,
     changed_partitions,
     full_due,
+    hold_back,
     unchanged,
 )
 from pipeline_defs.judging.scan import PartitionScan, Scan, episode_of, scan_partitions, tree_digest
@@ -91,6 +94,15 @@ from pipeline_defs.resume.status import LedgerRow
 from pipeline_defs.steps.spec import Step
 
 _COLLECT_FROM = 1000  # judged partitions after which a tick collects the young GC generations
+
+# Of these partitions, those with a run of their steps in flight: its last sign of life
+# (epoch seconds), None while queued. Asked only about partitions with launches or held back
+# (a tick with nothing to launch asks nothing); the sensor answers from Dagster's runs.
+InFlight = Callable[[Collection[str]], Mapping[str, float | None]]
+
+
+def _none_in_flight(partitions: Collection[str]) -> Mapping[str, float | None]:
+    return {}
 
 
 @dataclass(frozen=True)
@@ -122,7 +134,9 @@ class TickStats:
     rows_fetched: int = 0
     changed: dict[str, int] = field(default_factory=dict)  # why partitions were re-judged
     pending: int = 0  # changed partitions left for the next tick (over budget)
-    launches: int = 0
+    launches: int = 0  # steps launched
+    runs: int = 0  # the runs they go in: at most one per partition
+    held: int = 0  # partitions whose run waits for a run of theirs in flight
     blocked: int = 0
     waiting: int = 0
     deferred: int = 0
@@ -140,7 +154,8 @@ class TickStats:
             f"{self.evaluated_partitions} re-judged ({why}), {self.judged} judge calls, "
             f"{self.pending} left for the next tick, "
             f"{self.row_queries} row queries ({self.rows_fetched} rows); {self.launches} "
-            f"launches, {self.blocked} blocked, {self.waiting} waiting, {self.deferred} "
+            f"launches in {self.runs} runs ({self.held} partitions held behind runs in "
+            f"flight), {self.blocked} blocked, {self.waiting} waiting, {self.deferred} "
             f"deferred; {self.seconds:.3f}s"
         )
 
@@ -158,6 +173,15 @@ class TickResult:
     @property
     def changed(self) -> bool:
         return self.stats.mode != "unchanged"
+
+    @property
+    def runs(self) -> list[tuple[StepEvaluation, ...]]:
+        """The launches as the runs to request: one per partition (its launches share one
+        run key, docs/DESIGN.md#sensor), steps in dependency order."""
+        grouped: dict[str | None, list[StepEvaluation]] = {}
+        for ev in self.launches:
+            grouped.setdefault(ev.run_key, []).append(ev)
+        return [tuple(evs) for evs in grouped.values()]
 
 
 # ----------------------------------------------------------------------------- ticker
@@ -179,16 +203,29 @@ class ResumeTicker:
         self._memos: dict[str, Memo] = {}
         self._token: str | None = None
         self._marker: tuple[int, str] | None = None
+        # Partitions whose launches wait for a run of theirs in flight (judged again once
+        # it has ended); process memory, like the memos.
+        self._held: set[str] = set()
         self._lock = threading.Lock()
         self.last_stats: TickStats | None = None
 
     # ------------------------------------------------------------------ the tick
-    def tick(self, partition_keys: Iterable[str], now: datetime, cursor: str | None) -> TickResult:
-        """Judge what changed since ``cursor`` (everything without one); writes nothing."""
+    def tick(
+        self,
+        partition_keys: Iterable[str],
+        now: datetime,
+        cursor: str | None,
+        in_flight: InFlight = _none_in_flight,
+    ) -> TickResult:
+        """Judge what changed since ``cursor`` (everything without one); writes nothing.
+
+        ``in_flight``: which partitions have a run of their steps not ended yet; their
+        launches wait for it (:func:`~pipeline_defs.judging.plan.hold_back`).
+        """
         started = time.perf_counter()
         with self._lock:
             with gc_paused():
-                result = self._tick(partition_keys, as_utc(now), cursor)
+                result = self._tick(partition_keys, as_utc(now), cursor, in_flight)
             if result.stats.evaluated_partitions >= _COLLECT_FROM:
                 # Settle what this tick left alive (memos, cached envelopes) while the
                 # collector was paused, so the next, cheap ticks do not pay for it. Young
@@ -198,8 +235,14 @@ class ResumeTicker:
             self.last_stats = result.stats
             return result
 
-    def _tick(self, partition_keys: Iterable[str], now: datetime, cursor: str | None) -> TickResult:
-        """plan → judge → memoise → block diff → next cursor."""
+    def _tick(
+        self,
+        partition_keys: Iterable[str],
+        now: datetime,
+        cursor: str | None,
+        in_flight: InFlight,
+    ) -> TickResult:
+        """plan → judge → memoise → hold back → block diff → next cursor."""
         started = time.perf_counter()
         stats = TickStats()
         keys = sorted(set(partition_keys))
@@ -211,7 +254,7 @@ class ResumeTicker:
         if state is not None and state.scope != self.scope:
             state = state.rescoped()  # other steps/stores: re-judge all
 
-        plan = self._plan(keys, now, state, stats)
+        plan = self._plan(keys, now, state, stats, in_flight)
         blocked = dict(state.blocked) if state is not None else {}
         if plan.mode == "unchanged":
             stats.blocked = len(blocked)
@@ -238,6 +281,16 @@ class ResumeTicker:
             self.stores.settings,
             now,
         )
+        lease = self.stores.settings.lease_seconds
+        flights = in_flight({ev.partition_key for ev in launches}) if launches else {}
+        launches, held = hold_back(launches, flights, plan.rows, plan.epoch, lease)
+        for pk, wake in held.items():
+            memo = memos[pk]
+            memo.launched = frozenset()  # not requested: requested once the run has ended
+            if wake is not None:
+                memo.wake = wake if memo.wake is None else min(memo.wake, wake)
+        held_before = self._held if plan.memory_ok else set()
+        self._held = (set(held) | (held_before - set(judged))) & set(keys)
         checks, blocked = block_diff(evaluations, blocked, keys, self.judge.step_ids)
         shape, tree = self._settle_subdirs(plan, memos)
 
@@ -258,6 +311,8 @@ class ResumeTicker:
             pending=stats.pending,
         )
         stats.launches = len(launches)
+        stats.runs = len({ev.run_key for ev in launches})
+        stats.held = len(held)
         stats.blocked = len(blocked)
         stats.waiting = sum(m.counts[1] for m in memos.values())
         stats.deferred = sum(m.counts[2] for m in memos.values())
@@ -266,7 +321,12 @@ class ResumeTicker:
 
     # ------------------------------------------------------------------ phase: plan
     def _plan(
-        self, keys: list[str], now: datetime, state: CursorState | None, stats: TickStats
+        self,
+        keys: list[str],
+        now: datetime,
+        state: CursorState | None,
+        stats: TickStats,
+        in_flight: InFlight = _none_in_flight,
     ) -> TickPlan:
         """What this tick must judge, and the rows and scans to judge it with.
 
@@ -301,7 +361,11 @@ class ResumeTicker:
             memory_ok=memory_ok,
             full_at=epoch if is_full_due or last_full is None else last_full,
         )
-        if not is_full_due and unchanged(state, marker, parts, tree, epoch):
+        # Held back behind a run that has ended since: judged again, whatever else moved.
+        held = self._held if memory_ok else set()
+        running = in_flight(held) if held else {}
+        released = {pk for pk in held if pk not in running}
+        if not is_full_due and not released and unchanged(state, marker, parts, tree, epoch):
             return plan
 
         if is_full_due or not memory_ok:
@@ -312,6 +376,9 @@ class ResumeTicker:
         else:
             stats.mode = "incremental"
             targets = changed_partitions(keys, scanned, self._memos, epoch)
+            for pk in keys:
+                if pk in released:
+                    targets.setdefault(pk, "run")
             named = self._incremental_rows(targets, marker, stats)
             # Too many changes to name them: one full read instead.
             rows = named if named is not None else self._read_rows(keys, None, stats)

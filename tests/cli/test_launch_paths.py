@@ -201,8 +201,13 @@ class Deployment:
         assert isinstance(result, dg.SensorResult)
         return result
 
-    def execute_request(self, request: dg.RunRequest) -> str:
-        """Run a sensor's RunRequest as the sensor daemon would: same selection, tags."""
+    def execute_request(self, request: dg.RunRequest, only: Sequence[str] | None = None) -> str:
+        """Run a sensor's RunRequest as the sensor daemon would: same selection, tags.
+
+        ``only``: just these steps of it. The sensor's run of a partition also holds the
+        first runs below the step under test (docs/DESIGN.md#sensor); they judge and claim
+        rows of their own, which these tests do not look at.
+        """
         run_id = str(uuid.uuid4())
         tags = {
             **request.tags,
@@ -212,7 +217,9 @@ class Deployment:
         job = self.sensor_defs.resolve_implicit_global_asset_job_def()
         job.execute_in_process(
             partition_key=request.partition_key,
-            asset_selection=list(request.asset_selection or ()),
+            asset_selection=(
+                [dg.AssetKey(s) for s in only] if only else list(request.asset_selection or ())
+            ),
             instance=self.instance,
             tags=tags,
             run_id=run_id,
@@ -456,7 +463,7 @@ def batch(deployment: Deployment) -> Batch:
     requests = {
         r.partition_key: r
         for r in result.run_requests or []
-        if list(r.asset_selection or []) == [dg.AssetKey(STEP)]
+        if dg.AssetKey(STEP) in (r.asset_selection or [])
     }
     checks = {
         e.partition: e
@@ -470,7 +477,7 @@ def batch(deployment: Deployment) -> Batch:
         request = requests.get(partition)
         if request is not None:
             sensor_decisions[case] = request.tags["resume/action"]
-            sensor_runs[case] = [d.execute_request(request)]
+            sensor_runs[case] = [d.execute_request(request, only=[STEP])]
         else:
             check = checks.get(partition)
             row = d.ws.ledger.get(Episode.parse(partition).step(STEP)) or {}
@@ -568,7 +575,7 @@ def test_ui_launch_and_sensor_launch_race_for_one_claim(deployment: Deployment) 
     request = next(
         r
         for r in d.evaluate_sensor().run_requests or []
-        if r.partition_key == partition and list(r.asset_selection or []) == [dg.AssetKey("probe")]
+        if r.partition_key == partition and dg.AssetKey("probe") in (r.asset_selection or [])
     )
     assert request.tags["resume/action"] == "rerun_self"
     key = Episode.parse(partition).step("probe")
@@ -588,7 +595,9 @@ def test_ui_launch_and_sensor_launch_race_for_one_claim(deployment: Deployment) 
         while not list(d.barrier.glob("arrived-*")):
             assert time.monotonic() < deadline, f"the UI run never judged:\n{d.log_tail()}"
             time.sleep(0.2)
-        thread = threading.Thread(target=lambda: sensor_run.append(d.execute_request(request)))
+        thread = threading.Thread(
+            target=lambda: sensor_run.append(d.execute_request(request, only=["probe"]))
+        )
         thread.start()
         # The winner holds inside the step until the loser's claim was refused, so the
         # two claims overlap however slow the machine is.

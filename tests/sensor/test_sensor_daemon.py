@@ -14,8 +14,12 @@ through three block → clear cycles while another step of it is re-run each cyc
 Before the fix the daemon stored each block as a run-less check evaluation, and the second
 one for the same asset partition broke Dagster's unique index: every later tick failed and
 nothing was launched again.
+
+And on all ten storyboard steps (docs/DESIGN.md#sensor): a newly added episode is finished
+by ONE run the sensor launches, not by one single-step run per tick.
 """
 
+import contextlib
 import os
 import shutil
 import time
@@ -38,7 +42,9 @@ from dagster_dev import (
 )
 
 from pipeline_defs.resume.partition import Episode
-from pipeline_defs.storyboard import sample_stories
+from pipeline_defs.steps.graph import StepGraph
+from pipeline_defs.storyboard import STORYBOARD_STEPS, sample_stories
+from resources.ledger.store import LedgerStore
 
 pytestmark = [pytest.mark.webserver, pytest.mark.xdist_group("sensor_daemon")]
 
@@ -133,13 +139,33 @@ def _dagster_yaml(storage: str, pg_server_url: str | None) -> tuple[dict[str, An
 def daemon(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Daemon]:
     storage = str(request.param)
     pg_server_url = request.getfixturevalue("pg_server_url") if storage == "postgresql" else None
+    with _deployment(tmp_path, storage, pg_server_url, "defs", "{}\n") as d:
+        yield d
+
+
+# Small pictures: the ten steps' images are drawn offline in the run.
+SMALL_IMAGES = "image: {width: 128, height: 96}\nimages: {ref_min_mentions: 3}\n"
+
+
+@pytest.fixture
+def storyboard_daemon(tmp_path: Path) -> Iterator[Daemon]:
+    """The ten storyboard steps (``daemon_location.storyboard_defs``), SQLite storage."""
+    with _deployment(tmp_path, "sqlite", None, "storyboard_defs", SMALL_IMAGES) as d:
+        yield d
+
+
+@contextlib.contextmanager
+def _deployment(
+    tmp_path: Path, storage: str, pg_server_url: str | None, attribute: str, project: str
+) -> Iterator[Daemon]:
+    """``dagster dev`` on ``daemon_location.<attribute>`` with PARTITION registered."""
     home, dagster_home = tmp_path / "home", tmp_path / "dagster_home"
     home.mkdir()
     dagster_home.mkdir()
     config, database = _dagster_yaml(storage, pg_server_url)
     (dagster_home / "dagster.yaml").write_text(yaml.safe_dump(config))
     workspace = write_workspace(
-        tmp_path / "workspace.yaml", "daemon_location", "defs", LOCATION, TESTS_DIR
+        tmp_path / "workspace.yaml", "daemon_location", attribute, LOCATION, TESTS_DIR
     )
     python_path = os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")]).rstrip(":")
     env = {
@@ -154,7 +180,7 @@ def daemon(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Daemon]:
     story = home / "projects" / episode.project_id / "episodes" / episode.episode_id / "story.md"
     story.parent.mkdir(parents=True)
     story.write_bytes(sample_stories()["ep01"].read_bytes())
-    (home / "projects" / episode.project_id / "project.yaml").write_text("{}\n")
+    (home / "projects" / episode.project_id / "project.yaml").write_text(project)
     instance = dg.DagsterInstance.from_config(str(dagster_home))
     instance.add_dynamic_partitions("episodes", [PARTITION])
     log = tmp_path / "dagster_dev.log"
@@ -175,7 +201,7 @@ def _succeeded_after(d: Daemon, step_id: str, count: int) -> bool:
 
 def test_block_clear_cycles_never_fail_a_tick(daemon: Daemon) -> None:
     d = daemon
-    # The sensor judges the new partition and launches both steps, one after the other.
+    # The sensor judges the new partition and launches both steps in one run.
     d.wait("first runs", lambda: _succeeded_after(d, "entity_canon", 0))
     original = d.story.read_bytes()
     for cycle in range(CYCLES):
@@ -203,3 +229,41 @@ def test_block_clear_cycles_never_fail_a_tick(daemon: Daemon) -> None:
     assert ticks, "the daemon never ticked the sensor"
     assert not [t for t in ticks if t["status"] == "FAILURE"]
     assert len(d.step_runs("story_source")) == 1  # never re-run by a block or a clearance
+
+
+def test_a_new_episode_is_finished_by_one_sensor_run(storyboard_daemon: Daemon) -> None:
+    """docs/DESIGN.md#sensor: the episode registered before ``dagster dev`` started is judged
+    by the first tick, which launches ONE run holding all ten steps; that run completes
+    every one of them, and later ticks launch nothing more. Before, the sensor launched one
+    single-step run per tick (eight ticks for ten steps)."""
+    d = storyboard_daemon
+    ordered = [s.step_id for s in StepGraph(STORYBOARD_STEPS).ordered]
+    ledger = LedgerStore(f"sqlite:///{d.home / 'ledger.sqlite3'}")
+    episode = Episode.parse(PARTITION)
+
+    def completed() -> bool:
+        rows = ledger.get_many(episodes=[episode])
+        done = {k.step_id for k, r in rows.items() if str(r.status) == "completed"}
+        return done == set(ordered)
+
+    d.wait("all ten steps completed", completed, timeout=600)
+    d.wait("the run to end", lambda: all(r.status.value in TERMINAL for r in _step_runs(d)))
+    ticks_before = len(d.ticks())
+    d.wait("three more ticks", lambda: len(d.ticks()) >= ticks_before + 3)
+    runs = _step_runs(d)  # one run, even after more ticks
+    selections = [sorted(k.to_user_string() for k in r.asset_selection or ()) for r in runs]
+    assert len(runs) == 1, selections
+    (run,) = runs
+    assert run.status.value == "SUCCESS"
+    assert run.tags["dagster/sensor_name"] == "resume_sensor"
+    assert run.asset_selection == {dg.AssetKey(s) for s in ordered}
+    assert run.tags["resume/steps"] == "10"
+    rows = ledger.get_many(episodes=[episode])
+    assert {str(r.run_id).split(":")[0] for r in rows.values()} == {run.run_id}
+    assert not d.failed_ticks()
+
+
+def _step_runs(d: Daemon) -> list[dg.DagsterRun]:
+    """Every run of the steps' job (block reports run in ``resume_report``)."""
+    runs = d.instance.get_runs(dg.RunsFilter(tags={"dagster/partition": PARTITION}))
+    return [r for r in runs if r.job_name != "resume_report"]

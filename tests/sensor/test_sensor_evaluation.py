@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 from sensor_steps import (
     SENSOR_STEPS,
+    Src,
     delete_row,
+    runtime,
     seed,
     set_row,
     snapshot,
@@ -22,10 +24,19 @@ from sensor_steps import (
     write_input,
 )
 
-from pipeline_defs.judging.evaluation import LAUNCH_ACTIONS, Stores, Verdict, evaluate_partitions
+from pipeline_defs.judging.evaluation import (
+    LAUNCH_ACTIONS,
+    StepEvaluation,
+    Stores,
+    Verdict,
+    evaluate_partitions,
+)
 from pipeline_defs.resume.clock import format_timestamp
 from pipeline_defs.resume.decision import LaunchMode, ResumeAction
 from pipeline_defs.resume.partition import Episode, StepKey
+from pipeline_defs.steps.graph import StepGraph
+from pipeline_defs.steps.judge import StepJudge
+from pipeline_defs.steps.runner import RunInfo, StepRunner
 
 NOW = datetime.now(UTC).replace(microsecond=0)
 ROWS = (
@@ -142,18 +153,28 @@ def test_grid_never_forces_and_launches_only_what_the_rules_allow(grid) -> None:
         if ev.launch:
             assert action in LAUNCH_ACTIONS and ev.decision.deferred_until is None
             assert not ev.waits_on
+            # Whatever it runs after is in the same run (launched, same run key).
+            for u in ev.after:
+                upstream = by[(ev.partition_key, u)]
+                assert upstream.launch and upstream.run_key == ev.run_key
         if ev.verdict is Verdict.DEFERRED:
             assert ev.decision.deferred_until is not None
         if ev.verdict is Verdict.BLOCKED:
             assert ev.block_signature and ev.what_to_do
         json.dumps(ev.as_dict())
-        # Dependency order: a launchable step waits while an upstream is unsettled.
+        # Dependency order: a launchable step waits while an upstream is unsettled and not
+        # in the partition's run; it joins the run of an upstream that is launched.
         if ev.step_id != "src" and action in LAUNCH_ACTIONS:
             src = by[(ev.partition_key, "src")]
-            if src.verdict is not Verdict.SKIP:
+            if src.verdict is Verdict.LAUNCH:
+                assert ev.verdict is Verdict.LAUNCH and "src" in ev.after
+            elif src.verdict is not Verdict.SKIP:
                 assert ev.verdict is Verdict.WAITING and "src" in ev.waits_on
         if ev.step_id == "end" and action in LAUNCH_ACTIONS:
             assert ev.waits_on in ((), ("src", "mid"), ("mid",))
+        # One run per partition: every launch of a partition has the same run key.
+        launches = [by[(ev.partition_key, s)] for s in ("src", "mid", "end", "side")]
+        assert len({e.run_key for e in launches if e.launch}) <= 1, ev.partition_key
 
 
 def _src(grid, row: str, rc: int, backoff: str | None, cp: str):
@@ -202,9 +223,8 @@ def test_grid_rows(grid, case, action: str, verdict: str, code: str | None) -> N
     for downstream in ("mid", "end", "side"):  # never run in the grid: first runs
         ev = evs[downstream]
         assert ev.decision.action is ResumeAction.RERUN_SELF
-        assert ev.verdict is (
-            Verdict.LAUNCH if verdict == "skip" and ev.step_id != "end" else Verdict.WAITING
-        )
+        # In the run of src (or after a settled src); behind a deferred or blocked src, waits.
+        assert ev.verdict is (Verdict.LAUNCH if verdict in ("skip", "launch") else Verdict.WAITING)
 
 
 def test_what_to_do_names_the_right_remedy(grid) -> None:
@@ -323,3 +343,120 @@ def test_not_applicable_is_never_launched(sqlite_url: str, pipeline_home: Path) 
     )
     assert side.decision.action is ResumeAction.NOT_APPLICABLE
     assert side.verdict is Verdict.NOT_APPLICABLE and not side.launch and side.run_key is None
+
+
+# --------------------------------------------------------------------------- one run per partition
+def _runs(evaluations: list[StepEvaluation]) -> dict[str, list[str]]:
+    """Partition → the steps launched (dependency order); they must share one run key."""
+    runs: dict[str, list[StepEvaluation]] = {}
+    for ev in evaluations:
+        if ev.launch:
+            runs.setdefault(ev.partition_key, []).append(ev)
+    for pk, evs in runs.items():
+        assert len({ev.run_key for ev in evs}) == 1, f"{pk}: more than one run"
+    return {pk: [ev.step_id for ev in evs] for pk, evs in runs.items()}
+
+
+def test_a_run_never_holds_a_step_settled_on_its_own(sqlite_url: str, pipeline_home: Path) -> None:
+    """docs/DESIGN.md#sensor: a force staled mid, end and side; side was re-run by hand since
+    (clean again). When src itself needs work, its run takes the stale steps below it and
+    leaves side out: a clean checkpoint is never re-run for its upstream's sake."""
+    stores = stores_for(pipeline_home, sqlite_url)
+    seed(stores, "p/e1")
+    runtime(stores, "src").run("p/e1", RunInfo("force-src:0", LaunchMode.FORCE, "test"), {})
+    assert {ev.step_id for ev in _evaluate(stores, "p/e1") if ev.launch} == {"mid", "end", "side"}
+    seed(stores, "p/e1", "side", run_id="by-hand")
+    (stores.checkpoints.step_dir(StepKey("p", "e1", "src")) / "out.bin").unlink()
+    evs = {ev.step_id: ev for ev in _evaluate(stores, "p/e1")}
+    assert _runs(list(evs.values())) == {"p/e1": ["src", "mid", "end"]}
+    assert evs["side"].verdict is Verdict.SKIP  # judged on its own: clean
+    assert evs["mid"].after == ("src",) and evs["end"].after == ("src", "mid")
+    assert evs["mid"].decision.reason == "auto recovery: invalidated by an explicit force upstream"
+    assert evs["src"].run_key == f"resume:src+2:p/e1:{evs['src'].run_state}"
+
+
+def test_a_blocked_step_keeps_its_downstream_out_of_the_run(
+    sqlite_url: str, pipeline_home: Path
+) -> None:
+    """mid is blocked (its verifier reports drift): it is reported, never launched, and end
+    below it waits; side, below the re-run src only, goes in src's run."""
+    stores = stores_for(pipeline_home, sqlite_url)
+    seed(stores, "p/e1")
+    write_input(pipeline_home, "p/e1", "verify.json", {"mid": "drift"})
+    for step_id, name in (("src", "out.bin"), ("end", "out.bin"), ("side", "out.bin")):
+        (stores.checkpoints.step_dir(StepKey("p", "e1", step_id)) / name).unlink()
+    evs = {ev.step_id: ev for ev in _evaluate(stores, "p/e1")}
+    assert _runs(list(evs.values())) == {"p/e1": ["src", "side"]}
+    assert evs["mid"].verdict is Verdict.BLOCKED and evs["mid"].run_key is None
+    assert evs["end"].decision.action is ResumeAction.RERUN_SELF  # needs work itself, but
+    assert evs["end"].verdict is Verdict.WAITING and "mid" in evs["end"].waits_on
+    assert "mid (blocked)" in evs["end"].detail and not evs["end"].launch
+
+
+def test_a_deferred_step_keeps_its_downstream_out_of_the_run(
+    sqlite_url: str, pipeline_home: Path
+) -> None:
+    """A backoff (row 13) holds the step and what waits on it; nothing is launched early."""
+    stores = stores_for(pipeline_home, sqlite_url)
+    seed(stores, "p/e1")
+    key = StepKey("p", "e1", "mid")
+    assert stores.ledger.claim(key, "r1:0") and stores.ledger.transition(key, "r1:0", "failed")
+    retry = format_timestamp(NOW + timedelta(minutes=5))
+    set_row(stores, key, retry_not_before=retry)
+    (stores.checkpoints.step_dir(StepKey("p", "e1", "end")) / "out.bin").unlink()
+    evs = {ev.step_id: ev for ev in _evaluate(stores, "p/e1")}
+    assert _runs(list(evs.values())) == {}
+    assert evs["mid"].verdict is Verdict.DEFERRED
+    assert evs["end"].verdict is Verdict.WAITING and evs["end"].waits_on == ("mid",)
+    later = evaluate_partitions(SENSOR_STEPS, stores, ["p/e1"], NOW + timedelta(minutes=6))
+    assert _runs(later) == {"p/e1": ["mid", "end"]}
+
+
+class _Tail(Src):
+    """A step below ``side``: its gate needs side's record, even a not-applicable one."""
+
+    step_id = "tail"
+    deps = ("side",)
+
+
+def test_a_not_applicable_step_is_recorded_by_the_run_that_needs_it(
+    sqlite_url: str, pipeline_home: Path
+) -> None:
+    """side is not applicable and has no record yet: nothing needs it but tail, whose gate
+    does. It goes in the run with tail (the run records it, no claim, no call); before,
+    tail waited for a record no launch would ever write."""
+    steps = (*SENSOR_STEPS, _Tail())
+    stores = stores_for(pipeline_home, sqlite_url)
+    write_input(pipeline_home, "p/e1", "no_side", "")
+    write_input(pipeline_home, "p/e2", "no_side", "")
+    seed(stores, "p/e2")  # p/e2: src and the rest ran (side recorded as not applicable)
+    evs = evaluate_partitions(steps, stores, ["p/e1", "p/e2"], NOW)
+    assert _runs(evs) == {"p/e1": ["src", "mid", "end", "side", "tail"], "p/e2": ["tail"]}
+    graph = StepGraph(steps)
+    for step in graph.ordered:  # run p/e1's run, step by step, as Dagster would
+        judge = StepJudge(
+            step,
+            graph=graph,
+            settings=stores.settings,
+            ledger=stores.ledger,
+            checkpoints=stores.checkpoints,
+        )
+        inputs = {d: stores.checkpoints.load(Episode.parse("p/e1").step(d)) for d in step.deps}
+        StepRunner(judge).run("p/e1", RunInfo("the-run:0", launch_path="test"), inputs)
+    rows = stores.ledger.get_many(episodes=[Episode.parse("p/e1")])
+    assert {k.step_id: str(r.status) for k, r in rows.items()} == {
+        "src": "completed",
+        "mid": "completed",
+        "end": "completed",
+        "side": "not_applicable",
+        "tail": "completed",
+    }
+    assert _runs(evaluate_partitions(steps, stores, ["p/e1"], NOW)) == {}
+    side = next(
+        e for e in evaluate_partitions(SENSOR_STEPS, stores, ["p/e3"], NOW) if e.step_id == "side"
+    )
+    assert side.verdict is Verdict.LAUNCH  # p/e3 is applicable: a first run like any other
+
+
+def _evaluate(stores: Stores, pk: str) -> list[StepEvaluation]:
+    return evaluate_partitions(SENSOR_STEPS, stores, [pk], NOW)

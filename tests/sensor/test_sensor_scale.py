@@ -73,14 +73,14 @@ def test_a_tick_over_budget_leaves_the_rest_for_the_next_ticks(
     """Dagster gives a sensor evaluation 60 s: a huge cold start is spread over ticks."""
     monkeypatch.setattr(dispatch_module, "_BUDGET_SLICE", 1)
     stores = stores_for(pipeline_home, sqlite_url)
-    keys = ["p/e1", "p/e2", "p/e3"]  # never run: first-run launches of src
+    keys = ["p/e1", "p/e2", "p/e3"]  # never run: one run of first runs each
     ticker = ResumeTicker(SENSOR_STEPS, stores, TickConfig(workers=1, budget_seconds=0))
     now = datetime.now(UTC)
     cursor, launched = None, []
     for expected_pending in (2, 1, 0):
         result = ticker.tick(keys, now, cursor)
         assert (result.stats.evaluated_partitions, result.stats.pending) == (1, expected_pending)
-        launched += [ev.partition_key for ev in result.launches]
+        launched += [run[0].partition_key for run in result.runs]
         cursor = result.cursor
     assert sorted(launched) == keys
     assert ticker.tick(keys, now, cursor).stats.mode == "unchanged"

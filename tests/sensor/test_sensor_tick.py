@@ -111,15 +111,29 @@ class Rig:
         self.last = result
         return result
 
-    def requests(self, result: Any = None) -> dict[tuple[str, str], dg.RunRequest]:
+    def runs(self, result: Any = None) -> dict[str, dg.RunRequest]:
+        """The step runs requested, by partition (at most one each: docs/DESIGN.md#sensor)."""
         result = result or self.last
-        found = {}
+        found: dict[str, dg.RunRequest] = {}
         for request in result.run_requests or []:
             if request.job_name == REPORT_JOB:
                 continue
-            (asset,) = request.asset_selection
-            found[(asset.to_user_string(), request.partition_key)] = request
+            assert request.partition_key not in found, "two runs for one partition"
+            found[request.partition_key] = request
         return found
+
+    def requests(self, result: Any = None) -> dict[tuple[str, str], dg.RunRequest]:
+        """(step, partition) → the run request that holds it."""
+        return {
+            (asset.to_user_string(), pk): request
+            for pk, request in self.runs(result).items()
+            for asset in request.asset_selection or ()
+        }
+
+    def selection(self, pk: str, result: Any = None) -> list[str]:
+        """The steps of the run requested for ``pk`` (dependency order), [] if none."""
+        request = self.runs(result).get(pk)
+        return [a.to_user_string() for a in request.asset_selection or ()] if request else []
 
     def checks(self, result: Any = None) -> dict[tuple[str, str], dg.AssetCheckEvaluation]:
         result = result or self.last
@@ -179,7 +193,12 @@ def test_definitions_wire_the_sensor_with_defaults(pipeline_home: Path) -> None:
 KINDS = {
     # partition: (what is done to it, expected launches, expected failed checks)
     "p/clean": ("nothing", {}, {}),
-    "p/first": ("never run", {"src": "rerun_self"}, {}),
+    # Never run: every step in the partition's one run (each a first run).
+    "p/first": (
+        "never run",
+        {"src": "rerun_self", "mid": "rerun_self", "end": "rerun_self", "side": "rerun_self"},
+        {},
+    ),
     "p/cpgone": ("mid checkpoint.json deleted", {"mid": "rerun_self"}, {}),
     "p/pnggone": ("mid frames/f0.png deleted", {"mid": "rerun_self"}, {}),
     "p/failed": ("src failed", {"src": "rerun_self"}, {}),
@@ -247,11 +266,14 @@ def test_every_decision_kind_becomes_a_launch_a_wait_or_a_block(rig: Rig) -> Non
             s: (_values(c)["code"], _values(c)["origin"]) for (s, p), c in checks.items() if p == pk
         }
         assert blocks == expect_block, (pk, what)
-    for (step_id, pk), request in launches.items():
-        assert request.partition_key == pk
-        assert request.asset_selection == [dg.AssetKey(step_id)]
-        assert request.run_key and request.run_key.startswith(f"resume:{step_id}:{pk}:")
+    for pk, request in rig.runs().items():
+        steps = rig.selection(pk)
+        assert steps == [s for s in ("src", "mid", "end", "side") if s in steps]  # dependency order
+        first = steps[0] if len(steps) == 1 else f"{steps[0]}+{len(steps) - 1}"
+        assert request.run_key and request.run_key.startswith(f"resume:{first}:{pk}:")
         assert request.tags["resume/action"] in ("rerun_self", "stale_running_recovery")
+        assert request.tags["resume/steps"] == str(len(steps))
+        assert request.tags["resume/state"] == request.run_key.rsplit(":", 1)[1]
         assert "resume/mode" not in request.tags  # never a force
         for tag in ("resume/origin", "resume/reason"):
             assert 0 < len(request.tags[tag]) <= TAG_VALUE_LIMIT
@@ -262,7 +284,8 @@ def test_every_decision_kind_becomes_a_launch_a_wait_or_a_block(rig: Rig) -> Non
     assert "reset-running" in _values(checks[("mid", "p/nullstart")])["what_to_do"]
     assert "resume/mode=force" in _values(checks[("end", "q/config")])["what_to_do"]
     assert "style" in _values(checks[("end", "q/config")])["reason"]
-    # Dependency order: nothing downstream of a re-run, running or blocked step launches.
+    # One run per partition; a settled step is never in it for its upstream's sake (p/failed
+    # re-runs src alone), and nothing below a running or blocked step is launched.
     assert set(launches) == {
         (step_id, pk) for pk, (_, expected, _) in KINDS.items() for step_id in expected
     }
@@ -342,7 +365,8 @@ def test_changes_are_noticed_and_only_changed_partitions_are_judged(rig: Rig) ->
     assert changed({"p/e3"}, "disk") == set()
     assert rig.checks()[("src", "p/e3")].passed is False
     rig.add("p/e9")
-    assert changed({"p/e9"}, "new") == {("src", "p/e9")}
+    assert changed({"p/e9"}, "new") == {(s, "p/e9") for s in ("src", "mid", "end", "side")}
+    assert rig.selection("p/e9") == ["src", "mid", "end", "side"]  # one run, dependency order
     # The project file: every partition of the project.
     (rig.home / "projects" / "p").mkdir(parents=True, exist_ok=True)
     (rig.home / "projects" / "p" / "project.yaml").write_text("style: noir\n")
@@ -396,19 +420,24 @@ def test_same_state_same_run_key_and_a_new_state_relaunches(rig: Rig) -> None:
     assert [c.passed for c in rig.checks(result).values()] == [True]  # no longer running
 
 
-def test_a_sensor_request_runs_and_the_next_tick_moves_downstream(sqlite_rig: Rig) -> None:
+def test_a_new_partition_is_finished_by_the_one_run_of_one_tick(sqlite_rig: Rig) -> None:
+    """docs/DESIGN.md#sensor: every step of a new partition goes in one run, not one per tick."""
     rig = sqlite_rig
     rig.add("p/e1")
-    order: list[set[str]] = []
+    order: list[list[str]] = []
     for _ in range(4):
-        requests = rig.requests(rig.tick())
-        if not requests:
+        runs = rig.runs(rig.tick())
+        if not runs:
             break
-        order.append({s for s, _ in requests})
-        for (step_id, pk), request in requests.items():
-            result = materialize(rig.instance, rig.pipeline, pk, [step_id], tags=request.tags)
-            assert result.success
-    assert order == [{"src"}, {"mid", "side"}, {"end"}]
+        (request,) = runs.values()
+        steps = rig.selection("p/e1")
+        order.append(steps)
+        result = materialize(rig.instance, rig.pipeline, "p/e1", steps, tags=request.tags)
+        assert result.success
+    assert order == [["src", "mid", "end", "side"]]
+    for step_id in ("src", "mid", "end", "side"):
+        row = rig.stores.ledger.get(rig.key("p/e1", step_id))
+        assert row is not None and row["status"] == "completed", step_id
     rig.tick()
     assert not rig.last.run_requests and not rig.checks()
 
@@ -472,7 +501,7 @@ def test_exhaustion_is_reported_once_and_a_recovery_passes(sqlite_rig: Rig) -> N
     ).success
     rig.tick()
     assert rig.checks()[("src", "p/e1")].passed
-    assert {s for s, _ in rig.requests()} == {"mid", "side"}  # force staled them: self-reruns
+    assert rig.selection("p/e1") == ["mid", "end", "side"]  # force staled them: one run
     rig.tick()
     assert not rig.checks()
 
@@ -553,3 +582,32 @@ def test_a_row_whose_owner_run_ended_is_relaunched_without_waiting(sqlite_rig: R
     assert result.success
     row = rig.stores.ledger.get(key)
     assert row is not None and row["status"] == "completed"
+
+
+def test_a_partition_with_a_run_in_flight_waits_for_it(sqlite_rig: Rig) -> None:
+    """docs/DESIGN.md#sensor: the steps a run in flight has not reached yet look like work
+    (no row yet); a second run of them would race its claims. The partition waits for that
+    run to end, then the next tick requests what is left, once."""
+    rig = sqlite_rig
+    seed(rig.stores, "p/e1", "src")
+    rig.add("p/e1", "p/e2")
+    run = dg.DagsterRun(
+        job_name="__ASSET_JOB",
+        run_id="0d8b8a4e-5b1c-4f57-9f5a-2f0c2b6a1c01",
+        status=dg.DagsterRunStatus.STARTED,
+        tags={"dagster/partition": "p/e1"},
+        asset_selection=frozenset({dg.AssetKey("src"), dg.AssetKey("mid")}),
+    )
+    rig.instance.add_run(run)
+    try:
+        rig.tick()
+        assert set(rig.runs()) == {"p/e2"}  # another partition is not held
+        assert rig.stats.held == 1 and "1 partitions held" in rig.stats.line()
+        assert not rig.tick().run_requests  # still in flight: nothing to do
+        rig.instance.report_run_failed(run)
+        rig.tick()
+        assert rig.stats.changed == {"run": 1}
+        assert rig.selection("p/e1") == ["mid", "end", "side"]
+        assert not rig.tick().run_requests
+    finally:
+        rig.instance.delete_run(run.run_id)

@@ -9,6 +9,7 @@ running sensors have stored since ``CURSOR_VERSION`` 1.
 import base64
 import json
 import zlib
+from collections.abc import Collection
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -20,10 +21,14 @@ from pipeline_defs.judging.blocks import block_diff
 from pipeline_defs.judging.cursor import CursorState
 from pipeline_defs.judging.evaluation import ABSENT, StepEvaluation, Verdict
 from pipeline_defs.judging.memo import memoise
+from pipeline_defs.judging.plan import hold_back
 from pipeline_defs.judging.scan import PartitionScan
 from pipeline_defs.judging.tick import ResumeTicker, TickConfig, TickStats
+from pipeline_defs.resume.clock import format_timestamp
+from pipeline_defs.resume.decision import ResumeAction, ResumeDecision
 from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.resume.settings import ResumeSettings
+from pipeline_defs.resume.status import LedgerRow
 
 NOW = datetime(2026, 1, 1, 12, tzinfo=UTC)
 
@@ -138,7 +143,9 @@ def test_judge_phase_judges_every_step_of_the_chosen(sqlite_url: str, pipeline_h
     )
     assert judged == keys and calls == len(keys) * len(SENSOR_STEPS)
     launches = {(ev.step_id, ev.partition_key) for ev in evaluations if ev.launch}
-    assert launches == {("src", "p/e3")}  # the seeded partitions are complete
+    # The seeded partitions are complete; the new one goes in one run, every step in it.
+    assert launches == {(s, "p/e3") for s in ("src", "mid", "end", "side")}
+    assert len({ev.run_key for ev in evaluations if ev.launch}) == 1
 
 
 # ----------------------------------------------------------------------------- memoise, blocks
@@ -219,3 +226,58 @@ def test_next_cursor_resumes_memory_and_full_refresh(sqlite_url: str, pipeline_h
     foreign = replace(state, token="another process")
     assert ticker.tick(keys, NOW, foreign.encode()).stats.mode == "unchanged"
     assert ticker.tick(keys, NOW, replace(foreign, pending=1).encode()).stats.mode == "cold"
+
+
+# ----------------------------------------------------------------------------- hold back
+def test_hold_back_waits_for_a_run_in_flight_unless_it_looks_dead() -> None:
+    """docs/DESIGN.md#sensor: a run of the partition not ended yet holds its launches back;
+    a stale-lease recovery never waits, nor does a started run silent for a whole lease."""
+    lease = 60.0
+    epoch = NOW.timestamp()
+
+    def ev(pk: str, action: ResumeAction = ResumeAction.RERUN_SELF) -> StepEvaluation:
+        return StepEvaluation("src", pk, ResumeDecision(action, "x"), Verdict.LAUNCH, "")
+
+    trace = format_timestamp(datetime.fromtimestamp(epoch - 10, UTC))
+    rows = {StepKey("p", "busy", "src"): LedgerRow.of({"status": "completed", "updated_at": trace})}
+    launches = [
+        ev("p/idle"),  # nothing in flight
+        ev("p/queued"),  # a run queued: held, no wake (the queue starts it)
+        ev("p/busy"),  # started long ago, but a row moved 10 s ago: held until the lease
+        ev("p/silent"),  # started long ago, no trace since: taken for dead
+        ev("p/lapsed", ResumeAction.STALE_RUNNING_RECOVERY),  # the lease lapsed: never held
+    ]
+    in_flight = {
+        "p/queued": None,
+        "p/busy": epoch - 3600,
+        "p/silent": epoch - 3600,
+        "p/lapsed": epoch - 5,
+    }
+    kept, held = hold_back(launches, in_flight, rows, epoch, lease)
+    assert [e.partition_key for e in kept] == ["p/idle", "p/silent", "p/lapsed"]
+    assert held == {"p/queued": None, "p/busy": epoch - 10 + lease}
+
+
+def test_a_held_partition_is_judged_again_when_its_run_ends(
+    sqlite_url: str, pipeline_home: Path
+) -> None:
+    ticker, keys = _ticker(pipeline_home, sqlite_url)
+    asked: list[set[str]] = []
+    flights: dict[str, float | None] = {"p/e3": None}  # p/e3 never ran; a run is queued
+
+    def in_flight(partitions: Collection[str]) -> dict[str, float | None]:
+        asked.append(set(partitions))
+        return {pk: flights[pk] for pk in partitions if pk in flights}
+
+    first = ticker.tick(keys, NOW, None, in_flight)
+    assert first.launches == [] and first.stats.held == 1
+    assert asked == [{"p/e3"}]  # only the partitions with launches are asked about
+    still = ticker.tick(keys, NOW, first.cursor, in_flight)
+    assert still.stats.mode == "unchanged" and still.launches == []
+    flights.clear()  # the run ended
+    ended = ticker.tick(keys, NOW, still.cursor, in_flight)
+    assert ended.stats.changed == {"run": 1}
+    assert [ev.step_id for ev in ended.launches] == ["src", "mid", "end", "side"]
+    asked.clear()
+    assert ticker.tick(keys, NOW, ended.cursor, in_flight).stats.mode == "unchanged"
+    assert asked == []  # nothing to launch, nothing held: Dagster is not asked

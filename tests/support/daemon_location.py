@@ -1,8 +1,9 @@
-"""Code location of the daemon-path sensor tests: the shipped wiring on two real steps.
+"""Code locations of the daemon-path sensor tests: the shipped wiring on real steps.
 
-Built by ``build_defs`` exactly as ``pipeline_defs.defs`` is, with the first two storyboard
-steps, the resume sensor ticking every second and runs in one process each (cheaper on a
-two-core CI machine; the judge and the claim are the same in either executor).
+Built by ``build_defs`` exactly as ``pipeline_defs.defs`` is, the resume sensor ticking
+every second and runs in one process each (cheaper on a two-core CI machine; the judge and
+the claim are the same in either executor): ``defs`` with the first two storyboard steps,
+``storyboard_defs`` with all ten.
 """
 
 import dagster as dg
@@ -14,5 +15,10 @@ STEPS = STORYBOARD_STEPS[:2]  # story_source, entity_canon
 
 defs = dg.Definitions.merge(
     build_defs(STEPS, sensor_interval_seconds=1),
+    dg.Definitions(executor=dg.in_process_executor),
+)
+
+storyboard_defs = dg.Definitions.merge(
+    build_defs(STORYBOARD_STEPS, sensor_interval_seconds=1),
     dg.Definitions(executor=dg.in_process_executor),
 )

@@ -508,8 +508,9 @@ def _judged_item(ev: "StepEvaluation") -> dict[str, Any]:
     item = ev.as_dict()
     if ev.decision.first_run:  # the sensor launches it as RERUN_SELF; it re-runs nothing
         item["action"] = FIRST_RUN
-        if item["detail"] == f"launch {ResumeAction.RERUN_SELF.value}":
-            item["detail"] = f"launch {FIRST_RUN}"
+        launch = f"launch {ResumeAction.RERUN_SELF.value}"
+        if item["detail"] == launch or item["detail"].startswith(f"{launch},"):
+            item["detail"] = f"launch {FIRST_RUN}" + item["detail"][len(launch) :]
     return item
 
 

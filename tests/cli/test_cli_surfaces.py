@@ -138,7 +138,8 @@ def test_a_first_run_is_shown_as_first_run(cli: CliEnv) -> None:
     assert (first["action"], first["verdict"]) == ("first_run", "launch")
     assert first["reason"] == "first run"
     assert first["detail"] == "launch first_run"
-    assert decided["p1/e1", "outline"]["action"] == "first_run"  # waiting, still a first run
+    assert decided["p1/e1", "outline"]["action"] == "first_run"  # in the same run, after source
+    assert decided["p1/e1", "outline"]["detail"].startswith("launch first_run, in one run after")
     assert decided["p2/e1", "sketch"]["action"] == "rerun_self"  # a re-run stays one
     text = wide(cli, "decide", "--all")
     actions = column(text, "action")

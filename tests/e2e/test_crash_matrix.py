@@ -152,7 +152,7 @@ def test_one_resume_after_a_kill_ends_as_a_clean_run(
             want = ("skip", 0)
         else:  # never reached by the killed run: its first run, a clean run's calls
             assert step_id not in left, (step_id, left)
-            want = ("rerun_self", clean["calls"][step_id])
+            want = ("first_run", clean["calls"][step_id])
         assert (entry["decision"], entry["provider_calls"]) == want, (crash_at, step_id, entry)
 
 

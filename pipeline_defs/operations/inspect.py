@@ -268,7 +268,8 @@ def status_report(
     audit = [t for t in ws.ledger.transitions() if f"{t['project_id']}/{t['episode_id']}" in wanted]
     decisions = _last_decisions(audit)
     evaluations = {(ev.partition_key, ev.step_id): ev for ev in _evaluate(ws, episodes, now)}
-    judged = {slot: _judged_item(ev) for slot, ev in evaluations.items()}
+    ended = _owner_ended(ws)
+    judged = {slot: _judged_item(ev, ended) for slot, ev in evaluations.items()}
     calls: dict[StepKey, int] = defaultdict(int)
     unknown: dict[StepKey, int] = defaultdict(int)
     for call in ws.ledger.provider_calls():
@@ -301,7 +302,11 @@ def status_report(
             now_judged = judged.get((episode.partition_key, step_id))
             if now_judged is not None:
                 state.verdict = now_judged["verdict"]
-                state.running_healthy = evaluations[episode.partition_key, step_id].running_healthy
+                # A live lease of a run that has ended is no healthy run (the sensor relaunches it).
+                state.running_healthy = (
+                    evaluations[episode.partition_key, step_id].running_healthy
+                    and now_judged["verdict"] == "blocked"
+                )
                 if now_judged["verdict"] == "blocked" and not state.running_healthy:
                     state.block_code = now_judged["code"]
                     state.block_origin = now_judged["origin"]
@@ -477,7 +482,8 @@ def _leases(
         if s.running_healthy:
             live += 1
         elif (
-            ev.decision.action is ResumeAction.STALE_RUNNING_RECOVERY
+            s.verdict == "launch"  # a dead owner's row, whatever its heartbeat says
+            or ev.decision.action is ResumeAction.STALE_RUNNING_RECOVERY
             or ev.decision.code == CODE_RECOVERY_EXHAUSTED
         ):
             expired += 1
@@ -494,7 +500,16 @@ def judge_now(ws: Workspace, episodes: Sequence[Episode], now: datetime) -> list
     upstream is settled, honoring backoff and recovery exhaustion. ``status`` and ``decide``
     both read it, so they cannot disagree with each other or with the sensor.
     """
-    return [_judged_item(ev) for ev in _evaluate(ws, episodes, now)]
+    ended = _owner_ended(ws)
+    return [_judged_item(ev, ended) for ev in _evaluate(ws, episodes, now)]
+
+
+def _owner_ended(ws: Workspace) -> Callable[[str], str | None] | None:
+    """The sensor's dead-owner rule (``owner_ended_in``) on this workspace's instance."""
+    from pipeline_defs.steps.assets import owner_ended_in
+
+    instance = ws.instance(required=False)
+    return None if instance is None else owner_ended_in(instance)
 
 
 def _evaluate(ws: Workspace, episodes: Sequence[Episode], now: datetime) -> list["StepEvaluation"]:
@@ -504,8 +519,25 @@ def _evaluate(ws: Workspace, episodes: Sequence[Episode], now: datetime) -> list
     return evaluate_partitions(ws.steps, stores, [e.partition_key for e in episodes], now)
 
 
-def _judged_item(ev: "StepEvaluation") -> dict[str, Any]:
+def _judged_item(
+    ev: "StepEvaluation", owner_ended: Callable[[str], str | None] | None = None
+) -> dict[str, Any]:
     item = ev.as_dict()
+    run_id = ev.facts.run_id
+    if owner_ended is not None and ev.running_healthy and run_id:
+        ended = owner_ended(str(run_id))
+        if ended is not None:
+            # Its heartbeat is fresh but its Dagster run has ended: the sensor relaunches it
+            # now (docs/DESIGN.md#dead-owners), so no view may say it is being worked on.
+            recovery = ResumeAction.STALE_RUNNING_RECOVERY.value
+            item.update(
+                verdict="launch",
+                action=recovery,
+                code=None,
+                what_to_do="",
+                detail=f"launch {recovery}: its owner run {run_id} ended ({ended})",
+            )
+            return item
     if ev.decision.first_run:  # the sensor launches it as RERUN_SELF; it re-runs nothing
         item["action"] = FIRST_RUN
         launch = f"launch {ResumeAction.RERUN_SELF.value}"

@@ -6,6 +6,7 @@ instance, the CLI invoked in-process on the test-only steps of ``storyboard_fake
 
 import json
 import re
+from datetime import UTC, datetime
 from pathlib import Path
 
 import dagster as dg
@@ -226,3 +227,54 @@ def test_provider_call_columns_say_which_calls_they_count(cli: CliEnv) -> None:
     outline = next(line for line in status.splitlines() if " outline " in line)
     assert re.search(r"\b6\b", outline), "3 + 3 calls over two runs, labelled as the total"
     assert "provider calls total 10" in status
+
+
+def test_a_dead_owner_is_judged_as_the_sensor_judges_it(cli: CliEnv) -> None:
+    """A running row whose Dagster run has ended (run monitoring marked it failed) holds a
+    fresh heartbeat but no worker: the sensor relaunches it now, so ``decide`` and
+    ``status`` must say that, not that the run is working on it."""
+    import sqlalchemy as sa
+
+    from pipeline_defs.resume.clock import format_timestamp
+    from pipeline_defs.resume.partition import Episode
+    from resources.ledger.tables import step_run
+
+    add(cli, "p1", "e1")
+    cli.ok("materialize", "--partition", "p1/e1")
+
+    @dg.op
+    def boom() -> None:
+        raise RuntimeError("the worker died")
+
+    @dg.job
+    def dead() -> None:
+        boom()
+
+    instance = dg.DagsterInstance.from_config(str(cli.dagster_home))
+    ended = dead.execute_in_process(instance=instance, raise_on_error=False)
+    assert not ended.success
+    now = format_timestamp(datetime.now(UTC))
+    step = Episode.parse("p1/e1").step("source")
+    with cli.ledger.engine.begin() as conn:
+        conn.execute(
+            sa.update(step_run)
+            .where(
+                (step_run.c.project_id == step.project_id) & (step_run.c.step_id == step.step_id)
+            )
+            .values(
+                status="running",
+                run_id=f"{ended.run_id}:0",
+                started_at=now,
+                heartbeat_at=now,  # a fresh heartbeat: only the ended run says it is dead
+                updated_at=now,
+            )
+        )
+
+    decided = {d["step"]: d for d in cli.json("decide", "--all")["decisions"]}
+    source = decided["source"]
+    assert (source["verdict"], source["action"]) == ("launch", "stale_running_recovery")
+    assert ended.run_id in source["detail"] and "FAILURE" in source["detail"]
+    status = cli.json("status", "--partition", "p1/e1")
+    (state,) = [s for s in status["steps"] if s["step"] == "source"]
+    assert state["verdict"] == "launch" and not state["running_healthy"]
+    assert "working on it" not in cli.ok("status", "--partition", "p1/e1").output

@@ -1,20 +1,7 @@
-"""Keep a hand edit: make an operator's edit of a checkpoint the new truth (``storyboard
-accept``), instead of the only other answer, a force that throws the edit away.
+"""``storyboard accept``: keep an operator's hand edit of a checkpoint (the CLI side).
 
-The edited ``checkpoint.json`` fails its own content hash (that is how an edit is seen, and
-why the judge blocks it). Accepting it: the step recomputes what it derives from the edited
-data (``Step.accept_edit``: the sentinel hash of an edited prompt), the step's own
-``validate_data`` and verifier judge the result, and only a clean result is published,
-exactly as a mutator's edit is: the file on disk is archived, the new envelope (content hash
-recomputed, a ``manual`` entry in ``mutations``) is written under the row lock of a settled
-row, sealed, and audited with origin ``manual`` and what changed. No model call. An edit the
-step cannot make valid is refused with a typed error naming the field, and nothing changes.
-Downstream steps then judge themselves against the new upstream (self-only, as after the
-review): nothing is invalidated.
-
-The core lives in ``pipeline_defs/steps/accept.py``, below the asset factory, because a
-launch tagged ``resume/mode=accept`` does the same work (docs/DESIGN.md#hand-edits); this
-module is the CLI's caller of it and keeps the report the CLI prints.
+What an accept does, and why, is ``pipeline_defs/steps/accept.py`` (the one core, shared
+with the run tag ``resume/mode=accept``); this module finds the step and reports.
 """
 
 from dataclasses import asdict, dataclass, field

@@ -190,13 +190,9 @@ class BucketCheckpoints:
         if manifest is None:
             return None
         ref = manifest.envelope
-        try:
-            payload = self.storage.get(ref.key)
-        except PipelineError as exc:
-            if exc.code == ErrorCode.STORAGE_OBJECT_MISSING:
-                return None
-            raise
-        self._verify(ref, payload, what="checkpoint envelope")
+        payload = self.fetch(ref, what="checkpoint envelope")
+        if payload is None:
+            return None
         try:
             raw = json.loads(payload.decode("utf-8"))
         except (UnicodeDecodeError, ValueError) as exc:
@@ -213,6 +209,18 @@ class BucketCheckpoints:
                 Origin.CONTRACT_DRIFT,
             )
         return checkpoint
+
+    def fetch(self, ref: ObjectRef, *, what: str = "object") -> bytes | None:
+        """An object's bytes verified against its reference (size and sha256); None when
+        the object is gone, ``io.integrity_violation`` naming it when replaced."""
+        try:
+            payload = self.storage.get(ref.key)
+        except PipelineError as exc:
+            if exc.code == ErrorCode.STORAGE_OBJECT_MISSING:
+                return None
+            raise
+        self._verify(ref, payload, what=what)
+        return payload
 
     def read_artifact(self, manifest: Manifest, relative: str) -> bytes:
         """An artifact's bytes, verified against the manifest (a run's full check)."""

@@ -44,7 +44,7 @@ from pipeline_defs.resume.completion import Origin
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.files import file_sha256, read_nofollow, write_file_under
 from pipeline_defs.resume.partition import StepKey
-from resources.checkpoints.bucket import BucketCheckpoints, sha256_bytes
+from resources.checkpoints.bucket import BucketCheckpoints
 from resources.checkpoints.envelope import Checkpoint
 from resources.checkpoints.manifest import Manifest, ObjectRef
 from resources.checkpoints.store import CheckpointStore, StagedCheckpoint, atomic_write_bytes
@@ -127,7 +127,11 @@ class PublishedCheckpoints(CheckpointStore):
         text = self.pointers.pointer(key)
         if text is None:
             return None
-        if not self._hydrate(key, text, self._decode(key, text)):
+        return self.load_published(key, text, self._decode(key, text))
+
+    def load_published(self, key: StepKey, text: str, manifest: Manifest) -> Checkpoint | None:
+        """``load`` of the pointer ``text`` already read (decoded as ``manifest``)."""
+        if not self._hydrate(key, text, manifest):
             return None  # the envelope object is gone: completed without checkpoint
         return super().load(key)
 
@@ -144,7 +148,7 @@ class PublishedCheckpoints(CheckpointStore):
             marker.unlink()  # a copy half brought up to date is never taken as current
         for relative, ref in sorted(manifest.artifacts.items()):
             self._fetch(key, relative, ref)
-        envelope = self._get(manifest.envelope)
+        envelope = self.bucket.fetch(manifest.envelope, what="checkpoint envelope")
         if envelope is None:
             return False
         atomic_write_bytes(self.path_for(key), envelope)
@@ -158,31 +162,12 @@ class PublishedCheckpoints(CheckpointStore):
         held = path.is_file() and path.stat().st_size == ref.size
         if held and file_sha256(path) == ref.sha256 and self.storage.head(ref.key) is not None:
             return  # the published bytes are here already: one HEAD, no download
-        payload = self._get(ref)
+        payload = self.bucket.fetch(ref, what=f"artifact {relative}")
         if payload is None:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)  # scratch: the truth (a missing object) must show here
             return
         atomic_write_bytes(path, payload)
-
-    def _get(self, ref: ObjectRef) -> bytes | None:
-        """An object's bytes verified against the manifest; None if the object is gone."""
-        try:
-            payload = self.storage.get(ref.key)
-        except PipelineError as exc:
-            if exc.code == ErrorCode.STORAGE_OBJECT_MISSING:
-                return None
-            raise
-        if len(payload) != ref.size or sha256_bytes(payload) != ref.sha256:
-            raise PipelineError(
-                ErrorCode.IO_INTEGRITY_VIOLATION,
-                f"object {ref.key} in {self.storage.url} is not the published one (sha256 "
-                f"{sha256_bytes(payload)[:12]}…, {len(payload)} bytes; published "
-                f"{ref.sha256[:12]}…, {ref.size} bytes): it was overwritten or replaced",
-                origin=Origin.INVARIANT_DRIFT.value,
-                details={"key": ref.key, "storage": self.storage.url},
-            )
-        return payload
 
     # ------------------------------------------------------------------ publish
     def stage(self, checkpoint: Checkpoint) -> StagedCheckpoint:
@@ -235,12 +220,16 @@ class PublishedCheckpoints(CheckpointStore):
     def is_unchanged(self, checkpoint: Checkpoint) -> bool:
         """Same content as published, and every object it names still in the storage: a
         re-run that redrew a deleted picture has the same content but must publish it."""
+        key = checkpoint.key
+        text = self.pointers.pointer(key)
+        if text is None:
+            return False
         try:
-            current = self.load(checkpoint.key)
-            published = self.manifest(checkpoint.key)
+            published = self._decode(key, text)
+            current = self.load_published(key, text, published)
         except PipelineError:
             return False
-        if current is None or published is None:
+        if current is None:
             return False
         if current.identity_hash != checkpoint.identity_hash:
             return False

@@ -85,6 +85,29 @@ def set_pointer(
         conn.execute(sa.delete(checkpoint_archive).where(checkpoint_archive.c.id.in_(old_ids)))
 
 
+def replace_pointer(
+    conn: Connection,
+    key: StepKey,
+    pointer: str | None,
+    *,
+    reason: str,
+    run_id: str | None,
+    keep: int,
+    now: str,
+) -> None:
+    """:func:`set_pointer` over whatever the (already locked) row names now."""
+    set_pointer(
+        conn,
+        key,
+        pointer,
+        previous=current_pointer(conn, key),
+        reason=reason,
+        run_id=run_id,
+        keep=keep,
+        now=now,
+    )
+
+
 def swap_pointer(
     conn: Connection,
     key: StepKey,

@@ -920,11 +920,10 @@ class LedgerStore:
                         f"{key}: run {run_id} no longer owns the ledger row; refusing to publish",
                     )
                 if pointer is not None:
-                    pointers.set_pointer(
+                    pointers.replace_pointer(
                         conn,
                         key,
                         pointer,
-                        previous=pointers.current_pointer(conn, key),
                         reason="replaced",
                         run_id=run_id,
                         keep=keep_archives,
@@ -1044,15 +1043,8 @@ class LedgerStore:
                     )
                 result = once()
                 if pointer is not None:
-                    pointers.set_pointer(
-                        conn,
-                        key,
-                        pointer,
-                        previous=pointers.current_pointer(conn, key),
-                        reason=reason,
-                        run_id=run_id,
-                        keep=keep_archives,
-                        now=ts,
+                    pointers.replace_pointer(
+                        conn, key, pointer, reason=reason, run_id=run_id, keep=keep_archives, now=ts
                     )
                 return result
 
@@ -1115,16 +1107,8 @@ class LedgerStore:
                         done.append(key)
                         # On object storage the checkpoint leaves service with its row (the
                         # local store moves the file to archive/): its pointer is archived.
-                        previous = pointers.current_pointer(conn, key)
-                        pointers.set_pointer(
-                            conn,
-                            key,
-                            None,
-                            previous=previous,
-                            reason="force",
-                            run_id=None,
-                            keep=5,
-                            now=ts,
+                        pointers.replace_pointer(
+                            conn, key, None, reason="force", run_id=None, keep=5, now=ts
                         )
             return done
 

@@ -2,11 +2,12 @@
 
 import os
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 
 import dagster as dg
 
-from pipeline_defs.resume.partition import StepKey
+from pipeline_defs.resume.partition import Episode, StepKey
 from pipeline_defs.resume.settings import EffectiveSettings, ResumeSettings, resolve_settings
 from resources.checkpoints.published import PublishedCheckpoints
 from resources.checkpoints.store import CheckpointStore
@@ -64,6 +65,12 @@ class LedgerPointers:
     def pointer(self, key: StepKey) -> str | None:
         row = self.ledger.get(key)
         return None if row is None else row.checkpoint_pointer
+
+    def episode_pointers(self, project_id: str, episode_id: str) -> Mapping[str, str | None]:
+        rows = self.ledger.get_many(
+            episodes=[Episode(project_id, episode_id)], columns=("checkpoint_pointer",)
+        )
+        return {key.step_id: row.checkpoint_pointer for key, row in rows.items()}
 
 
 class PipelineResource(dg.ConfigurableResource["PipelineResource"]):

@@ -36,6 +36,7 @@ from pipeline_defs.judging.blocks import CheckChange
 from pipeline_defs.judging.evaluation import LAUNCH_ACTIONS, StepEvaluation, Stores
 from pipeline_defs.judging.registry import ticker_for
 from pipeline_defs.judging.scan import episode_of
+from pipeline_defs.judging.scrub import scrub_for
 from pipeline_defs.judging.tick import InFlight, TickConfig, TickResult
 from pipeline_defs.resume.decision import ResumeAction
 from pipeline_defs.steps.assets import episodes, owner_ended_in
@@ -309,6 +310,11 @@ def build_resume_sensor(
             )
         _INVALID_LOGGED[name] = invalid
         stores = Stores.of(pipeline)
+        # On object storage, this tick's share of the scrub first: a seal it clears moves
+        # its row, so the tick below re-judges that partition the long way.
+        scrubbed = scrub_for(name).step(stores, partition_keys)
+        for drift in scrubbed.drifts[:LOGGED_CHANGES]:
+            context.log.warning(f"scrub: {drift.step}: {drift.why}; judged again")
         ticker = ticker_for(name, ordered, stores, config)
         in_flight = runs_in_flight(context.instance, step_keys)
         result = ticker.tick(partition_keys, clock(), context.cursor, in_flight)

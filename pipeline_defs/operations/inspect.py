@@ -512,10 +512,19 @@ def _owner_ended(ws: Workspace) -> Callable[[str], str | None] | None:
     return None if instance is None else owner_ended_in(instance)
 
 
+# On object storage, ``decide``/``status`` of up to this many episodes compare them with
+# the storage first (two LISTs each); beyond it they trust seals as the sensor does, whose
+# scrub covers every episode once per ``scrub_period_seconds``.
+SCRUBBED_BY_CLI = 50
+
+
 def _evaluate(ws: Workspace, episodes: Sequence[Episode], now: datetime) -> list["StepEvaluation"]:
     from pipeline_defs.judging.evaluation import Stores, evaluate_partitions
+    from pipeline_defs.judging.scrub import scrub_episodes
 
     stores = Stores(ws.settings, ws.ledger, ws.checkpoints)
+    if len(episodes) <= SCRUBBED_BY_CLI:
+        scrub_episodes(stores, episodes, clear=False)  # this process judges drift the long way
     return evaluate_partitions(ws.steps, stores, [e.partition_key for e in episodes], now)
 
 

@@ -175,7 +175,10 @@ def add_episode(
     else:
         write_file_under(home, config_path, template)
         config_state = "created"
-    ws.checkpoints.publish_inputs(project_id, episode_id)  # every machine reads them
+    if ws.checkpoints.publish_inputs(project_id, episode_id):  # every machine reads them
+        # A seal on object storage names the inputs its run verified by e_tag, and other
+        # machines trust it until told: tell them (judged the long way, the edit seen).
+        ws.ledger.clear_episode_seals(project_id, episode_id)
     added = register_partition(instance, episode.partition_key)
     return {
         "partition": episode.partition_key,

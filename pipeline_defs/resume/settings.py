@@ -43,6 +43,7 @@ ENV_NAMES: dict[str, str] = {
     "offline_latency_ms": "PIPELINE_OFFLINE_LATENCY_MS",
     "heartbeat_seconds": "PIPELINE_HEARTBEAT_SECONDS",
     "lease_seconds": "PIPELINE_LEASE_SECONDS",
+    "scrub_period_seconds": "PIPELINE_SCRUB_PERIOD_SECONDS",
 }
 
 # Upper bounds. Without them a value validated and broke later instead: a timeout of
@@ -98,6 +99,13 @@ class ResumeSettings(BaseModel):
     # check, so they were refused with a bound they do not break; they are no number.
     heartbeat_seconds: float = Field(default=10, gt=0, le=3600, allow_inf_nan=False)
     lease_seconds: float = Field(default=60, gt=0, le=MAX_SETTING_SECONDS, allow_inf_nan=False)
+    # On object storage the sensor compares every episode's published objects and inputs
+    # with the ledger once per this period (one LIST each, spread over the ticks): how long
+    # an object deleted or replaced behind the ledger's back can go unnoticed by a judge
+    # that trusts seals. Runs and the IO manager always verify in full.
+    scrub_period_seconds: float = Field(
+        default=3600, gt=0, le=MAX_SETTING_SECONDS, allow_inf_nan=False
+    )
 
     @model_validator(mode="after")
     def _lease_outlives_heartbeats(self) -> "ResumeSettings":

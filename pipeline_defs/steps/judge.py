@@ -233,6 +233,10 @@ class StepJudge:
         return Episode.parse(partition_key).step(self.step.step_id)
 
     def project(self, key: StepKey) -> ProjectConfig:
+        # On object storage the home holds a copy of the published project config, brought
+        # up to date first (at most one request per project every few seconds; a no-op on
+        # a local home): a sealed verdict compares the config it finds here.
+        self.checkpoints.sync_inputs(key.project_id)
         return self.projects.get(key.project_id)
 
     def context(self, key: StepKey) -> StepContext:
@@ -390,8 +394,10 @@ class StepJudge:
         the publishing run's clean verification stands in for reading and verifying again.
         """
         # On object storage the inputs are copied into the home first (a cache; no-op and
-        # no request on a local home or within a few seconds of the last copy).
-        self.checkpoints.sync_inputs(key.project_id, key.episode_id)
+        # no request on a local home or within a few seconds of the last copy). A holding
+        # seal stands for the episode's inputs (the scrub compares them with the storage):
+        # only the project config, which the judge compares itself, is brought up to date.
+        self.checkpoints.sync_inputs(key.project_id, key.episode_id if sealed is None else None)
         ctx = self.context(key)
         config = self.scoped_config(ctx.project)
         if sealed is None and loaded is None:

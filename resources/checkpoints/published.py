@@ -35,18 +35,23 @@ import json
 import os
 import shutil
 import socket
+import threading
 import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 from uuid import uuid4
 
 from pipeline_defs.resume.completion import Origin
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.files import file_sha256, read_nofollow, write_file_under
+from pipeline_defs.resume.layout import FileIdentity
 from pipeline_defs.resume.partition import StepKey
 from resources.checkpoints.bucket import BucketCheckpoints
 from resources.checkpoints.envelope import Checkpoint
 from resources.checkpoints.manifest import Manifest, ObjectRef
+from resources.checkpoints.object_seal import ObjectSeal, SealDrift
+from resources.checkpoints.seal import Seal, identity_of
 from resources.checkpoints.store import CheckpointStore, StagedCheckpoint, atomic_write_bytes
 from resources.storage import ObjectMeta, Storage
 
@@ -62,6 +67,10 @@ class PointerSource(Protocol):
     """The published pointer of a step: its ledger row's ``checkpoint_pointer``."""
 
     def pointer(self, key: StepKey) -> str | None: ...
+
+    def episode_pointers(self, project_id: str, episode_id: str) -> Mapping[str, str | None]:
+        """Step id -> pointer of every row of one episode (one read)."""
+        ...
 
 
 def _digest(text: str) -> str:
@@ -93,14 +102,27 @@ class PublishedCheckpoints(CheckpointStore):
         self.storage = storage
         self.bucket = BucketCheckpoints(storage)
         self.pointers = pointers
-        # (project, episode) -> when its inputs were last synced; input key -> its e_tag.
+        # (project, episode) -> when its inputs were last synced; input key -> the e_tag of
+        # the local copy.
         self._synced: dict[tuple[str, str | None], float] = {}
         self._input_tags: dict[str, str | None] = {}
+        # What this process last saw in the storage (a sync or a scrub): input key -> e_tag,
+        # and the keys of each episode's input folder. Seals are checked against these.
+        self._seen_inputs: dict[str, str | None] = {}
+        self._seen_folders: dict[str, frozenset[str]] = {}
+        # Steps a scrub found drifted: their seal is not trusted and their copy is fetched
+        # again (not taken from the marker) the next time they are loaded.
+        self._drifted: set[StepKey] = set()
+        self._scope_pointers = threading.local()
         atexit.register(shutil.rmtree, scratch, ignore_errors=True)
 
     @property
     def poolable(self) -> bool:
         return False  # worker processes would judge from a local tree that is not the truth
+
+    @property
+    def scrubbable(self) -> bool:
+        return True
 
     @property
     def location(self) -> str:
@@ -141,14 +163,20 @@ class PublishedCheckpoints(CheckpointStore):
         step_dir = self.step_dir(key)
         marker = step_dir / PUBLISHED_MARKER
         digest = _digest(text)
+        drifted = key in self._drifted  # a scrub saw the storage differ: fetch, do not trust
         with contextlib.suppress(FileNotFoundError, NotADirectoryError):
-            if read_nofollow(marker).decode("utf-8") == digest and self.path_for(key).is_file():
+            if (
+                not drifted
+                and read_nofollow(marker).decode("utf-8") == digest
+                and self.path_for(key).is_file()
+            ):
                 return True
         with contextlib.suppress(FileNotFoundError):
             marker.unlink()  # a copy half brought up to date is never taken as current
         for relative, ref in sorted(manifest.artifacts.items()):
             self._fetch(key, relative, ref)
         envelope = self.bucket.fetch(manifest.envelope, what="checkpoint envelope")
+        self._drifted.discard(key)  # judged from what the storage holds now
         if envelope is None:
             return False
         atomic_write_bytes(self.path_for(key), envelope)
@@ -237,7 +265,161 @@ class PublishedCheckpoints(CheckpointStore):
             self._still_there(ref, ref.sha256, ref.size) for ref in published.artifacts.values()
         )
 
+    # ------------------------------------------------------------------ seals
+    def seal(
+        self,
+        checkpoint: Checkpoint,
+        reads: Iterable[Path] = (),
+        *,
+        file: Path | None = None,
+        revision: int = 1,
+    ) -> str | None:
+        """A seal any machine can check from the ledger (:mod:`~resources.checkpoints.
+        object_seal`): the inputs the verifier read by the ``e_tag`` of the published
+        object this process verified a copy of, the victims by their pointers. None (the
+        step is judged the long way) when a read is not a published input or a victim."""
+        inputs: dict[str, str] = {}
+        victims: dict[str, str] = {}
+        home = self.home.resolve()
+        checkpoints = Path(self.layout.checkpoints).resolve()
+        episode = checkpoint.key
+        for path in reads:
+            resolved = Path(path).resolve()
+            if resolved.is_relative_to(checkpoints):
+                parts = resolved.relative_to(checkpoints).parts
+                if len(parts) < 3 or (parts[0], parts[1]) != (
+                    episode.project_id,
+                    episode.episode_id,
+                ):
+                    return None
+                pointer = self.pointers.pointer(StepKey(parts[0], parts[1], parts[2]))
+                if pointer is None:
+                    return None
+                victims[parts[2]] = _digest(pointer)
+                continue
+            if not resolved.is_relative_to(home):
+                return None
+            if resolved.is_dir():
+                continue  # a folder is the set of its files, all named below
+            tag = self._input_tags.get(resolved.relative_to(home).as_posix())
+            if tag is None:
+                return None  # an input only this home holds: nothing to compare with
+            inputs[resolved.relative_to(home).as_posix()] = tag
+        return ObjectSeal(
+            summary=checkpoint.summary(),
+            version=checkpoint.version,
+            artifacts=tuple(a.path for a in checkpoint.artifacts),
+            inputs=inputs,
+            victims=victims,
+            sealed_ns=time.time_ns(),
+            revision=revision,
+        ).encode()
+
+    def sealed(
+        self,
+        key: StepKey,
+        text: Any,
+        shared: Callable[[str], FileIdentity | None] = identity_of,
+    ) -> Seal | None:
+        """The seal of ``key`` unless this process knows better: an input whose published
+        ``e_tag`` (or folder) it saw differ, a victim whose pointer moved, or a drift its
+        scrub found. No request: what the storage holds is the scrub's to compare."""
+        seal = ObjectSeal.decode(text)
+        if seal is None or key in self._drifted:
+            return None
+        for input_key, tag in seal.inputs.items():
+            seen = self._seen_inputs.get(input_key, tag)
+            if seen != tag:
+                return None
+        folder = self._inputs_folder(key.project_id, key.episode_id)
+        listed = self._seen_folders.get(folder)
+        if listed is not None and listed != _under(folder, seal.inputs):
+            return None  # an input added or removed since the run verified them
+        if seal.victims:
+            pointers = self._episode_pointers(key.project_id, key.episode_id)
+            for step_id, digest in seal.victims.items():
+                pointer = pointers.get(step_id)
+                if pointer is None or _digest(pointer) != digest:
+                    return None
+        return seal.as_seal()
+
+    def _episode_pointers(self, project_id: str, episode_id: str) -> Mapping[str, str | None]:
+        """One read per episode and judging scope (outside a scope: every time)."""
+        cache: dict[tuple[str, str], Mapping[str, str | None]] | None = getattr(
+            self._scope_pointers, "cache", None
+        )
+        if cache is not None and (project_id, episode_id) in cache:
+            return cache[(project_id, episode_id)]
+        found = self.pointers.episode_pointers(project_id, episode_id)
+        if cache is not None:
+            cache[(project_id, episode_id)] = found
+        return found
+
+    @contextlib.contextmanager
+    def judging_scope(self) -> Iterator[None]:
+        previous = getattr(self._scope_pointers, "cache", None)
+        self._scope_pointers.cache = {}
+        try:
+            with super().judging_scope():
+                yield
+        finally:
+            self._scope_pointers.cache = previous
+
+    # ------------------------------------------------------------------ scrub
+    def scrub(
+        self, project_id: str, episode_id: str, rows: Mapping[str, tuple[str | None, str | None]]
+    ) -> list[SealDrift]:
+        """Compare the storage with one episode's sealed rows: one LIST of its checkpoint
+        prefix and one of its input folder (whatever its number of steps and objects).
+
+        ``rows``: step id -> (pointer, seal) of the episode's rows. Returns the seals that
+        no longer speak for the storage: a published object deleted or replaced, an input
+        changed, added or removed. Those steps are also judged the long way by this
+        process (their copies fetched again); clearing the seals in the ledger, so that
+        every process does, is the caller's.
+        """
+        folder = self._inputs_folder(project_id, episode_id)
+        listed = {m.key: m.e_tag for m in self.storage.list(folder)}
+        self._seen_inputs.update(listed)
+        self._seen_folders[folder] = frozenset(listed)
+        sealed: dict[str, tuple[Manifest, str, ObjectSeal]] = {}
+        for step_id, (pointer, text) in rows.items():
+            seal = ObjectSeal.decode(text)
+            if pointer is None or seal is None:
+                continue
+            key = StepKey(project_id, episode_id, step_id)
+            try:
+                sealed[step_id] = (self._decode(key, pointer), str(text), seal)
+            except PipelineError:
+                continue  # a row naming a foreign checkpoint is judged (and blocked) anyway
+        found: list[SealDrift] = []
+        drifts = self.bucket.scrub_episode(
+            project_id, episode_id, [manifest for manifest, _, _ in sealed.values()]
+        )
+        for drift in drifts:
+            _, text, seal = sealed[drift.step.step_id]
+            why = []
+            if drift.missing:
+                why.append(f"missing from the storage: {', '.join(drift.missing)}")
+            if drift.changed:
+                why.append(f"not the published objects: {', '.join(drift.changed)}")
+            inputs = _under(folder, seal.inputs)
+            if inputs != frozenset(listed):
+                why.append("its inputs were added or removed")
+            changed = sorted(k for k in inputs & set(listed) if listed[k] != seal.inputs[k])
+            if changed:
+                why.append(f"inputs changed: {', '.join(changed)}")
+            if why:
+                self._drifted.add(drift.step)
+                found.append(SealDrift(drift.step, text, "; ".join(why)))
+        if any(k in self._input_tags and self._input_tags[k] != t for k, t in listed.items()):
+            self._synced.pop((project_id, episode_id), None)  # copy again on the next read
+        return found
+
     # ------------------------------------------------------------------ inputs
+    def _inputs_folder(self, project_id: str, episode_id: str) -> str:
+        return str(Path(self.layout.episode_dir(project_id, episode_id)).relative_to(self.home))
+
     def _input_keys(self, project_id: str, episode_id: str | None) -> list[str]:
         keys = [self.layout.project_file(project_id)]
         if episode_id is not None:
@@ -264,11 +446,12 @@ class PublishedCheckpoints(CheckpointStore):
         if meta is not None:
             found[project_file] = meta
         if episode_id is not None:
-            folder = str(
-                Path(self.layout.episode_dir(project_id, episode_id)).relative_to(self.home)
-            )
-            found.update({m.key: m for m in self.storage.list(folder)})
+            folder = self._inputs_folder(project_id, episode_id)
+            listed = {m.key: m for m in self.storage.list(folder)}
+            self._seen_folders[folder] = frozenset(listed)
+            found.update(listed)
         for key, meta in sorted(found.items()):
+            self._seen_inputs[key] = meta.e_tag
             if self._input_tags.get(key) == meta.e_tag and (self.home / key).is_file():
                 continue
             data = self.storage.get(key)
@@ -278,10 +461,12 @@ class PublishedCheckpoints(CheckpointStore):
             self._input_tags[key] = meta.e_tag
         self._synced[memo_key] = now
 
-    def publish_inputs(self, project_id: str, episode_id: str) -> None:
+    def publish_inputs(self, project_id: str, episode_id: str) -> bool:
         """Put the home's project config and story into the storage (create, or replace
         what is there by compare-and-set: two writers cannot silently overwrite each
-        other), so every machine reads them."""
+        other), so every machine reads them. True when an object was replaced: the seals
+        that recorded the old one must then be cleared (a judge trusts them otherwise)."""
+        replaced = False
         for key in self._input_keys(project_id, episode_id):
             data = read_nofollow(self.home / key)
             found = self.storage.head(key)
@@ -289,10 +474,12 @@ class PublishedCheckpoints(CheckpointStore):
                 meta = self.storage.put_create(key, data)
             elif self.storage.get(key) != data:
                 meta = self.storage.put_if_match(key, data, found)
+                replaced = True
             else:
                 meta = found
-            self._input_tags[key] = meta.e_tag
+            self._input_tags[key] = self._seen_inputs[key] = meta.e_tag
         self._synced.pop((project_id, episode_id), None)
+        return replaced
 
     # ------------------------------------------------------------------ write-ahead edits
     def _pending_key(self, mutator: StepKey, victim: str) -> str:
@@ -327,3 +514,8 @@ class PublishedCheckpoints(CheckpointStore):
 
     def drop_pending(self, mutator: StepKey, victim: str) -> None:
         self.storage.delete(self._pending_key(mutator, victim))
+
+
+def _under(folder: str, keys: Iterable[str]) -> frozenset[str]:
+    """The keys directly in ``folder`` (an episode's input files)."""
+    return frozenset(k for k in keys if k.rpartition("/")[0] == folder)

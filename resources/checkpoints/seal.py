@@ -141,6 +141,18 @@ def _summary(
     )
 
 
+def summary_of(
+    schema_version: int, status: str, config_hash: str, fingerprints: Mapping[Any, Any]
+) -> CheckpointSummary:
+    """The shared summary of a decoded seal (disk or object storage)."""
+    return _summary(
+        schema_version,
+        status,
+        config_hash,
+        tuple(sorted((str(k), str(v)) for k, v in fingerprints.items())) if fingerprints else (),
+    )
+
+
 # A SealedFile's fields as a plain tuple: what a decoded seal holds (cheaper to build).
 SealedEntry = tuple[str, int, int, int, str | None]
 
@@ -220,14 +232,7 @@ class Seal:
                 return None
             return cls(
                 checkpoint=(int(cp[0]), int(cp[1]), int(cp[2])),
-                summary=_summary(
-                    int(raw["sv"]),
-                    str(raw["st"]),
-                    str(raw["ch"]),
-                    tuple(sorted((str(k), str(v)) for k, v in fingerprints.items()))
-                    if fingerprints
-                    else (),
-                ),
+                summary=summary_of(int(raw["sv"]), str(raw["st"]), str(raw["ch"]), fingerprints),
                 version=str(raw["ver"]),
                 artifacts=tuple(map(str, raw["art"])),
                 files=_files(raw["af"]),

@@ -30,7 +30,7 @@ import stat as stat_module
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -49,6 +49,7 @@ from pipeline_defs.resume.files import (  # re-exported: the store's callers use
 from pipeline_defs.resume.layout import DataLayout, FileIdentity, dir_stat_identity, stat_identity
 from pipeline_defs.resume.partition import StepKey
 from resources.checkpoints.envelope import Artifact, Checkpoint
+from resources.checkpoints.object_seal import SealDrift
 from resources.checkpoints.seal import (
     BACKDATE_NS,
     Seal,
@@ -186,8 +187,22 @@ class CheckpointStore:
         """Bring the home's copy of the inputs up to date: nothing to do, they are the
         truth here (object storage keeps them, see ``PublishedCheckpoints``)."""
 
-    def publish_inputs(self, project_id: str, episode_id: str) -> None:
-        """Make the home's inputs the shared truth: they already are on a local home."""
+    @property
+    def scrubbable(self) -> bool:
+        """Whether published objects live apart from the ledger and a scrub compares them
+        (object storage). A local home's seals are re-checked by ``lstat`` instead."""
+        return False
+
+    def scrub(
+        self, project_id: str, episode_id: str, rows: Mapping[str, tuple[str | None, str | None]]
+    ) -> list[SealDrift]:
+        """Seals of one episode that no longer speak for the storage: none here."""
+        return []
+
+    def publish_inputs(self, project_id: str, episode_id: str) -> bool:
+        """Make the home's inputs the shared truth: they already are on a local home (and
+        its seals see a changed input by its stat identity: nothing to clear)."""
+        return False
 
     # ------------------------------------------------------------------ paths
     def _paths_of(self, key: StepKey) -> tuple[Path, Path]:

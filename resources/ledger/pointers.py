@@ -153,6 +153,35 @@ def adopt_pointer(conn: Connection, key: StepKey, pointer: str, *, now: str) -> 
     return True
 
 
+def clear_seal(conn: Connection, key: StepKey, seal: str, *, now: str) -> bool:
+    """Drop the seal ``seal`` from its row (a scrub found the storage no longer matches
+    it), only while the row still carries exactly it: a run that sealed again since keeps
+    its own. ``updated_at`` moves, so every judge's next look at the row goes the long way
+    (the sensor's cursor notices the change)."""
+    done = conn.execute(
+        sa.update(step_run)
+        .where(sa.and_(_where(key), step_run.c.checkpoint_seal == seal))
+        .values(checkpoint_seal=None, updated_at=now)
+    )
+    return bool(done.rowcount)
+
+
+def clear_episode_seals(conn: Connection, project_id: str, episode_id: str, *, now: str) -> int:
+    """Drop every seal of one episode's rows (its inputs were replaced in the storage)."""
+    done = conn.execute(
+        sa.update(step_run)
+        .where(
+            sa.and_(
+                step_run.c.project_id == project_id,
+                step_run.c.episode_id == episode_id,
+                step_run.c.checkpoint_seal.is_not(None),
+            )
+        )
+        .values(checkpoint_seal=None, updated_at=now)
+    )
+    return int(done.rowcount or 0)
+
+
 @dataclass(frozen=True)
 class References:
     """What garbage collection must keep: every pointer any row names (current and

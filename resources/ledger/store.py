@@ -980,6 +980,27 @@ class LedgerStore:
 
         return self._retry("adopt a commit pointer", body)
 
+    def clear_seal(self, key: StepKey, seal: str, now: str | None = None) -> bool:
+        """Drop ``seal`` from ``key``'s row while it still carries it (a scrub found the
+        storage drifted from it); False when the row holds another seal by now."""
+        ts = now or _now()
+
+        def body(attempt: int) -> bool:
+            with self._write() as conn:
+                return pointers.clear_seal(conn, key, seal, now=ts)
+
+        return self._retry("clear a seal", body)
+
+    def clear_episode_seals(self, project_id: str, episode_id: str) -> int:
+        """Drop every seal of one episode's rows (its inputs were replaced)."""
+        ts = _now()
+
+        def body(attempt: int) -> int:
+            with self._write() as conn:
+                return pointers.clear_episode_seals(conn, project_id, episode_id, now=ts)
+
+        return self._retry("clear an episode's seals", body)
+
     def archived_pointers(self, key: StepKey) -> list[str]:
         """The step's replaced commit pointers, newest first."""
         return self._in_read(

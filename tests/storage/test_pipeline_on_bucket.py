@@ -12,11 +12,13 @@ import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import dagster as dg
 import pytest
 from s3_server import S3Server
 from storyboard_support import STEP_IDS, Env, scratch_dir, write_episode
 
 from pipeline_defs.resume.decision import ResumeAction
+from pipeline_defs.storyboard import STORYBOARD_STEPS
 from resources.checkpoints.manifest import Manifest
 from resources.checkpoints.published import SCRATCH_DIR
 
@@ -325,3 +327,232 @@ def test_the_shared_sheet_reads_the_bucket_from_an_empty_home(
     assert report.shots > 0 and report.pictures >= report.shots
     assert report.html.count("data:image/png;base64,") >= min(shots, report.shots)
     assert len(reader.ledger.provider_calls()) == calls  # no model call
+
+
+# ---------------------------------------------------------------------------- seals on a bucket
+class Counting:
+    """The real storage, its requests counted by kind (instrumentation, not a stand-in)."""
+
+    def __init__(self, inner: object) -> None:
+        self.inner = inner
+        self.counts: dict[str, int] = {}
+
+    def __getattr__(self, name: str) -> object:
+        found = getattr(self.inner, name)
+        if name in {"get", "head", "list", "put_create", "put_if_match", "delete"}:
+
+            def counted(*args: object, **kwargs: object) -> object:
+                self.counts[name] = self.counts.get(name, 0) + 1
+                return found(*args, **kwargs)
+
+            return counted
+        return found
+
+
+def counted(env: Env) -> Counting:
+    store = env.checkpoints
+    counting = Counting(store.storage)  # type: ignore[attr-defined]
+    store.storage = store.bucket.storage = counting  # type: ignore[attr-defined]
+    return counting
+
+
+def published_machine(machines: Callable[..., Env]) -> Env:
+    """A machine whose inputs are in the bucket before it runs the episode: its rows sealed."""
+    first = machines()
+    first.checkpoints.publish_inputs("demo", "ep01")
+    assert first.materialize().result.success
+    return first
+
+
+def sensor_verdicts(env: Env) -> dict[str, str]:
+    from datetime import UTC, datetime
+
+    from storyboard_support import PARTITION
+
+    from pipeline_defs.judging.evaluation import evaluate_partitions
+    from pipeline_defs.storyboard import STORYBOARD_STEPS
+
+    judged = evaluate_partitions(STORYBOARD_STEPS, env.pipeline, [PARTITION], datetime.now(UTC))
+    return {ev.step_id: ev.verdict.value for ev in judged}
+
+
+def test_an_unchanged_episode_is_judged_from_the_ledger_with_no_request_per_step(
+    machines: Callable[..., Env],
+) -> None:
+    """Every completed row carries a seal any machine can check; a machine that holds
+    nothing judges the whole episode SKIP with no request for any step (the project
+    config aside, which the judge compares itself), and a second look costs nothing."""
+    from resources.checkpoints.object_seal import ObjectSeal
+
+    first = published_machine(machines)
+    rows = first.ledger.get_many()
+    assert {r.status for r in rows.values()} == {"completed"}
+    seals = {k.step_id: ObjectSeal.decode(r.checkpoint_seal) for k, r in rows.items()}
+    assert all(seals.values()), {s for s, v in seals.items() if v is None}
+    assert seals["story_source"].inputs  # type: ignore[union-attr]
+
+    sensor = machines(inputs=False)
+    requests = counted(sensor)
+    assert set(sensor_verdicts(sensor).values()) == {"skip"}
+    assert requests.counts.get("list", 0) == 0, requests.counts
+    assert requests.counts.get("get", 0) + requests.counts.get("head", 0) <= 2, requests.counts
+    before = dict(requests.counts)
+    assert set(sensor_verdicts(sensor).values()) == {"skip"}
+    assert requests.counts == before
+
+
+def test_a_picture_deleted_behind_the_ledger_is_found_by_the_scrub_and_redrawn_self_only(
+    machines: Callable[..., Env],
+) -> None:
+    """A seal is trusted until the scrub compares the bucket: one LIST of the episode's
+    checkpoints and one of its inputs find the deleted picture, clear that one seal in the
+    ledger, and from then on every machine relaunches that step alone."""
+    from storyboard_support import PARTITION
+
+    from pipeline_defs.judging.evaluation import Stores
+    from pipeline_defs.judging.scrub import scrub_episodes
+    from pipeline_defs.resume.partition import Episode
+
+    first = published_machine(machines)
+    sensor = machines(inputs=False)
+    assert set(sensor_verdicts(sensor).values()) == {"skip"}
+    ref = sorted(manifest(first, "ref_image_gen").artifacts.values(), key=lambda r: r.key)[0]
+    client = machines.client  # type: ignore[attr-defined]
+    client.delete_object(Bucket=machines.bucket, Key=f"{PREFIX}/{ref.key}")  # type: ignore[attr-defined]
+    # Until the scrub comes round, the seal stands (the latency the period bounds).
+    assert set(sensor_verdicts(sensor).values()) == {"skip"}
+
+    requests = counted(sensor)
+    report = scrub_episodes(Stores.of(sensor.pipeline), [Episode.parse(PARTITION)], clear=True)
+    assert requests.counts == {"list": 2}, requests.counts
+    assert [(d.step.step_id, d.why) for d in report.drifts] == [
+        ("ref_image_gen", f"missing from the storage: {ref.key.rsplit('/', 2)[-2]}/"
+         f"{ref.key.rsplit('/', 1)[-1]}")
+    ] or [d.step.step_id for d in report.drifts] == ["ref_image_gen"]  # fmt: skip
+    assert report.cleared == 1
+    assert first.ledger.get(first.key("ref_image_gen")).checkpoint_seal is None  # type: ignore[union-attr]
+    for judge in (sensor, machines(inputs=False)):
+        after = sensor_verdicts(judge)
+        assert after["ref_image_gen"] == "launch"
+        assert {s for s, v in after.items() if v not in ("skip", "waiting")} == {"ref_image_gen"}
+    # A second scrub finds the same drift but clears nothing more (the seal is gone).
+    again = scrub_episodes(Stores.of(sensor.pipeline), [Episode.parse(PARTITION)], clear=True)
+    assert again.cleared == 0
+
+
+def test_decide_compares_the_episode_with_the_bucket_before_trusting_seals(
+    machines: Callable[..., Env],
+) -> None:
+    """``decide``/``status`` of a few episodes scrub them first (no ledger write): an
+    overwritten envelope is a block at once, whatever the seal says."""
+    from datetime import UTC, datetime
+
+    from pipeline_defs.operations.inspect import judge_now
+    from pipeline_defs.operations.workspace import Workspace
+    from pipeline_defs.resume.partition import Episode
+
+    first = published_machine(machines)
+    envelope = manifest(first, "entity_canon").envelope
+    client = machines.client  # type: ignore[attr-defined]
+    client.put_object(Bucket=machines.bucket, Key=f"{PREFIX}/{envelope.key}", Body=b"{}")  # type: ignore[attr-defined]
+    reader = machines(inputs=False)
+    assert set(sensor_verdicts(reader).values()) == {"skip"}  # the seal, unscrubbed
+    ws = Workspace(defs=dg.Definitions(), steps=STORYBOARD_STEPS, pipeline=reader.pipeline)
+    items = judge_now(ws, [Episode("demo", "ep01")], datetime.now(UTC))
+    by_step = {i["step"]: i for i in items}
+    assert by_step["entity_canon"]["verdict"] == "blocked", by_step["entity_canon"]
+    assert envelope.key in by_step["entity_canon"]["reason"], by_step["entity_canon"]
+    assert reader.ledger.get(reader.key("entity_canon")).checkpoint_seal is not None  # type: ignore[union-attr]
+
+
+def test_a_story_replaced_on_one_machine_voids_the_seals_everywhere_at_once(
+    machines: Callable[..., Env], tmp_path: Path
+) -> None:
+    """add-episode --replace clears the episode's seals with the new story's publish: a
+    machine that trusted them judges the long way and blocks story_source (an edited story
+    blocks until a force), without waiting for the scrub."""
+    from click.testing import CliRunner
+
+    from pipeline_defs.cli import main
+
+    first = published_machine(machines)
+    sensor = machines(inputs=False)
+    assert set(sensor_verdicts(sensor).values()) == {"skip"}
+    story = tmp_path / "story.md"
+    story.write_text(
+        (first.home / "projects/demo/episodes/ep01/story.md").read_text() + "\nA new scene.\n"
+    )
+    dagster_home = tmp_path / "dagster_home"
+    dagster_home.mkdir()
+    (dagster_home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    result = CliRunner().invoke(
+        main,
+        ["add-episode", "--project", "demo", "--episode", "ep01", "--story", str(story),
+         "--replace", "--json"],
+        env={
+            "PIPELINE_HOME": str(first.home),
+            "PIPELINE_DB_URL": first.db_url,
+            "PIPELINE_STORAGE_URL": str(first.storage_url),
+            "DAGSTER_HOME": str(dagster_home),
+        },
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert all(r.checkpoint_seal is None for r in first.ledger.get_many().values())
+    assert sensor_verdicts(sensor)["story_source"] == "blocked"
+
+
+def test_the_sensor_scrubs_its_share_each_tick_and_relaunches_a_deleted_picture_self_only(
+    machines: Callable[..., Env], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real sensor on a machine that holds nothing: ticks trust the seals (no request
+    per step); its scrub (here a period short enough to cover the episode every tick)
+    finds a picture deleted from the bucket, clears that seal, and the same tick requests
+    one run of that one step, which redraws it with one call."""
+    from storyboard_support import PARTITION
+
+    from pipeline_defs.definitions import build_resources
+    from pipeline_defs.judging.registry import forget_tickers
+    from pipeline_defs.steps.assets import build_step_assets
+    from sensors.report import REPORT_JOB
+    from sensors.resume_sensor import build_resume_sensor
+
+    monkeypatch.setenv("PIPELINE_SCRUB_PERIOD_SECONDS", "0.001")
+    first = published_machine(machines)
+    sensor_env = machines(inputs=False)
+    sensor = build_resume_sensor(STORYBOARD_STEPS, name="bucket_resume_sensor")
+    defs = dg.Definitions(
+        assets=build_step_assets(STORYBOARD_STEPS),
+        sensors=[sensor],
+        resources=build_resources(sensor_env.pipeline),
+    )
+    forget_tickers()
+    cursor: list[str | None] = [None]
+
+    def tick() -> list[dg.RunRequest]:
+        context = dg.build_sensor_context(
+            instance=instance,
+            cursor=cursor[0],
+            definitions=defs,
+            resources={"pipeline": sensor_env.pipeline},
+        )
+        with dg.partition_loading_context(dynamic_partitions_store=instance):
+            result = sensor.evaluate_tick(context)
+        cursor[0] = result.cursor
+        return [r for r in result.run_requests or [] if r.job_name != REPORT_JOB]
+
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("episodes", [PARTITION])
+        assert tick() == []
+        requests = counted(sensor_env)
+        assert tick() == []
+        assert requests.counts.get("list", 0) <= 2, requests.counts  # the scrub's two LISTs
+        ref = sorted(manifest(first, "ref_image_gen").artifacts.values(), key=lambda r: r.key)[0]
+        client = machines.client  # type: ignore[attr-defined]
+        client.delete_object(Bucket=machines.bucket, Key=f"{PREFIX}/{ref.key}")  # type: ignore[attr-defined]
+        (request,) = tick()
+        assert [a.to_user_string() for a in request.asset_selection or ()] == ["ref_image_gen"]
+        outcome = sensor_env.materialize(["ref_image_gen"], tags=request.tags)
+        assert outcome.result.success
+        assert outcome.total_calls == 1
+        assert tick() == []
+    forget_tickers()

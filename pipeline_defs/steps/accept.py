@@ -88,6 +88,7 @@ def hand_edited(checkpoints: CheckpointStore, key: StepKey) -> bool:
     """
     path = checkpoints.path_for(key)
     try:
+        checkpoints.checkout_edit(key)  # on object storage: the envelope object as it is now
         raw = json.loads(read_nofollow(path).decode("utf-8"))
     except (OSError, PipelineError):
         return False
@@ -128,6 +129,7 @@ def accept_hand_edit(
             "checkpoint can take a hand edit",
         )
     path = checkpoints.path_for(key)
+    checkpoints.checkout_edit(key)  # on object storage: the envelope object as it is now
     try:
         raw = json.loads(read_nofollow(path).decode("utf-8"))
     except FileNotFoundError:

@@ -47,7 +47,7 @@ from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.files import file_sha256, read_nofollow, write_file_under
 from pipeline_defs.resume.layout import FileIdentity
 from pipeline_defs.resume.partition import StepKey
-from resources.checkpoints.bucket import BucketCheckpoints
+from resources.checkpoints.bucket import ENVELOPE_WHAT, BucketCheckpoints
 from resources.checkpoints.envelope import Checkpoint
 from resources.checkpoints.manifest import Manifest, ObjectRef
 from resources.checkpoints.object_seal import ObjectSeal, SealDrift
@@ -175,13 +175,35 @@ class PublishedCheckpoints(CheckpointStore):
             marker.unlink()  # a copy half brought up to date is never taken as current
         for relative, ref in sorted(manifest.artifacts.items()):
             self._fetch(key, relative, ref)
-        envelope = self.bucket.fetch(manifest.envelope, what="checkpoint envelope")
+        envelope = self.bucket.fetch(manifest.envelope, what=ENVELOPE_WHAT)
         self._drifted.discard(key)  # judged from what the storage holds now
         if envelope is None:
             return False
         atomic_write_bytes(self.path_for(key), envelope)
         atomic_write_bytes(marker, digest.encode("utf-8"))
         return True
+
+    def checkout_edit(self, key: StepKey) -> None:
+        """Bring the copy of ``key`` to its pointer with the envelope as the storage holds
+        it now: an operator's edit of the envelope object (downloaded, edited, put back),
+        unverified, for ``storyboard accept`` to validate. The copy is not marked as the
+        published one: any other read fetches and verifies again."""
+        text = self.pointers.pointer(key)
+        if text is None:
+            return  # nothing published: the accept says so
+        manifest = self._decode(key, text)
+        self.refuse_links_in_tree(key)
+        marker = self.step_dir(key) / PUBLISHED_MARKER
+        with contextlib.suppress(FileNotFoundError):
+            marker.unlink()
+        for relative, ref in sorted(manifest.artifacts.items()):
+            self._fetch(key, relative, ref)
+        payload = self.bucket.fetch_unverified(manifest.envelope.key)
+        if payload is None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path_for(key))
+            return
+        atomic_write_bytes(self.path_for(key), payload)
 
     def _fetch(self, key: StepKey, relative: str, ref: ObjectRef) -> None:
         """One artifact into scratch: kept when its bytes are the published ones, fetched

@@ -187,6 +187,10 @@ class CheckpointStore:
         """Bring the home's copy of the inputs up to date: nothing to do, they are the
         truth here (object storage keeps them, see ``PublishedCheckpoints``)."""
 
+    def checkout_edit(self, key: StepKey) -> None:
+        """Make an operator's edit of ``key``'s published checkpoint readable at
+        ``path_for(key)``: it already is on a local home (the file they edited)."""
+
     @property
     def scrubbable(self) -> bool:
         """Whether published objects live apart from the ledger and a scrub compares them

@@ -556,3 +556,77 @@ def test_the_sensor_scrubs_its_share_each_tick_and_relaunches_a_deleted_picture_
         assert outcome.total_calls == 1
         assert tick() == []
     forget_tickers()
+
+
+def test_a_hand_edit_of_an_envelope_object_is_accepted_from_any_machine(
+    machines: Callable[..., Env], tmp_path: Path
+) -> None:
+    """An editor downloads ``scene_detail``'s envelope, fixes a prompt and puts it back.
+    Every machine sees a hand edit (the block offers ``storyboard accept``); an accept from
+    an empty home validates it, publishes it as a new attempt (the edited object stays,
+    named by the archived pointer), with no model call; the next run anywhere SKIPs it."""
+    from datetime import UTC, datetime
+
+    from click.testing import CliRunner
+
+    from pipeline_defs.cli import main
+    from pipeline_defs.operations.inspect import judge_now
+    from pipeline_defs.operations.workspace import Workspace
+    from pipeline_defs.resume.partition import Episode
+    from resources.checkpoints.envelope import EDITED_OUTSIDE
+
+    first = published_machine(machines)
+    before = manifest(first, "scene_detail")
+    client = machines.client  # type: ignore[attr-defined]
+    key = f"{PREFIX}/{before.envelope.key}"
+    raw = json.loads(client.get_object(Bucket=machines.bucket, Key=key)["Body"].read())  # type: ignore[attr-defined]
+    raw["data"]["scenes"][0]["t2i_variations"][0]["t2i_prompt"] = "a lighthouse, edited by hand"
+    client.put_object(Bucket=machines.bucket, Key=key, Body=json.dumps(raw).encode())  # type: ignore[attr-defined]
+
+    reader = machines(inputs=False)
+    ws = Workspace(defs=dg.Definitions(), steps=STORYBOARD_STEPS, pipeline=reader.pipeline)
+    (item,) = [
+        i for i in judge_now(ws, [Episode("demo", "ep01")], datetime.now(UTC))
+        if i["step"] == "scene_detail"
+    ]  # fmt: skip
+    assert item["verdict"] == "blocked" and EDITED_OUTSIDE in item["reason"], item
+    assert "storyboard accept" in item["what_to_do"], item
+
+    editor = machines(inputs=False)
+    calls = len(first.ledger.provider_calls())
+    dagster_home = tmp_path / "dagster_home"
+    dagster_home.mkdir()
+    (dagster_home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    dg.DagsterInstance.from_config(str(dagster_home)).add_dynamic_partitions(
+        "episodes", ["demo/ep01"]
+    )
+    result = CliRunner().invoke(
+        main,
+        ["accept", "--partition", "demo/ep01", "--step", "scene_detail", "--json"],
+        env={
+            "PIPELINE_HOME": str(editor.home),
+            "PIPELINE_DB_URL": editor.db_url,
+            "PIPELINE_STORAGE_URL": str(editor.storage_url),
+            "DAGSTER_HOME": str(dagster_home),
+        },
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)
+    assert payload["accepted"] is True
+    assert payload["changed"] == [
+        "data.scenes[0].t2i_variations[0].owned_validation.t2i_prompt_hash"
+    ]
+    after = manifest(first, "scene_detail")
+    assert after.envelope.key != before.envelope.key  # a new attempt; nothing overwritten
+    assert before.encode() in first.ledger.archived_pointers(first.key("scene_detail"))
+    assert client.get_object(Bucket=machines.bucket, Key=key)["Body"].read()  # type: ignore[attr-defined]
+    assert len(first.ledger.provider_calls()) == calls
+
+    runner = machines(inputs=False)
+    outcome = runner.materialize()
+    assert outcome.result.success
+    assert outcome.decisions["scene_detail"] == "skip"
+    assert outcome.calls_of("scene_detail") == 0
+    kept = runner.checkpoint("scene_detail")
+    assert kept is not None
+    assert "edited by hand" in kept.data["scenes"][0]["t2i_variations"][0]["t2i_prompt"]

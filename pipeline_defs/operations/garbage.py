@@ -3,8 +3,8 @@
 On a bucket nothing is overwritten: every publish leaves the previous attempt behind, and a
 fenced worker's dead attempt stays too. Collection deletes a whole attempt prefix only when
 no ledger row names any object in it (current pointers and the archived ones a step keeps),
-and its newest object is older than the grace period, so an attempt still uploading before
-its publish (its objects are fresh) is never touched. Pending review edits live outside the
+no running row's step holds it, and its newest object is older than the grace period, so an
+attempt still uploading before its publish is never touched. Pending review edits live outside the
 checkpoint tree and are never collected (docs/DESIGN.md#storage).
 """
 
@@ -58,7 +58,10 @@ def collect_garbage(
         raise PipelineError(ErrorCode.INPUT_INVALID, f"the grace period {grace} is negative")
     references = ws.ledger.references()
     manifests = [Manifest.decode(text, where="a ledger pointer") for text in references.pointers]
+    # A running step may be uploading an attempt it has not published yet: its whole step
+    # prefix is kept, whatever the grace period (a step running for longer than it).
+    running = [store.bucket.step_prefix(key) for key in references.running]
     collection = store.bucket.collect(
-        manifests, (), now=now or datetime.now(UTC), grace=grace, dry_run=dry_run
+        manifests, running, now=now or datetime.now(UTC), grace=grace, dry_run=dry_run
     )
     return GarbageReport(store.location, dry_run, grace.total_seconds(), collection)

@@ -334,9 +334,11 @@ class BucketCheckpoints:
         newest object is older than ``grace``; keep everything else.
 
         ``referenced``: every manifest any row names (current, archived, pending review
-        edits); ``running``: attempt prefixes of rows being worked on. A prefix is kept
-        whole when any object in it is named (reused pictures keep theirs alive). An
-        object whose age the store does not report counts as young.
+        edits); ``running``: prefixes being worked on, attempt prefixes or whole step
+        prefixes (a running row may be uploading any attempt of its step: its attempts are
+        named by the content they publish, which only the worker knows before its commit).
+        A prefix is kept whole when any object in it is named (reused pictures keep theirs
+        alive). An object whose age the store does not report counts as young.
         """
         named: set[str] = set()
         for manifest in referenced:
@@ -348,7 +350,7 @@ class BucketCheckpoints:
             if prefix in named:
                 kept_referenced += 1
                 continue
-            if prefix in running_set:
+            if prefix in running_set or prefix.rpartition("/")[0] in running_set:
                 kept_running += 1
                 continue
             stamps = [m.last_modified for m in metas]

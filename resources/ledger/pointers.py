@@ -189,6 +189,8 @@ class References:
 
     pointers: Sequence[str]
     claims: Sequence[tuple[str, str]]
+    # Steps whose row is running: an attempt of theirs may be uploading right now.
+    running: Sequence[StepKey] = ()
 
 
 def referenced(conn: Connection) -> References:
@@ -201,9 +203,15 @@ def referenced(conn: Connection) -> References:
             sa.and_(step_run.c.run_id.is_not(None), step_run.c.started_at.is_not(None))
         )
     )
+    running = conn.execute(
+        sa.select(step_run.c.project_id, step_run.c.episode_id, step_run.c.step_id).where(
+            step_run.c.status == "running"
+        )
+    )
     return References(
         pointers=[r[0] for r in current] + [r[0] for r in archived],
         claims=[(str(r[0]), str(r[1])) for r in claims],
+        running=[StepKey(str(r[0]), str(r[1]), str(r[2])) for r in running],
     )
 
 

@@ -129,3 +129,34 @@ def test_the_reviews_edit_is_a_compare_and_set_on_the_victims_pointer(
     # never while the victim is running
     assert ledger.claim(KEY, "run-2:0")
     assert not ledger.swap_pointer(KEY, expected=edited.encode(), pointer="{}", run_id="r3")
+
+
+def test_gc_keeps_every_attempt_of_a_running_step_whatever_its_age(
+    ledger: LedgerStore, storage: Storage
+) -> None:
+    """A worker uploads under an attempt named by what it will publish, before its commit:
+    while its row is running, nothing under its step is collected, even past the grace
+    period (a step that runs longer than it); once the row settles, the unnamed attempt is
+    garbage."""
+    store = BucketCheckpoints(storage)
+    assert ledger.claim(KEY, "run-1:0")
+    first = write(store, ledger, "run-1:0", b"first")
+    assert ledger.transition(KEY, "run-1:0", "completed", pointer=first.encode())
+    assert ledger.claim(KEY, "run-2:0")
+    uploading = store.attempt(KEY, "run-2:0|content-of-the-upload", "2026-12-01T02:00:00Z")
+    uploading.put("refs/C01.png", b"being drawn")
+    refs = ledger.references()
+    assert refs.running == [KEY]
+    kept = [Manifest.decode(p) for p in refs.pointers]
+    running = [store.step_prefix(k) for k in refs.running]
+    done = store.collect(kept, running, now=FAR_FUTURE, grace=timedelta(hours=1))
+    assert done.deleted_prefixes == () and done.kept_running == 1
+    assert ledger.transition(KEY, "run-2:0", "failed", error="killed")
+    refs = ledger.references()
+    done = store.collect(
+        [Manifest.decode(p) for p in refs.pointers],
+        [store.step_prefix(k) for k in refs.running],
+        now=FAR_FUTURE,
+        grace=timedelta(hours=1),
+    )
+    assert done.deleted_prefixes == (uploading.prefix,)

@@ -20,21 +20,24 @@ written) resumed into SKIPs everywhere with un-reviewed prompts and images drawn
 """
 
 import json
+import os
 import shutil
 import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 from cli_helpers import CliEnv, make_env
+from s3_server import SECRET, S3Server, running_s3_server
 
 from pipeline_defs.resume.partition import Episode
 from pipeline_defs.storyboard import STORYBOARD_STEPS, sample_stories
 from resources.checkpoints.store import CheckpointStore
+from resources.pipeline import PipelineResource
 
 PARTITION = "demo/ep01"
 LEASE_SECONDS = 1.0
@@ -180,3 +183,77 @@ def test_a_rebuilt_victim_gets_the_review_again(
     new_calls = cli.ledger.provider_calls()[calls_before:]
     assert {c["step_id"] for c in new_calls} == {victim, "t2i_review"}
     assert not [c for c in new_calls if c["kind"] == "image"]
+
+
+# ------------------------------------------------------------------------ on object storage
+@pytest.fixture(scope="module")
+def s3() -> Iterator[S3Server]:
+    with running_s3_server() as server:
+        yield server
+
+
+# On a bucket: every stage of the review (its write-ahead edits and compare-and-sets are
+# pointer updates there) and an image step killed with its pictures uploaded, unpublished.
+BUCKET_CASES = [c for c in CASES if c.startswith("t2i_review:")] + ["ref_image_gen:executed"]
+
+
+@pytest.mark.parametrize("crash_at", BUCKET_CASES)
+def test_one_resume_after_a_kill_on_a_bucket_ends_as_a_clean_run(
+    crash_at: str,
+    clean: dict[str, Any],
+    tmp_path: Path,
+    pg_url: str,
+    s3: S3Server,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The same kills with checkpoints on S3 (moto) and the ledger on PostgreSQL, the two
+    processes with homes of their own (scratch): the resumed episode publishes exactly the
+    clean run's checkpoints (same content hashes, the review's fixes applied once), within
+    the clean run's calls plus the killed step's own, and leaves no write-ahead edit in the
+    bucket."""
+    for name in [n for n in os.environ if n.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    for name, value in s3.env(SECRET).items():
+        monkeypatch.setenv(name, value)
+    bucket = s3.new_bucket()
+    url = f"s3://{bucket}/crash"
+    cli = make_env(tmp_path, pg_url)
+    monkeypatch.setenv("PIPELINE_STORAGE_URL", url)  # the processes inherit it
+    story = sample_stories()["ep01"]
+    added = _storyboard(
+        cli, "add-episode", "--project", "demo", "--episode", "ep01", "--story", str(story)
+    )
+    assert added.returncode == 0, added.stderr[-2000:]
+    killed = _storyboard(
+        cli, "materialize", "--partition", PARTITION, env={"PIPELINE_CRASH_AT": crash_at}
+    )
+    assert killed.returncode == -9, (killed.returncode, killed.stderr[-2000:])
+    time.sleep(LEASE_SECONDS + 0.2)
+    resumer = tmp_path / "resumer"  # another machine: an empty home of its own
+    resumer.mkdir()
+    resumed = _storyboard(
+        cli, "materialize", "--partition", PARTITION, "--json",
+        env={
+            "PIPELINE_HOME": str(resumer),
+            "PIPELINE_LEASE_SECONDS": str(LEASE_SECONDS),
+            "PIPELINE_HEARTBEAT_SECONDS": "0.2",
+        },
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    reader = PipelineResource(home=str(tmp_path / "reader"), db_url=pg_url, storage_url=url)
+    episode = Episode.parse(PARTITION)
+    rows = {r.step_id: r.status for r in cli.ledger.get_many(episodes=[episode]).values()}
+    assert rows == clean["rows"]
+    store = reader.checkpoints()
+    hashes = {}
+    for step in STORYBOARD_STEPS:
+        loaded = store.load(episode.step(step.step_id))
+        hashes[step.step_id] = loaded.content_hash if loaded else None
+    assert hashes == clean["hashes"], "checkpoints differ from a clean run"
+    calls = Counter(c["step_id"] for c in cli.ledger.provider_calls())
+    step = crash_at.split(":")[0]
+    assert sum(calls.values()) <= sum(clean["calls"].values()) + clean["calls"][step], calls
+    client = s3.client(SECRET)
+    pending = client.list_objects_v2(Bucket=bucket, Prefix="crash/pending/").get("Contents", [])
+    assert pending == [], [o["Key"] for o in pending]
+    assert not (cli.home / "checkpoints").exists()  # the home was scratch only

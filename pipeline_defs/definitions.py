@@ -11,6 +11,7 @@ from pipeline_defs.steps.spec import Step
 from pipeline_defs.storyboard import STORYBOARD_STEPS, ProjectImageModel, ProjectTextModel
 from resources.pipeline import PipelineResource
 from sensors.resume_sensor import DEFAULT_INTERVAL_SECONDS, build_resume_sensor
+from sensors.storage_gc import storage_gc, storage_gc_daily
 
 
 def build_resources(pipeline: PipelineResource | None = None) -> dict[str, object]:
@@ -43,6 +44,8 @@ def build_defs(
     return dg.Definitions(
         assets=assets,
         sensors=[build_resume_sensor(steps, minimum_interval_seconds=sensor_interval_seconds)],
+        jobs=[storage_gc],
+        schedules=[storage_gc_daily],
         resources=build_resources(pipeline),
     )
 

@@ -1,7 +1,7 @@
 """A snapshot of the shipped ``Definitions``.
 
 Any change to what the code location exposes — an asset key, a dependency, the partitions,
-a check, a sensor and the jobs it targets, a resource — shows up as a diff of
+a check, a sensor and the jobs it targets, a schedule, a resource — shows up as a diff of
 ``tests/core/snapshots/definitions.json`` in review. After an intended change, regenerate it:
 
     UPDATE_SNAPSHOTS=1 .venv/bin/pytest tests/core/test_definitions_snapshot.py
@@ -49,7 +49,21 @@ def describe(defs: dg.Definitions) -> dict[str, Any]:
     }
     resources = {key: type(value).__name__ for key, value in sorted((defs.resources or {}).items())}
     jobs = sorted(job.name for job in defs.resolve_all_job_defs())
-    return {"assets": assets, "sensors": sensors, "resources": resources, "jobs": jobs}
+    schedules = {
+        schedule.name: {
+            "job": schedule.job_name,
+            "cron": schedule.cron_schedule,
+            "default_status": schedule.default_status.value,
+        }
+        for schedule in defs.schedules or []
+    }
+    return {
+        "assets": assets,
+        "sensors": sensors,
+        "resources": resources,
+        "jobs": jobs,
+        "schedules": schedules,
+    }
 
 
 def test_definitions_match_the_snapshot() -> None:

@@ -630,3 +630,36 @@ def test_a_hand_edit_of_an_envelope_object_is_accepted_from_any_machine(
     kept = runner.checkpoint("scene_detail")
     assert kept is not None
     assert "edited by hand" in kept.data["scenes"][0]["t2i_variations"][0]["t2i_prompt"]
+
+
+def test_the_storage_gc_job_collects_as_the_command_does_and_ships_stopped(
+    machines: Callable[[], Env],
+) -> None:
+    """The daily schedule (stopped by default) runs the ``storage_gc`` job, one core with
+    ``storyboard gc``: an old unnamed attempt goes, everything a row names stays; on a
+    local home the job has nothing to collect and says so."""
+    from pipeline_defs.definitions import defs
+    from resources.pipeline import PipelineResource
+    from sensors.storage_gc import GC_JOB, GC_SCHEDULE
+
+    schedule = defs.resolve_schedule_def(GC_SCHEDULE)
+    assert schedule.default_status == dg.DefaultScheduleStatus.STOPPED
+    first = machines()
+    assert first.materialize().result.success
+    client = machines.client  # type: ignore[attr-defined]
+    bucket = machines.bucket  # type: ignore[attr-defined]
+    orphan = f"{PREFIX}/checkpoints/demo/ep01/ref_image_gen/a20200101T000000Z-00000000000000ab"
+    client.put_object(Bucket=bucket, Key=f"{orphan}/refs/C01.png", Body=b"dead")
+    job = defs.resolve_job_def(GC_JOB)
+    config = {"ops": {"collect_storage_garbage": {"config": {"grace_hours": 0}}}}
+    with dg.instance_for_test() as instance:
+        result = job.execute_in_process(
+            run_config=config, instance=instance, resources={"pipeline": first.pipeline}
+        )
+        assert result.success
+        assert client.list_objects_v2(Bucket=bucket, Prefix=orphan)["KeyCount"] == 0
+        assert first.materialize().total_calls == 0  # what the rows name survived
+        local = PipelineResource(home=str(first.root / "local"), db_url=first.db_url)
+        assert job.execute_in_process(
+            run_config=config, instance=instance, resources={"pipeline": local}
+        ).success

@@ -1,0 +1,128 @@
+"""Garbage collection of object storage: the one core, and its daily schedule (off).
+
+On a bucket nothing is overwritten: every publish leaves the previous attempt behind, and a
+fenced worker's dead attempt stays too. Collection deletes a whole attempt prefix only when
+no ledger row names any object in it (current pointers and the archived ones a step keeps),
+no running row's step holds it, and its newest object is older than the grace period, so an
+attempt still uploading before its publish is never touched. Pending review edits live
+outside the checkpoint tree and are never collected (docs/DESIGN.md#storage).
+
+Two ways in, one core (:func:`collect_unnamed`): ``storyboard gc`` and the
+``storage_gc`` job, which the ``storage_gc_daily`` schedule runs once a day when turned on
+(it ships stopped: deleting is for whoever owns the bucket to switch on, and the job needs
+``DeleteObject``, which workers should not have).
+"""
+
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import dagster as dg
+
+from pipeline_defs.resume.errors import ErrorCode, PipelineError
+from resources.checkpoints.bucket import Collection
+from resources.checkpoints.manifest import Manifest
+from resources.checkpoints.published import PublishedCheckpoints
+from resources.checkpoints.store import CheckpointStore
+from resources.ledger.store import LedgerStore
+from resources.pipeline import PipelineResource
+
+# Far longer than any upload-to-publish window of a step (its objects go up just before
+# its publish), and than any clock skew between a worker and the storage.
+DEFAULT_GRACE = timedelta(hours=24)
+GC_JOB = "storage_gc"
+GC_SCHEDULE = "storage_gc_daily"
+
+
+@dataclass(frozen=True)
+class GarbageReport:
+    storage: str
+    dry_run: bool
+    grace_seconds: float
+    collection: Collection
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "storage": self.storage,
+            "dry_run": self.dry_run,
+            "grace_seconds": self.grace_seconds,
+            **asdict(self.collection),
+        }
+
+
+def collect_unnamed(
+    store: CheckpointStore,
+    ledger: LedgerStore,
+    *,
+    grace: timedelta = DEFAULT_GRACE,
+    dry_run: bool = False,
+    now: datetime | None = None,
+) -> GarbageReport:
+    """Delete unnamed, old attempt prefixes of the configured object storage."""
+    if not isinstance(store, PublishedCheckpoints):
+        raise PipelineError(
+            ErrorCode.STORAGE_CONFIG,
+            "storage garbage collection applies to checkpoints published on object storage "
+            "(PIPELINE_STORAGE_URL); a local home keeps its own archives, nothing to collect",
+        )
+    if grace < timedelta(0):
+        raise PipelineError(ErrorCode.INPUT_INVALID, f"the grace period {grace} is negative")
+    references = ledger.references()
+    manifests = [Manifest.decode(text, where="a ledger pointer") for text in references.pointers]
+    # A running step may be uploading an attempt it has not published yet: its whole step
+    # prefix is kept, whatever the grace period (a step running for longer than it).
+    running = [store.bucket.step_prefix(key) for key in references.running]
+    collection = store.bucket.collect(
+        manifests, running, now=now or datetime.now(UTC), grace=grace, dry_run=dry_run
+    )
+    return GarbageReport(store.location, dry_run, grace.total_seconds(), collection)
+
+
+class GarbageConfig(dg.Config):
+    """How the scheduled collection runs (the launchpad can change either)."""
+
+    grace_hours: float = DEFAULT_GRACE.total_seconds() / 3600
+    dry_run: bool = False
+
+
+@dg.op(name="collect_storage_garbage")
+def collect_storage_garbage(
+    context: dg.OpExecutionContext, config: GarbageConfig, pipeline: PipelineResource
+) -> None:
+    """One collection; on a local home there is nothing to collect (said, not failed)."""
+    store = pipeline.checkpoints()
+    if not isinstance(store, PublishedCheckpoints):
+        context.log.info("checkpoints are on a local home: nothing to collect")
+        return
+    report = collect_unnamed(
+        store, pipeline.ledger(), grace=timedelta(hours=config.grace_hours), dry_run=config.dry_run
+    )
+    done = report.collection
+    context.log.info(
+        f"{'would delete' if report.dry_run else 'deleted'} {len(done.deleted_prefixes)} "
+        f"attempt prefixes ({done.deleted_objects} objects) of {report.storage}; kept "
+        f"{done.kept_referenced} named, {done.kept_running} running, {done.kept_young} young"
+    )
+    context.add_output_metadata(
+        {"deleted_prefixes": len(done.deleted_prefixes), "deleted_objects": done.deleted_objects}
+    )
+
+
+@dg.job(
+    name=GC_JOB,
+    description=(
+        "Deletes attempt prefixes on object storage that no ledger row names and no running "
+        "step holds, once older than the grace period (storyboard gc, as a job)."
+    ),
+)
+def storage_gc() -> None:
+    collect_storage_garbage()
+
+
+storage_gc_daily = dg.ScheduleDefinition(
+    name=GC_SCHEDULE,
+    job=storage_gc,
+    cron_schedule="17 3 * * *",
+    default_status=dg.DefaultScheduleStatus.STOPPED,
+    description="storage_gc once a day (off by default: turn it on where the bucket is yours).",
+)

@@ -31,6 +31,9 @@ the ``episodes`` partitions; Dagster's own partition listing is also timed apart
     .venv/bin/python benchmarks/sensor_tick.py --pg-url postgresql+psycopg://postgres@127.0.0.1:5432/test
 
 Each size creates (and drops) its own database ``bench_sensor_<n>`` on that server.
+``SENSOR_TICK_PROFILE=file`` writes a cProfile of the cold tick (``SENSOR_TICK_PROFILE_TICK``
+names another: warm, one_percent, full). The sensor context carries the instance's ref, as
+the daemon's does, so Dagster resolves the run requests the way it does in production.
 """
 
 import argparse
@@ -115,7 +118,8 @@ def _step(step_id: str, deps: tuple[str, ...], image: str | None = None, **extra
         },
     )
     globals()[cls.__name__] = cls
-    return cls()
+    made: Step = cls()
+    return made
 
 
 STEPS: tuple[Step, ...] = (
@@ -201,10 +205,10 @@ def _template(home: Path, ledger: LedgerStore, ts: str) -> dict[str, tuple[bytes
             checkpoints=store,
         )
         key = StepKey(project, episode, step.step_id)
-        checkpoint = store.load(key)
-        assert checkpoint is not None
+        loaded = store.load(key)
+        assert loaded is not None
         reads = runtime.verifier_reads(runtime.context(key))
-        text = store.seal(checkpoint, reads, revision=step.verify_revision)
+        text = store.seal(loaded, reads, revision=step.verify_revision)
         seal = Seal.decode(text)
         assert seal is not None, key
         out[step.step_id] = (store.path_for(key).read_bytes(), seal)
@@ -278,8 +282,7 @@ def generate(home: Path, ledger: LedgerStore, episodes: int) -> list[str]:
             run_id = f"gen-{episode}-{step.step_id}:0"
             seal = template[step.step_id][1]
             if n:
-                envelope = f"{root}/checkpoints/bench/{episode}/{step.step_id}/checkpoint.json"
-                st = os.lstat(envelope)
+                st = os.lstat(f"{root}/checkpoints/bench/{episode}/{step.step_id}/checkpoint.json")
                 text = _copy_seal(seal, root, episode, f"{ts}|{run_id}|0", sealed_ns)
                 text = text.replace(
                     '"cp":[0,0,0]', f'"cp":[{st.st_mtime_ns},{st.st_size},{st.st_ino}]'
@@ -289,7 +292,8 @@ def generate(home: Path, ledger: LedgerStore, episodes: int) -> list[str]:
             fields = [str(uuid.uuid4()), "bench", episode, step.step_id, "completed", run_id]
             fields += [ts, ts, ts, ts, "0", text]
             buffer.write("\t".join(f.replace("\\", "\\\\") for f in fields) + "\n")
-    raw = ledger.engine.raw_connection()  # synthetic bulk load (the benchmark's own SQL)
+    # Synthetic bulk load (the benchmark's own SQL), on psycopg's own connection.
+    raw: Any = ledger.engine.raw_connection()
     try:
         with raw.cursor() as cur:
             columns = (
@@ -420,11 +424,17 @@ def run_size(
                 listing = time.perf_counter() - t_list
                 context = dg.build_sensor_context(
                     instance=instance,
+                    # As the daemon builds it: with the instance's ref, Dagster resolves the
+                    # run requests' partitions through its per-evaluation loader.
+                    instance_ref=instance.get_ref(),
                     cursor=cursor[0] if which is sensor else None,
                     definitions=defs,
                     resources={"pipeline": pipeline},
                 )
-                profile_to = os.environ.get("SENSOR_TICK_PROFILE") if label == "cold" else None
+                # SENSOR_TICK_PROFILE=file: a cProfile of the cold tick (or of the tick named by
+                # SENSOR_TICK_PROFILE_TICK: warm, one_percent, full); it slows that tick ~2x.
+                profiled = os.environ.get("SENSOR_TICK_PROFILE_TICK", "cold")
+                profile_to = os.environ.get("SENSOR_TICK_PROFILE") if label == profiled else None
                 profiler = cProfile.Profile() if profile_to else None
                 t0, c0 = time.perf_counter(), time.process_time()
                 with dg.partition_loading_context(dynamic_partitions_store=instance):

@@ -214,6 +214,19 @@ def check_report(change: CheckChange) -> dict[str, object]:
     }
 
 
+def _known_partitions(
+    context: dg.SensorEvaluationContext, requests: Sequence[dg.RunRequest]
+) -> None:
+    """Ask Dagster once whether the requests' partitions exist, so that its resolution of
+    the run requests answers from its cache: it checks each request's partition with a
+    query of its own (13 ms each on a test instance: 0.40 s of a 3,000-episode 1 % tick with
+    30 runs, benchmarks/sensor_tick.py). The same check, made for all at once."""
+    loader = context.caching_dynamic_partitions_loader  # per evaluation; None without an instance
+    keys = sorted({r.partition_key for r in requests if r.partition_key})
+    if loader is not None and keys:
+        loader.get_existing_dynamic_partitions(str(episodes.name), keys)
+
+
 def _log(context: dg.SensorEvaluationContext, result: TickResult) -> None:
     context.log.info(result.stats.line())
     for change in result.checks[:LOGGED_CHANGES]:
@@ -332,6 +345,7 @@ def build_resume_sensor(
         # A live lease is no fault: the owner's run shows the check in progress itself.
         reports = [check_report(c) for c in result.checks if not c.evaluation.running_healthy]
         requests += report_requests(reports, context.cursor)
+        _known_partitions(context, requests)
         if requests:
             return dg.SensorResult(run_requests=requests, cursor=result.cursor)
         return dg.SensorResult(cursor=result.cursor, skip_reason=result.stats.line())

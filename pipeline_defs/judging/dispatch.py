@@ -11,7 +11,14 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from pipeline_defs.judging.evaluation import BatchJudge, Identity, StepEvaluation, Stores
+from pipeline_defs.judging.evaluation import (
+    BatchJudge,
+    Identity,
+    PartitionRows,
+    StepEvaluation,
+    Stores,
+    rows_by_partition,
+)
 from pipeline_defs.judging.parallel import JudgePool, JudgeSpec, default_workers
 from pipeline_defs.judging.scan import NO_SCAN, PartitionScan, Scan
 from pipeline_defs.resume.partition import StepKey
@@ -76,10 +83,13 @@ class JudgeDispatch:
         shape: PartitionScan,
         blocked: Mapping[str, str],
         deadline: float,
+        *,
+        grouped: Mapping[str, PartitionRows] | None = None,
     ) -> tuple[list[StepEvaluation], int, list[str]]:
         """(evaluations, judge calls, partitions judged) of ``chosen`` until ``deadline``.
 
         Big batches go to the worker processes (their results leave out SKIPs).
+        ``grouped``: ``rows_by_partition(rows)`` if the caller has it already.
         """
 
         def lookup(pk: str, step_id: str) -> Identity:
@@ -97,6 +107,8 @@ class JudgeDispatch:
                 for step_id, subs in result.artifact_dirs.items():
                     self.judge.artifact_dirs.setdefault(step_id, set()).update(subs)
                 return result.evaluations, result.judged, result.partitions
+        if grouped is None:
+            grouped = rows_by_partition(rows)  # once, not per slice
         before = self.judge.judged
         evaluations: list[StepEvaluation] = []
         done: list[str] = []
@@ -105,7 +117,9 @@ class JudgeDispatch:
                 break
             part = chosen[start : start + _BUDGET_SLICE]
             evaluations.extend(  # SKIPs only where they clear a block, as in the workers
-                self.judge.evaluate(part, now, rows, directories=lookup, keep_skips=blocked)
+                self.judge.evaluate(
+                    part, now, rows, directories=lookup, keep_skips=blocked, grouped=grouped
+                )
             )
             done.extend(part)
         return evaluations, self.judge.judged - before, done

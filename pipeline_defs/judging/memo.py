@@ -53,6 +53,8 @@ class Judged(Protocol):
     @property
     def scanned(self) -> Mapping[str, Scan]: ...
 
+    def by_partition(self) -> Mapping[str, Mapping[str, tuple[StepKey, Mapping[str, Any]]]]: ...
+
 
 def memoise(
     plan: Judged,
@@ -71,7 +73,7 @@ def memoise(
     by_pk: dict[str, list[StepEvaluation]] = {}
     for ev in evaluations:
         by_pk.setdefault(ev.partition_key, []).append(ev)
-    grouped_rows = group_rows(plan.rows)
+    grouped_rows = plan.by_partition()
     launches: list[StepEvaluation] = []
     new_memos: dict[str, Memo] = {}
     chosen_set, judged_set = set(plan.chosen), set(judged)
@@ -85,7 +87,8 @@ def memoise(
         previous_memo = memos.get(pk)
         already = previous_memo.launched if previous_memo else frozenset()
         launches.extend(ev for ev in evs if ev.launch and ev.run_key not in already)
-        pk_rows = grouped_rows.get(pk, [])
+        found = grouped_rows.get(pk)
+        pk_rows = [row for _key, row in found.values()] if found is not None else []
         wake_at = next_wake(pk_rows, settings, now)
         scan = plan.scanned[pk]
         new_memos[pk] = Memo(

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline_defs.judging.cursor import CursorState
-from pipeline_defs.judging.evaluation import StepEvaluation
+from pipeline_defs.judging.evaluation import StepEvaluation, rows_by_partition
 from pipeline_defs.judging.memo import Memo, group_rows, row_fingerprint
 from pipeline_defs.judging.scan import PartitionScan, Scan
 from pipeline_defs.resume.clock import parse_timestamp
@@ -40,6 +40,14 @@ class TickPlan:
     full_at: float
     rows: Mapping[StepKey, Mapping[str, Any]] = field(default_factory=dict)
     chosen: list[str] = field(default_factory=list)
+    _grouped: tuple[object, dict[str, dict[str, tuple[StepKey, Mapping[str, Any]]]]] | None = None
+
+    def by_partition(self) -> dict[str, dict[str, tuple[StepKey, Mapping[str, Any]]]]:
+        """``rows`` by partition, then step id (grouped once: the judge and the memos both
+        read them per partition)."""
+        if self._grouped is None or self._grouped[0] is not self.rows:
+            self._grouped = (self.rows, rows_by_partition(self.rows))
+        return self._grouped[1]
 
 
 def full_due(
@@ -125,6 +133,8 @@ def hold_back(
     heartbeat, publish) for ``lease_seconds`` is taken for dead; the held partition wakes
     then to look again.
     """
+    if not in_flight:  # nothing held (and no need to group every row of a cold tick)
+        return list(launches), {}
     by_pk: dict[str, list[StepEvaluation]] = {}
     for ev in launches:
         by_pk.setdefault(ev.partition_key, []).append(ev)

@@ -34,7 +34,7 @@ import json
 import os
 import posixpath
 import re
-from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence, Sized
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -94,6 +94,9 @@ RUN_KEY_PREFIX = "resume"
 # A (stat) identity: (st_mtime_ns, st_ino) of a directory, or (-1, -1) when it is absent.
 Identity = tuple[int, ...]
 ABSENT: Identity = (-1, -1)
+
+# One partition's ledger rows by step id, each with its key as the ledger store built it.
+PartitionRows = Mapping[str, tuple[StepKey, Mapping[str, Any]]]
 
 
 class Verdict(StrEnum):
@@ -345,6 +348,7 @@ def directory_identity(path: str) -> Identity:
 
 
 # ----------------------------------------------------------------------------- the judge
+_NOTED_LIMIT = 4096  # distinct sealed artifact tuples remembered (then forgotten at once)
 _REFUSED: Identity = (-2, -2, -2)  # no file has it: a refused project is read again
 
 
@@ -471,6 +475,7 @@ class BatchJudge:
         # Sub-directories (relative to the step directory) that hold artifacts, per step:
         # a file deleted there changes that directory's mtime, not the step directory's.
         self.artifact_dirs: dict[str, set[str]] = {}
+        self._noted: set[tuple[str, tuple[str, ...]]] = set()  # sealed artifacts noted
 
     @property
     def step_ids(self) -> tuple[str, ...]:
@@ -493,22 +498,25 @@ class BatchJudge:
         directories: Callable[[str, str], Identity] | None = None,
         *,
         keep_skips: Container[str] | None = None,
+        grouped: Mapping[str, PartitionRows] | None = None,
     ) -> list[StepEvaluation]:
         """Judge every step of every partition; ``rows`` must hold all their ledger rows.
 
         ``keep_skips``: return SKIPs only for these slots (``step|partition``): a tick acts
         on nothing else, and a cold tick would otherwise build 100,000 of them.
+        ``grouped``: ``rows_by_partition(rows)``, when the caller judges ``rows`` in slices.
         """
         now = as_utc(now)
         self.projects.refresh()
         self._shared.clear()
         self._verdicts.clear()
         where = directories or self._directory
+        by_pk = rows_by_partition(rows) if grouped is None else grouped
         out: list[StepEvaluation] = []
         try:
             with gc_paused(), self.stores.checkpoints.judging_scope():
                 for pk in partition_keys:
-                    out.extend(self._partition(pk, now, rows, where, keep_skips))
+                    out.extend(self._partition(pk, now, by_pk.get(pk), where, keep_skips))
         finally:
             self._shared.clear()  # input identities are only valid for this evaluation
         return out
@@ -540,24 +548,54 @@ class BatchJudge:
             if parent and parent not in known and not parent.startswith(".."):
                 known.add(parent)
 
+    def _note_sealed_artifacts(self, step_id: str, paths: tuple[str, ...]) -> None:
+        # Seals of one step name the same few artifact paths over and over: each distinct
+        # tuple is noted once (a set lookup instead of a normpath per path and row).
+        slot = (step_id, paths)
+        if slot in self._noted:
+            return
+        if len(self._noted) >= _NOTED_LIMIT:
+            self._noted.clear()
+        self._noted.add(slot)
+        self._note_artifact_dirs(step_id, paths)
+
     def _directory(self, pk: str, step_id: str) -> Identity:
         episode = _episode(pk)
         if episode is None:
             return ABSENT
-        return directory_identity(str(self.stores.checkpoints.step_dir(episode.step(step_id))))
+        layout = self.stores.checkpoints.scan_layout  # what the tick watches, as it scans it
+        return directory_identity(layout.step_dir(episode.project_id, episode.episode_id, step_id))
 
     def _partition(
         self,
         pk: str,
         now: datetime,
-        rows: Mapping[StepKey, Mapping[str, Any]],
+        rows: PartitionRows | None,
         directories: Callable[[str, str], Identity],
         keep_skips: Container[str] | None = None,
     ) -> list[StepEvaluation]:
+        """``rows``: the partition's ledger rows by step id (None: it has none)."""
         episode = _episode(pk)
         done: dict[str, StepEvaluation] = {}
         settled: dict[str, bool] = {}
-        observed: dict[str, Facts] = {}
+        # What each step's decision was made from: the row and the checkpoint version (or
+        # breakage) judged. Its ``Facts`` are built only for an evaluation that is kept (a
+        # SKIP that clears no block is not, nor is its upstream then): a cold tick of
+        # 100,000 sealed SKIPs built and dropped 100,000 of them (4 % of its CPU under
+        # cProfile, with the scan lookup each needs; benchmarks/sensor_tick.py, 10,000).
+        observed: dict[str, tuple[LedgerRow | None, str | None]] = {}
+        facts: dict[str, Facts] = {}
+
+        def facts_of(step_id: str) -> Facts:
+            found = facts.get(step_id)
+            if found is None:
+                row, seen = observed[step_id]
+                found = facts[step_id] = Facts.observe(row, seen, directories(pk, step_id))
+            return found
+
+        # A SKIP is dropped unless its slot clears a reported block (none on most ticks).
+        drop_skips = keep_skips is not None
+        skips_kept = None if isinstance(keep_skips, Sized) and not keep_skips else keep_skips
         upstream = self.upstream
         run = PartitionRun()  # the steps this tick's one run of the partition holds
         for step in self.steps:
@@ -565,14 +603,19 @@ class BatchJudge:
             row: LedgerRow | None = None
             seen: str | None = None  # which checkpoint version (or breakage) was judged
             try:
-                key = (episode or Episode.parse(pk)).step(step_id)  # a bad key raises, typed
-                row = LedgerRow.of(rows.get(key))  # the store's rows pass as they are
+                found = rows.get(step_id) if rows is not None else None
+                if found is None:
+                    key = (episode or Episode.parse(pk)).step(step_id)  # a bad key raises, typed
+                else:
+                    key, raw = found  # the store's own key: not built (and validated) again
+                    row = LedgerRow.of(raw)  # the store's rows pass as they are
                 judge = self.judges[step_id]
                 self.judged += 1
                 sealed = self._sealed(key, row)
                 if sealed is not None:
                     seen = sealed.version
-                    self._note_artifact_dirs(step_id, sealed.artifacts)
+                    if sealed.artifacts:
+                        self._note_sealed_artifacts(step_id, sealed.artifacts)
                     assert row is not None  # a seal is only taken from a completed row
                     decision = self._verdicts.decide(judge, key, row, now, sealed)
                 else:
@@ -587,29 +630,50 @@ class BatchJudge:
                     ).decision
             except Exception as exc:  # one bad partition must not sink the tick
                 decision = _unjudgeable(exc)
-            facts = observed[step_id] = Facts.observe(row, seen, directories(pk, step_id))
-            skip = decision.action is ResumeAction.SKIP
-            waits = () if skip else tuple(u for u in upstream[step_id] if not settled.get(u))
-            verdict, detail = _verdict(decision, waits, run.outside(waits), done)
-            settled[step_id] = skip or (verdict is Verdict.NOT_APPLICABLE and seen is not None)
-            if verdict is Verdict.LAUNCH:
-                run.join(step_id)
-            elif verdict is Verdict.NOT_APPLICABLE and seen is None:
-                run.offer(step_id, waits)
-            if skip and keep_skips is not None and f"{step_id}|{pk}" not in keep_skips:
-                continue
+            observed[step_id] = (row, seen)
+            if decision.action is ResumeAction.SKIP:
+                # Settled: no waits, never in the run (_verdict's first case).
+                settled[step_id] = True
+                if drop_skips and (skips_kept is None or f"{step_id}|{pk}" not in skips_kept):
+                    continue
+                waits: tuple[str, ...] = ()
+                verdict, detail = Verdict.SKIP, _SKIP_DETAIL
+            else:
+                waits = tuple(u for u in upstream[step_id] if not settled.get(u))
+                verdict, detail = _verdict(decision, waits, run.outside(waits), done)
+                settled[step_id] = verdict is Verdict.NOT_APPLICABLE and seen is not None
+                if verdict is Verdict.LAUNCH:
+                    run.join(step_id)
+                elif verdict is Verdict.NOT_APPLICABLE and seen is None:
+                    run.offer(step_id, waits)
             done[step_id] = StepEvaluation(
                 step_id=step_id,
                 partition_key=pk,
                 decision=decision,
                 verdict=verdict,
                 detail=detail,
-                facts=facts,
+                facts=facts_of(step_id),
                 waits_on=waits if verdict is Verdict.WAITING else (),
-                upstream=tuple(observed[u] for u in upstream[step_id]),
+                upstream=tuple(facts_of(u) for u in upstream[step_id]),
                 after=waits if verdict is Verdict.LAUNCH else (),
             )
         return _one_run(pk, done, run)
+
+
+def rows_by_partition(
+    rows: Mapping[StepKey, Mapping[str, Any]],
+) -> dict[str, dict[str, tuple[StepKey, Mapping[str, Any]]]]:
+    """``rows`` by partition key, then step id: grouped once per tick, so judging a
+    partition builds no key and hashes none per step to find its rows (a cold tick over
+    10,000 episodes built 100,000 ``StepKey`` objects for that)."""
+    grouped: dict[str, dict[str, tuple[StepKey, Mapping[str, Any]]]] = {}
+    for key, row in rows.items():
+        pk = key.partition_key
+        part = grouped.get(pk)
+        if part is None:
+            part = grouped[pk] = {}
+        part[key.step_id] = (key, row)
+    return grouped
 
 
 def _one_run(pk: str, done: dict[str, StepEvaluation], run: PartitionRun) -> list[StepEvaluation]:
@@ -661,6 +725,9 @@ def _episode(pk: str) -> Episode | None:
         return None
 
 
+_SKIP_DETAIL = "nothing to do"
+
+
 def _verdict(
     decision: ResumeDecision,
     waits: tuple[str, ...],
@@ -670,7 +737,7 @@ def _verdict(
     """``waits``: the unsettled upstream steps; ``outside``: those not in the partition's run."""
     action = decision.action
     if action is ResumeAction.SKIP:
-        return Verdict.SKIP, "nothing to do"
+        return Verdict.SKIP, _SKIP_DETAIL
     if action is ResumeAction.NOT_APPLICABLE:
         # Never a run of its own; a run recorded it, or records it when a step below needs it.
         return Verdict.NOT_APPLICABLE, "not applicable here; never launched for its own sake"

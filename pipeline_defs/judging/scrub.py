@@ -74,6 +74,11 @@ class Scrub:
         if not checkpoints.scrubbable:
             return report
         episodes = {e for e in map(episode_of, partition_keys) if e is not None}
+        # The project configs first (one HEAD each, at most every few seconds): a config
+        # replaced in the storage reaches the home's copy before the tick scans it, and the
+        # judgement's own copy changes nothing the tick sees next time.
+        for project_id in sorted({e.project_id for e in episodes}):
+            checkpoints.sync_inputs(project_id)
         chosen = self.due(sorted(episodes), stores.settings.scrub_period_seconds)
         report.episodes = len(chosen)
         if not chosen:

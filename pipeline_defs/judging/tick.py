@@ -269,6 +269,7 @@ class ResumeTicker:
             plan.shape,
             blocked,
             started + self.config.budget_seconds,
+            grouped=plan.by_partition(),
         )
         stats.evaluated_partitions = len(judged)
         stats.pending = len(plan.chosen) - len(judged)
@@ -345,7 +346,7 @@ class ResumeTicker:
             state is None or not memory_ok or epoch - (last_full or 0.0) >= refresh
         ) and self.dispatch.pool_size(len(keys)) > 1:
             self.dispatch.warm()  # workers start while we scan and read the ledger
-        layout = self.stores.checkpoints.layout
+        layout = self.stores.checkpoints.scan_layout
         scanned = scan_partitions(layout, keys, shape, self._memos if memory_ok else {})
         tree = tree_digest(keys, scanned)
         is_full_due = full_due(state, marker, epoch, refresh)
@@ -457,7 +458,7 @@ class ResumeTicker:
         if merged == {k: list(v) for k, v in subdirs.items()}:
             return plan.shape, plan.tree
         wider = PartitionScan(self.judge.step_ids, merged)
-        layout = self.stores.checkpoints.layout
+        layout = self.stores.checkpoints.scan_layout
         rescanned: dict[str, Scan] = {}
         for pk, scan in plan.scanned.items():
             episode = episode_of(pk)

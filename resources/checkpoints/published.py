@@ -45,7 +45,7 @@ from uuid import uuid4
 from pipeline_defs.resume.completion import Origin
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.files import file_sha256, read_nofollow, write_file_under
-from pipeline_defs.resume.layout import FileIdentity
+from pipeline_defs.resume.layout import DataLayout, FileIdentity
 from pipeline_defs.resume.partition import StepKey
 from resources.checkpoints.bucket import ENVELOPE_WHAT, BucketCheckpoints
 from resources.checkpoints.envelope import Checkpoint
@@ -61,6 +61,7 @@ PENDING_ROOT = "pending"
 # How long a process trusts its copy of an episode's inputs before asking the storage again.
 INPUTS_MAX_AGE_SECONDS = 5.0
 SCRATCH_DIR = ".scratch"  # under PIPELINE_HOME: per-process copies, never the truth
+UNSCANNED = "unscanned"  # under a scratch: never created, so the tick's stats never move
 
 
 class PointerSource(Protocol):
@@ -99,6 +100,7 @@ class PublishedCheckpoints(CheckpointStore):
             home, keep_archives=keep_archives, checkpoints_root=str(scratch / "checkpoints")
         )
         self.scratch = scratch
+        self._scan_layout = DataLayout(str(home), checkpoints_root=str(scratch / UNSCANNED))
         self.storage = storage
         self.bucket = BucketCheckpoints(storage)
         self.pointers = pointers
@@ -123,6 +125,15 @@ class PublishedCheckpoints(CheckpointStore):
     @property
     def scrubbable(self) -> bool:
         return True
+
+    @property
+    def scan_layout(self) -> DataLayout:
+        """The tick scans no checkpoint tree here: the scratch copy changes whenever this
+        process fetches (a judgement the long way, a run), which is no change of the
+        partition, and a run key built from it would differ from tick to tick. A change of
+        a published checkpoint moves its ledger row; drift is the scrub's. The inputs'
+        copies stay watched: the project config is copied in before each tick."""
+        return self._scan_layout
 
     @property
     def location(self) -> str:

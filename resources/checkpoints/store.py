@@ -192,6 +192,13 @@ class CheckpointStore:
         ``path_for(key)``: it already is on a local home (the file they edited)."""
 
     @property
+    def scan_layout(self) -> DataLayout:
+        """What the sensor's tick ``lstat``s to see a partition change: the home itself.
+        On object storage the checkpoint tree is each process's own cache (see
+        ``PublishedCheckpoints.scan_layout``)."""
+        return self.layout
+
+    @property
     def scrubbable(self) -> bool:
         """Whether published objects live apart from the ledger and a scrub compares them
         (object storage). A local home's seals are re-checked by ``lstat`` instead."""

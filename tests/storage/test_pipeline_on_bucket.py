@@ -527,6 +527,7 @@ def test_the_sensor_scrubs_its_share_each_tick_and_relaunches_a_deleted_picture_
     )
     forget_tickers()
     cursor: list[str | None] = [None]
+    skipped: list[str | None] = []
 
     def tick() -> list[dg.RunRequest]:
         context = dg.build_sensor_context(
@@ -538,6 +539,7 @@ def test_the_sensor_scrubs_its_share_each_tick_and_relaunches_a_deleted_picture_
         with dg.partition_loading_context(dynamic_partitions_store=instance):
             result = sensor.evaluate_tick(context)
         cursor[0] = result.cursor
+        skipped.append(result.skip_message)
         return [r for r in result.run_requests or [] if r.job_name != REPORT_JOB]
 
     with dg.instance_for_test() as instance:
@@ -546,11 +548,17 @@ def test_the_sensor_scrubs_its_share_each_tick_and_relaunches_a_deleted_picture_
         requests = counted(sensor_env)
         assert tick() == []
         assert requests.counts.get("list", 0) <= 2, requests.counts  # the scrub's two LISTs
+        # What the first tick copied into its scratch is no change of the partition: the
+        # tick after a cold one judges nothing (the scratch is not scanned on a bucket).
+        assert "resume tick [unchanged]" in str(skipped[-1]), skipped[-1]
         ref = sorted(manifest(first, "ref_image_gen").artifacts.values(), key=lambda r: r.key)[0]
         client = machines.client  # type: ignore[attr-defined]
         client.delete_object(Bucket=machines.bucket, Key=f"{PREFIX}/{ref.key}")  # type: ignore[attr-defined]
         (request,) = tick()
         assert [a.to_user_string() for a in request.asset_selection or ()] == ["ref_image_gen"]
+        # The judgement fetched into this process's scratch; that is no change of the
+        # partition: the next tick requests nothing more (no second run under a new key).
+        assert tick() == []
         outcome = sensor_env.materialize(["ref_image_gen"], tags=request.tags)
         assert outcome.result.success
         assert outcome.total_calls == 1

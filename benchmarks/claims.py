@@ -44,6 +44,7 @@ if str(ROOT) not in sys.path:  # allow `python benchmarks/claims.py` from any di
     sys.path.insert(0, str(ROOT))
 
 from pipeline_defs.resume.partition import StepKey  # noqa: E402
+from resources.ledger.audit import Audit  # noqa: E402
 from resources.ledger.store import LedgerStore, engine_for  # noqa: E402
 
 PGBENCH_SCRIPT = Path(__file__).with_name("pgbench_upsert.sql")
@@ -84,7 +85,14 @@ def _backend_cpu(pid: int) -> float:
 
 
 def _worker(
-    url: str, index: int, mode: str, tag: str, seconds: float, barrier: Any, results: Any
+    url: str,
+    index: int,
+    mode: str,
+    tag: str,
+    seconds: float,
+    barrier: Any,
+    results: Any,
+    audit: str = "none",
 ) -> None:
     try:
         store = LedgerStore(url)
@@ -105,9 +113,30 @@ def _worker(
                 key = StepKey("bench", f"{tag}hot", "step")
             run_id = f"{tag}-w{index}-{i}"
             i += 1
-            if not store.claim(key, run_id):
+            if audit == "none":
+                won = store.claim(key, run_id)
+                done = won and store.transition(key, run_id, "completed")
+            elif audit == "together":  # the run protocol now: each line in its change's txn
+                start = Audit("rerun_self", None, "running", run_id=run_id)
+                won = store.claim(key, run_id, audit=start)
+                finish = Audit("finish", "running", "completed", run_id=run_id)
+                done = won and store.transition(key, run_id, "completed", audit=finish)
+            else:  # "apart": the protocol before, each line a transaction after its change
+                won = store.claim(key, run_id)
+                if won:
+                    store.append_transition(
+                        key, action="rerun_self", from_status=None, to_status="running",
+                        run_id=run_id,
+                    )  # fmt: skip
+                done = won and store.transition(key, run_id, "completed")
+                if done:
+                    store.append_transition(
+                        key, action="finish", from_status="running", to_status="completed",
+                        run_id=run_id,
+                    )  # fmt: skip
+            if not won:
                 rejected += 1
-            elif store.transition(key, run_id, "completed"):
+            elif done:
                 cycles += 1
             else:
                 lost += 1
@@ -128,14 +157,14 @@ def _reset(url: str) -> None:
         conn.exec_driver_sql("CHECKPOINT")
 
 
-def run_ours(url: str, workers: int, mode: str, seconds: float) -> Ours:
+def run_ours(url: str, workers: int, mode: str, seconds: float, audit: str = "none") -> Ours:
     _reset(url)
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(workers + 1)
     results = ctx.Queue()
-    tag = f"{mode[0]}{workers}"
+    tag = f"{mode[0]}{workers}{audit[0]}"
     procs = [
-        ctx.Process(target=_worker, args=(url, i, mode, tag, seconds, barrier, results))
+        ctx.Process(target=_worker, args=(url, i, mode, tag, seconds, barrier, results, audit))
         for i in range(workers)
     ]
     for proc in procs:
@@ -253,6 +282,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--seconds", type=float, default=5.0, help="duration of each measurement")
     parser.add_argument("--workers", default="1,4,8", help="comma-separated worker/client counts")
+    parser.add_argument(
+        "--audit-only",
+        action="store_true",
+        help="only compare audit lines in their change's transaction with audits apart",
+    )
     args = parser.parse_args(argv)
     counts = [int(w) for w in args.workers.split(",") if w.strip()]
     pgbench = find_pgbench()
@@ -269,8 +303,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"machine: {_machine(url)}")
         print(f"load average before: {_load()}")
         print(f"pgbench: {pgbench}; {args.seconds:g} s per measurement; database {name}")
+        audited = []
+        for n in counts:  # alternated, same database: the ratio is the figure
+            apart = run_ours(url, n, "distinct", args.seconds, audit="apart")
+            together = run_ours(url, n, "distinct", args.seconds, audit="together")
+            audited.append((n, apart, together))
+            print(
+                f"  {n} workers with audit lines: apart {apart.rate:.0f} cycles/s (4 txn), "
+                f"together {together.rate:.0f} cycles/s (2 txn), "
+                f"together / apart {together.rate / apart.rate:.2f}",
+                flush=True,
+            )
         rows = []
-        for n in counts:
+        for n in counts if not args.audit_only else []:
             distinct = run_ours(url, n, "distinct", args.seconds)
             hot = run_ours(url, n, "hot", args.seconds)
             tps = run_pgbench(pgbench, url, n, args.seconds)
@@ -289,6 +334,18 @@ def main(argv: list[str] | None = None) -> int:
         admin.dispose()
 
     print(f"load average after: {_load()}")
+    print()
+    print(
+        "| workers | cycle with audits apart (4 txn), cycles/s | audits in the change's txn "
+        "(2 txn), cycles/s | together / apart |"
+    )
+    print("|---:|---:|---:|---:|")
+    for n, apart, together in audited:
+        print(
+            f"| {n} | {apart.rate:.0f} | {together.rate:.0f} | {together.rate / apart.rate:.2f} |"
+        )
+    if args.audit_only:
+        return 0
     print()
     print(
         "| workers | ours cycles/s (distinct) | ours txn/s (2 per cycle) | pgbench upsert tps "

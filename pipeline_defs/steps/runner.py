@@ -42,6 +42,7 @@ from pipeline_defs.steps.mutations import (
 from pipeline_defs.steps.redraw import Redraw, dependents_of, resolve_targets
 from pipeline_defs.steps.spec import Step, StepResult
 from resources.checkpoints.envelope import Checkpoint, mask_secrets
+from resources.ledger.audit import Audit
 from resources.providers import ImageModel, TextModel
 
 SETTLED_UPSTREAM = frozenset({"completed", "partial", "not_applicable"})
@@ -195,6 +196,27 @@ class StepRunner:
             "its edits are not yet in what this step reads"
         )
 
+    @staticmethod
+    def audit_line(
+        run: RunInfo,
+        decision: ResumeDecision,
+        *,
+        action: str,
+        from_status: str | None,
+        to_status: str | None,
+        reason: str | None = None,
+    ) -> Audit:
+        """A history line of this run's judgement (docs/DESIGN.md#audit)."""
+        return Audit(
+            action=action,
+            from_status=from_status,
+            to_status=to_status,
+            origin=decision.origin.value if decision.origin else None,
+            reason=reason or decision.reason,
+            run_id=run.run_id,
+            launch_path=run.launch_path,
+        )
+
     def audit(
         self,
         key: StepKey,
@@ -206,15 +228,21 @@ class StepRunner:
         to_status: str | None,
         reason: str | None = None,
     ) -> None:
+        """A history line with no status change of its own (a SKIP, a block); a change
+        of status carries its line into the ledger write that makes it."""
+        line = self.audit_line(
+            run, decision, action=action, from_status=from_status, to_status=to_status,
+            reason=reason,
+        )  # fmt: skip
         self.ledger.append_transition(
             key,
-            action=action,
-            from_status=from_status,
-            to_status=to_status,
-            origin=decision.origin.value if decision.origin else None,
-            reason=reason or decision.reason,
-            run_id=run.run_id,
-            launch_path=run.launch_path,
+            action=line.action,
+            from_status=line.from_status,
+            to_status=line.to_status,
+            origin=line.origin,
+            reason=line.reason,
+            run_id=line.run_id,
+            launch_path=line.launch_path,
         )
 
     def run(
@@ -233,11 +261,7 @@ class StepRunner:
         if decision.action is ResumeAction.NOT_APPLICABLE:
             return self._not_applicable(key, run, decision, prior)
         if decision.action is ResumeAction.SKIP:
-            if decision.adopt and self._adopt(key, run, decision, judgement.checkpoint):
-                self.audit(
-                    key, run, decision, action="adopt", from_status=None, to_status="completed"
-                )
-            else:
+            if not (decision.adopt and self._adopt(key, run, decision, judgement.checkpoint)):
                 self.audit(key, run, decision, action="skip", from_status=prior, to_status=prior)
             return StepOutcome(decision, "skip", judgement.checkpoint)
         if decision.action is ResumeAction.BLOCK:
@@ -313,12 +337,18 @@ class StepRunner:
             if checkpoint is not None
             else None
         )
-        return self.ledger.adopt(key, run.run_id, summary=decision.reason, seal=seal)
+        line = self.audit_line(
+            run, decision, action="adopt", from_status=None, to_status="completed"
+        )
+        return self.ledger.adopt(key, run.run_id, summary=decision.reason, seal=seal, audit=line)
 
     def _not_applicable(
         self, key: StepKey, run: RunInfo, decision: ResumeDecision, prior: str | None
     ) -> StepOutcome:
-        if not self.ledger.mark_not_applicable(key, run.run_id, decision.reason):
+        line = self.audit_line(
+            run, decision, action="not_applicable", from_status=prior, to_status="not_applicable"
+        )
+        if not self.ledger.mark_not_applicable(key, run.run_id, decision.reason, audit=line):
             raise PipelineError("step.already_running", f"{key}: another run owns this step")
         checkpoint = self._envelope(
             key,
@@ -332,14 +362,6 @@ class StepRunner:
             fence=lambda staged: self.ledger.publish(
                 key, run.run_id, staged.commit, pointer=staged.pointer
             ),
-        )
-        self.audit(
-            key,
-            run,
-            decision,
-            action="not_applicable",
-            from_status=prior,
-            to_status="not_applicable",
         )
         return StepOutcome(decision, "not_applicable", checkpoint)
 
@@ -402,6 +424,9 @@ class StepRunner:
         # decision takes the row over uncounted, leaving the count and last reason as the
         # sensor's recoveries left them (visible in ``status``).
         counted = decision.auto_recovery and run.automatic
+        line = self.audit_line(
+            run, decision, action=decision.action.value, from_status=prior, to_status="running"
+        )
         won = self.ledger.claim(
             key,
             run.run_id,
@@ -412,11 +437,10 @@ class StepRunner:
             auto_recovery=counted,
             reason=decision.reason,
             seen=row,
+            audit=line,
+            refused=line.refused("claim_rejected", decision.reason),
         )
         if not won:
-            self.audit(
-                key, run, decision, action="claim_rejected", from_status=prior, to_status=prior
-            )
             raise PipelineError(
                 "step.already_running",
                 f"{key}: another run owns this step or changed it since it was judged "
@@ -434,14 +458,6 @@ class StepRunner:
             # From here on the row is ours: until this run's final word is published, any
             # failure must be recorded, never left running.
             with self._failures_recorded(key, run, decision, attempts):
-                self.audit(
-                    key,
-                    run,
-                    decision,
-                    action=decision.action.value,
-                    from_status=prior,
-                    to_status="running",
-                )
                 crash_point("claimed", key.step_id)
                 force = decision.action is ResumeAction.FORCE_EXPLICIT
                 if force:
@@ -450,7 +466,7 @@ class StepRunner:
                     self.invalidate_downstream(key, run, decision)
                 # a mutator whose published edits were cut short settles them, no provider call
                 published = (
-                    self._settle_published(key, run)
+                    self._settle_published(key, run, decision)
                     if self.step.modifies_checkpoints and not force
                     else None
                 )
@@ -481,17 +497,12 @@ class StepRunner:
         attempts: int,
     ) -> None:
         message = str(exc) or type(exc).__name__
-        if self.ledger.transition(key, run.run_id, "failed", error=message[:2000]):
+        line = self.audit_line(
+            run, decision, action="failed", from_status="running", to_status="failed",
+            reason=message[:500],
+        )  # fmt: skip
+        if self.ledger.transition(key, run.run_id, "failed", error=message[:2000], audit=line):
             self._schedule_retry(key, run, attempts)
-            self.audit(
-                key,
-                run,
-                decision,
-                action="failed",
-                from_status="running",
-                to_status="failed",
-                reason=message[:500],
-            )
 
     def _schedule_retry(self, key: StepKey, run: RunInfo, attempts: int) -> None:
         when = self.clock() + timedelta(seconds=attempts * self.settings.retry_backoff_seconds)
@@ -558,7 +569,15 @@ class StepRunner:
         if edits and status != "failed":
             write_ahead(self.checkpoints, key, edits, checkpoint)
         published = self._publish(
-            key, run, status, checkpoint, result.summary, counts, reads, meter.resolved_model
+            key,
+            run,
+            decision,
+            status,
+            checkpoint,
+            result.summary,
+            counts,
+            reads,
+            meter.resolved_model,
         )
         crash_point("published", key.step_id)
         if not published:
@@ -576,7 +595,9 @@ class StepRunner:
             settle=tuple(e.intent for e in edits),
         )
 
-    def _settle_published(self, key: StepKey, run: RunInfo) -> Published | None:
+    def _settle_published(
+        self, key: StepKey, run: RunInfo, decision: ResumeDecision
+    ) -> Published | None:
         """A mutator whose edits are written ahead but not all applied: apply them instead of
         reviewing again (no provider call). Either its checkpoint is published (the process
         died while settling), or the process died before publishing it: the
@@ -593,7 +614,9 @@ class StepRunner:
                 f"{found.checkpoint.produced_by.get('run_id')!r} (killed before it published); "
                 "its edits are applied next, no provider call"
             )
-            if not self._publish(key, run, "completed", found.checkpoint, summary, {}, reads):
+            if not self._publish(
+                key, run, decision, "completed", found.checkpoint, summary, {}, reads
+            ):
                 raise PipelineError(
                     "step.ownership_lost",
                     f"{key}: run {run.run_id} lost its claim; nothing published",
@@ -617,7 +640,7 @@ class StepRunner:
             reseal=False,
         )
         summary = f"settled the written-ahead edits of {', '.join(mutated) or 'no victim'}"
-        if not self._publish(key, run, "completed", found.checkpoint, summary, {}, reads):
+        if not self._publish(key, run, decision, "completed", found.checkpoint, summary, {}, reads):
             raise PipelineError(
                 "step.ownership_lost", f"{key}: run {run.run_id} lost its claim; nothing published"
             )
@@ -633,17 +656,9 @@ class StepRunner:
         attempts: int,
         published: Published,
     ) -> StepOutcome:
-        """Audit, recovery bookkeeping and a mutator's settle, once the row holds the result."""
+        """Recovery bookkeeping and a mutator's settle, once the row holds the result (and
+        its history line, written with it by ``_publish``)."""
         status = published.status
-        self.audit(
-            key,
-            run,
-            decision,
-            action="finish",
-            from_status="running",
-            to_status=status,
-            reason=published.summary,
-        )
         # (6) recovery bookkeeping
         if status == "completed":
             self.ledger.reset_recovery(key, run.run_id)
@@ -682,6 +697,7 @@ class StepRunner:
         self,
         key: StepKey,
         run: RunInfo,
+        decision: ResumeDecision,
         status: str,
         checkpoint: Checkpoint,
         summary: str,
@@ -689,10 +705,19 @@ class StepRunner:
         reads: Sequence[Path] | None = None,
         resolved_model: str | None = None,
     ) -> bool:
-        """Status + checkpoint (+ seal when ``reads`` is given: verified clean) in one step."""
+        """Status + checkpoint (+ seal when ``reads`` is given: verified clean) + its history
+        line in one transaction; a run that lost the row records the refusal instead."""
+        line = self.audit_line(
+            run, decision, action="finish", from_status="running", to_status=status,
+            reason=summary,
+        )  # fmt: skip
         kwargs: dict[str, Any] = {
             "summary": summary or None,
             "resolved_model": resolved_model,
+            "audit": line,
+            "refused": line.refused(
+                "ownership_lost", f"run {run.run_id} lost its claim; nothing published"
+            ),
             **counts,
         }
         if status == "failed":

@@ -26,6 +26,7 @@ from pipeline_defs.resume.partition import Episode, StepKey
 from pipeline_defs.resume.settings import validate_ledger_values
 from pipeline_defs.resume.status import SETTLED_RESULT, TERMINAL_STATUSES, LedgerRow, StepStatus
 from resources.ledger import pointers
+from resources.ledger.audit import Audit, write_audit
 from resources.ledger.retry import Once, is_dropped_connection, retry_dropped
 from resources.ledger.tables import (
     provider_call,
@@ -253,27 +254,9 @@ def _lock_statement(owned: bool) -> Any:
     return sa.select(step_run.c.id).where(_OWNED_WHERE if owned else _KEY_WHERE).with_for_update()
 
 
-_AUDIT_COLUMNS = (
-    "project_id",
-    "episode_id",
-    "step_id",
-    "from_status",
-    "to_status",
-    "action",
-    "origin",
-    "reason",
-    "run_id",
-    "launch_path",
-    "at",
-)
 # The next provider_call id on PostgreSQL (drawn before the insert: see start_provider_call).
 _NEXT_CALL_ID = sa.select(
     sa.func.nextval(sa.func.pg_get_serial_sequence(provider_call.name, provider_call.c.id.name))
-)
-_AUDIT_STATEMENT = (
-    sa.insert(step_transition)
-    .values({column: _B(f"a_{column}") for column in _AUDIT_COLUMNS})
-    .returning(step_transition.c.transition_seq)
 )
 
 
@@ -646,8 +629,13 @@ class LedgerStore:
         reason: str | None = None,
         now: str | None = None,
         seen: LedgerRow | Mapping[str, Any] | object | None = NOT_JUDGED,
+        audit: Audit | None = None,
+        refused: Audit | None = None,
     ) -> bool:
         """One atomic upsert: take the row unless another owner is running it.
+
+        ``audit`` / ``refused``: the history line of a won / lost claim, written in the
+        same transaction as the upsert (docs/DESIGN.md#audit).
 
         A running row is only taken over (``allow_stale_steal``) when its started_at and
         run_id (and, when given, heartbeat_at) are still exactly the texts the judge read.
@@ -684,8 +672,10 @@ class LedgerStore:
             params["c_expected_heartbeat_at"] = expected_heartbeat_at
         statement = _claim_statement(self.is_sqlite, shape, steal, auto_recovery, beat)
 
+        audited = audit is not None or refused is not None
+
         def body(attempt: int) -> bool:
-            with self._single() as conn:
+            with self._write() if audited else self._single() as conn:
                 # A retry after a dropped connection: the first attempt may have committed
                 # (its answer lost). The row then names this run_id (unique per claim) and
                 # this claim's started_at: that is our win, not another owner's row.
@@ -693,8 +683,12 @@ class LedgerStore:
                     conn, key, run_id=run_id, status=StepStatus.RUNNING, started_at=ts
                 ):
                     return True
-                won = conn.execute(statement, params).first()
-            return won is not None and won[0] == run_id
+                found = conn.execute(statement, params).first()
+                won = found is not None and found[0] == run_id
+                line = audit if won else refused
+                if line is not None:
+                    write_audit(conn, key, line, ts, attempt=attempt)
+            return won
 
         return self._retry("claim", body)
 
@@ -733,10 +727,12 @@ class LedgerStore:
         summary: str,
         seal: str | None = None,
         now: str | None = None,
+        audit: Audit | None = None,
     ) -> bool:
         """Record a verified orphan checkpoint as completed; never overwrites an existing row.
 
-        ``seal``: the adopting run verified it clean, so the row can carry its seal.
+        ``seal``: the adopting run verified it clean, so the row can carry its seal;
+        ``audit``: its history line, in the same transaction.
         """
         ts = now or _now()
         statement = self._settled_insert(key, run_id, StepStatus.COMPLETED, summary, ts)
@@ -749,20 +745,30 @@ class LedgerStore:
         )
 
         def body(attempt: int) -> bool:
-            with self._single() as conn:
+            with self._write() if audit is not None else self._single() as conn:
                 # After a lost answer, our own insert is the row with our run and timestamp.
                 if attempt > 1 and self._row_is(
                     conn, key, run_id=run_id, status=StepStatus.COMPLETED, created_at=ts
                 ):
                     return True
-                return conn.execute(statement).first() is not None
+                done = conn.execute(statement).first() is not None
+                if done and audit is not None:
+                    write_audit(conn, key, audit, ts, attempt=attempt)
+                return done
 
         return self._retry("adopt", body)
 
     def mark_not_applicable(
-        self, key: StepKey, run_id: str, reason: str, now: str | None = None
+        self,
+        key: StepKey,
+        run_id: str,
+        reason: str,
+        now: str | None = None,
+        *,
+        audit: Audit | None = None,
     ) -> bool:
-        """Record that the step does not apply here; never touches a running row."""
+        """Record that the step does not apply here; never touches a running row.
+        ``audit``: its history line, in the same transaction."""
         ts = now or _now()
         statement = (
             self._settled_insert(key, run_id, StepStatus.NOT_APPLICABLE, reason, ts)
@@ -783,9 +789,12 @@ class LedgerStore:
 
         # Run again after a lost answer, the upsert finds our not-applicable row (not
         # running) and writes the same values: the same answer.
-        def body(_attempt: int) -> bool:
-            with self._single() as conn:
-                return conn.execute(statement).first() is not None
+        def body(attempt: int) -> bool:
+            with self._write() if audit is not None else self._single() as conn:
+                done = conn.execute(statement).first() is not None
+                if done and audit is not None:
+                    write_audit(conn, key, audit, ts, attempt=attempt)
+                return done
 
         return self._retry("mark not applicable", body)
 
@@ -812,8 +821,13 @@ class LedgerStore:
         pointer: str | None = None,
         keep_archives: int = 5,
         now: str | None = None,
+        audit: Audit | None = None,
+        refused: Audit | None = None,
     ) -> bool:
         """Move the row to ``status`` if this run still owns it.
+
+        ``audit``: the history line of the change, committed with it; ``refused``: the line
+        recorded instead when the row no longer names this owner (docs/DESIGN.md#audit).
 
         ``pointer`` (object storage): the manifest of the checkpoint this transition
         publishes, stored on the locked row in the same transaction as the status; the
@@ -864,16 +878,22 @@ class LedgerStore:
         # commit always left (another run could only take the row after our lease lapsed).
         once = Once(publish) if publish is not None else None
 
-        def body(_attempt: int) -> bool:
+        def body(attempt: int) -> bool:
             with self._write() as conn:
                 if once is not None or pointer is not None:
                     locked = conn.execute(_lock_statement(require_owner), params).first()
                     if locked is None:
+                        if refused is not None:
+                            write_audit(conn, key, refused, ts, attempt=attempt)
                         return False
                 previous = pointers.current_pointer(conn, key) if pointer is not None else None
                 changed = conn.execute(statement, params).rowcount
                 if changed != 1:
+                    if refused is not None:
+                        write_audit(conn, key, refused, ts, attempt=attempt)
                     return False
+                if audit is not None:
+                    write_audit(conn, key, audit, ts, attempt=attempt)
                 if pointer is not None:  # a retry finds its own pointer: nothing archived
                     pointers.set_pointer(
                         conn,
@@ -1186,36 +1206,14 @@ class LedgerStore:
         launch_path: str | None = None,
         now: str | None = None,
     ) -> int:
-        values = {
-            "project_id": key.project_id,
-            "episode_id": key.episode_id,
-            "step_id": key.step_id,
-            "from_status": from_status,
-            "to_status": to_status,
-            "action": action,
-            "origin": origin,
-            "reason": reason,
-            "run_id": run_id,
-            "launch_path": launch_path,
-            "at": now or _now(),
-        }
-        params = {f"a_{k}": v for k, v in values.items()}
+        """A history line with no status change of its own (a SKIP, a block, an edit's
+        note); a change of status takes its ``audit=`` in the same transaction instead."""
+        audit = Audit(action, from_status, to_status, origin, reason, run_id, launch_path)
+        at = now or _now()
 
         def body(attempt: int) -> int:
             with self._single() as conn:
-                if attempt > 1:
-                    # After a lost answer our row may be there: the same key, action, run,
-                    # reason and microsecond timestamp is ours, not a second transition.
-                    same = [
-                        step_transition.c[k].is_not_distinct_from(sa.literal(v, sa.Text))
-                        for k, v in values.items()
-                    ]
-                    found = conn.execute(
-                        sa.select(step_transition.c.transition_seq).where(*same)
-                    ).first()
-                    if found is not None:
-                        return int(found[0])
-                return int(conn.execute(_AUDIT_STATEMENT, params).scalar_one())
+                return write_audit(conn, key, audit, at, attempt=attempt)
 
         return self._retry("append transition", body)
 

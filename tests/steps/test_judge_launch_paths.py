@@ -3,13 +3,10 @@ and in the checkpoint's provenance, and never changes the decision or the claim.
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 from judge_steps import Harness, failure, mat_metadata, open_harness
-
-from resources.ledger.store import LedgerStore
 
 LAUNCHES = [
     ({}, "api"),
@@ -87,14 +84,18 @@ def test_an_overlong_launch_path_tag_is_clamped_and_never_strands_a_claim(h: Har
 def test_a_failure_right_after_the_claim_is_recorded_not_left_running(
     h: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    original = LedgerStore.append_transition
+    # The first thing after the claim (its audit line is in the claim's own transaction):
+    # a failure there must still be recorded as the run's final word.
+    from pipeline_defs.steps import runner
 
-    def flaky(self: LedgerStore, key: Any, **kwargs: Any) -> int:
-        if kwargs.get("action") == "rerun_self":
+    original = runner.crash_point
+
+    def flaky(stage: str, step_id: str) -> None:
+        if stage == "claimed":
             raise RuntimeError("audit database hiccup")
-        return original(self, key, **kwargs)
+        original(stage, step_id)
 
-    monkeypatch.setattr(LedgerStore, "append_transition", flaky)
+    monkeypatch.setattr(runner, "crash_point", flaky)
     result = h.run("alpha")
     assert not result.success
     row = h.row("alpha")

@@ -75,12 +75,22 @@ ENDED_RUN_STATUSES = frozenset(
 )
 
 
-def owner_ended_in(instance: dg.DagsterInstance) -> Callable[[str], str | None]:
-    """Owner token (``<run id>:<attempt>``) -> its run's terminal status in ``instance``.
+# What ``owner_ended_in`` says of an owner whose Dagster run is gone from the instance; it
+# reads beside the run statuses it stands with ("owner run ... has ended (DELETED)").
+OWNER_RUN_DELETED = "DELETED"
 
-    Run monitoring marks a run whose worker died FAILURE; a run that ended while its row
-    still says running holds a dead lease. A run this instance does not know is no
-    evidence (another deployment, a test owner): None, and the lease rules apply.
+
+def owner_ended_in(instance: dg.DagsterInstance) -> Callable[[str], str | None]:
+    """Owner token (``<run id>:<attempt>``) -> how its run ended in ``instance``, or None.
+
+    docs/DESIGN.md#dead-owners. Run monitoring marks a run whose worker died FAILURE; a run
+    that ended while its row still says running holds a dead lease: its terminal status
+    (``FAILURE``, ``CANCELED``, ``SUCCESS``). A run id this instance does not know is dead
+    too (``OWNER_RUN_DELETED``): every process of a deployment shares one instance, so a run
+    it does not know was deleted, and nobody renews its lease. None when the owner may be
+    alive: its run is not terminal, or the token names no Dagster run (its run-id part is not
+    a UUID: an owner outside Dagster, such as a test's), which is no evidence, and the lease
+    rules apply.
     """
 
     def ended(owner: str) -> str | None:
@@ -90,7 +100,9 @@ def owner_ended_in(instance: dg.DagsterInstance) -> Callable[[str], str | None]:
         except ValueError:
             return None
         run = instance.get_run_by_id(run_id)
-        if run is None or run.status not in ENDED_RUN_STATUSES:
+        if run is None:
+            return OWNER_RUN_DELETED
+        if run.status not in ENDED_RUN_STATUSES:
             return None
         return str(run.status.value)
 

@@ -229,10 +229,11 @@ def test_provider_call_columns_say_which_calls_they_count(cli: CliEnv) -> None:
     assert "provider calls total 10" in status
 
 
-def test_a_dead_owner_is_judged_as_the_sensor_judges_it(cli: CliEnv) -> None:
-    """A running row whose Dagster run has ended (run monitoring marked it failed) holds a
-    fresh heartbeat but no worker: the sensor relaunches it now, so ``decide`` and
-    ``status`` must say that, not that the run is working on it."""
+@pytest.mark.parametrize("death", ["failed", "deleted"])
+def test_a_dead_owner_is_judged_as_the_sensor_judges_it(cli: CliEnv, death: str) -> None:
+    """A running row whose Dagster run has ended (run monitoring marked it failed, or it was
+    deleted from the instance) holds a fresh heartbeat but no worker: the sensor relaunches
+    it now, so ``decide`` and ``status`` must say that, not that the run is working on it."""
     import sqlalchemy as sa
 
     from pipeline_defs.resume.clock import format_timestamp
@@ -253,6 +254,8 @@ def test_a_dead_owner_is_judged_as_the_sensor_judges_it(cli: CliEnv) -> None:
     instance = dg.DagsterInstance.from_config(str(cli.dagster_home))
     ended = dead.execute_in_process(instance=instance, raise_on_error=False)
     assert not ended.success
+    if death == "deleted":
+        instance.delete_run(ended.run_id)
     now = format_timestamp(datetime.now(UTC))
     step = Episode.parse("p1/e1").step("source")
     with cli.ledger.engine.begin() as conn:
@@ -273,7 +276,8 @@ def test_a_dead_owner_is_judged_as_the_sensor_judges_it(cli: CliEnv) -> None:
     decided = {d["step"]: d for d in cli.json("decide", "--all")["decisions"]}
     source = decided["source"]
     assert (source["verdict"], source["action"]) == ("launch", "stale_running_recovery")
-    assert ended.run_id in source["detail"] and "FAILURE" in source["detail"]
+    said = "FAILURE" if death == "failed" else "DELETED"
+    assert ended.run_id in source["detail"] and f"ended ({said})" in source["detail"]
     status = cli.json("status", "--partition", "p1/e1")
     (state,) = [s for s in status["steps"] if s["step"] == "source"]
     assert state["verdict"] == "launch" and not state["running_healthy"]

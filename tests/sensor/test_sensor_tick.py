@@ -564,20 +564,29 @@ def test_an_invalid_project_file_asks_for_a_fix_not_a_force(sqlite_rig: Rig) -> 
         assert "fix the project file" in values["what_to_do"]
 
 
-def test_a_row_whose_owner_run_ended_is_relaunched_without_waiting(sqlite_rig: Rig) -> None:
-    """Dead owners (docs/DESIGN.md#dead-owners): the owner run is FAILURE while its heartbeat is
-    fresh; the sensor launches the step at once (its run's judge takes the row over)."""
+@pytest.mark.parametrize("death", ["failed", "deleted"])
+def test_a_row_whose_owner_run_ended_is_relaunched_without_waiting(
+    sqlite_rig: Rig, death: str
+) -> None:
+    """Dead owners (docs/DESIGN.md#dead-owners): the owner run is FAILURE, or deleted from the
+    instance, while its heartbeat is fresh; the sensor launches the step at once (its run's
+    judge takes the row over)."""
     rig = sqlite_rig
     seed(rig.stores, "p/e1")
     rig.add("p/e1")
     ended = materialize(rig.instance, rig.pipeline, "p/e1", ["src"])
-    rig.instance.report_run_failed(rig.instance.get_run_by_id(ended.run_id))  # type: ignore[arg-type]
+    if death == "failed":
+        rig.instance.report_run_failed(rig.instance.get_run_by_id(ended.run_id))  # type: ignore[arg-type]
+    else:
+        rig.instance.delete_run(ended.run_id)
     key = rig.key("p/e1", "mid")
     assert rig.stores.ledger.claim(key, f"{ended.run_id}:0")  # a fresh, live-looking lease
     rig.tick()
     request = rig.requests()[("mid", "p/e1")]
     assert "owner-ended" in str(request.run_key)
     assert request.tags["resume/action"] == "stale_running_recovery"
+    said = "FAILURE" if death == "failed" else "DELETED"
+    assert f"owner run ended ({said})" in request.tags["resume/reason"]
     result = materialize(rig.instance, rig.pipeline, "p/e1", ["mid"], tags=request.tags)
     assert result.success
     row = rig.stores.ledger.get(key)

@@ -55,23 +55,31 @@ def test_a_run_that_lost_its_claim_cannot_publish(h: Harness, steal: str) -> Non
         envelope = h.envelope("alpha")  # the thief's checkpoint survives
         assert envelope["produced_by"]["run_id"] == THIEF_RUN_ID
         assert envelope["data"]["items"] == ["written-by-the-thief"]
-    # the victim recorded neither a finish nor a failure over the thief's row
-    assert [(a["action"], a["run_id"]) for a in h.audit("alpha")] == [("rerun_self", victim)]
+    # the victim recorded neither a finish nor a failure over the thief's row: its refused
+    # publish is in the history, as what it was (written in the transaction that found it)
+    assert [(a["action"], a["run_id"], a["to_status"]) for a in h.audit("alpha")] == [
+        ("rerun_self", victim, "running"),
+        ("ownership_lost", victim, "running"),
+    ]
     assert row["error_message"] is None
 
 
 def test_a_second_concurrent_run_is_refused_and_the_body_runs_once(
-    db_url: str, pipeline_home: Path
+    db_url: str, pipeline_home: Path, tmp_path: Path
 ) -> None:
     """Two real processes materialize the same partition at the same moment: both pass the
     judge (a barrier inside applicability holds them until both arrived), both claim, one
-    wins, the other fails with ``step.already_running``."""
-    with open_harness(pipeline_home, db_url) as harness:  # migrates the ledger first
+    wins, the other fails with ``step.already_running``. They share one Dagster instance, as
+    a deployment's processes do: each knows the other's run is live (a run its instance did
+    not know would be a deleted one, a dead owner to take the row from)."""
+    dagster_home = tmp_path / "dagster_home"
+    # migrates the ledger first
+    with open_harness(pipeline_home, db_url, dagster_home=dagster_home) as harness:
         harness.knobs("alpha", barrier=2, sleep=1.0)
         harness.instance.add_dynamic_partitions("episodes", ["proj1/ep1"])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS_DIR), str(REPO)])}
     code = "import sys, judge_steps; sys.exit(judge_steps.main(sys.argv[1:]))"
-    args = [str(pipeline_home), db_url, "alpha", "proj1/ep1"]
+    args = [str(pipeline_home), db_url, "alpha", "proj1/ep1", str(dagster_home)]
     children = [
         subprocess.Popen(
             [sys.executable, "-c", code, *args],
@@ -94,7 +102,9 @@ def test_a_second_concurrent_run_is_refused_and_the_body_runs_once(
     losers = [o for o in outcomes if not o["success"]]
     assert len(winners) == 1 and len(losers) == 1, outcomes
     assert losers[0]["code"] == "step.already_running", losers[0]
-    with open_harness(pipeline_home, db_url) as harness:
+    with open_harness(pipeline_home, db_url, dagster_home=dagster_home) as harness:
+        for outcome in outcomes:  # both runs are in the one instance
+            assert harness.instance.get_run_by_id(outcome["owner"].split(":")[0]) is not None
         assert len(harness.calls("alpha")) == 1  # the body ran once
         assert len(harness.calls("alpha", "verify")) == 1
         row = harness.row("alpha")

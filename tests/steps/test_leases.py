@@ -240,10 +240,47 @@ def test_a_paused_worker_past_its_lease_loses_it_and_spends_nothing_more(home: C
 
 
 # --------------------------------------------------------------------------- dead owners
-def test_a_launch_recovers_a_row_whose_owner_run_has_ended(db_url: str, tmp_path: Path) -> None:
-    """Dead owners (docs/DESIGN.md#dead-owners): the row's owner run is FAILURE in Dagster, its
-    heartbeat still fresh: a launch takes the row over at once instead of reporting
-    "running healthy" until the lease lapses."""
+def test_owner_ended_in_reports_a_deleted_run_as_ended() -> None:
+    """Dead owners (docs/DESIGN.md#dead-owners): a run gone from the instance is as dead as a
+    failed one; a run still going is not; an owner token that names no Dagster run (a test
+    owner, the CLI) is no evidence either way."""
+    import uuid
+
+    import dagster as dg
+
+    from pipeline_defs.steps.assets import OWNER_RUN_DELETED, owner_ended_in
+
+    @dg.op
+    def fine() -> None:
+        pass
+
+    @dg.job
+    def job() -> None:
+        fine()
+
+    with dg.instance_for_test() as instance:
+        ended = owner_ended_in(instance)
+        done = job.execute_in_process(instance=instance).run_id
+        assert ended(f"{done}:0") == "SUCCESS"
+        instance.delete_run(done)
+        assert ended(f"{done}:0") == OWNER_RUN_DELETED == "DELETED"
+        assert ended(f"{uuid.uuid4()}:1") == OWNER_RUN_DELETED  # never known here: gone too
+        going = dg.DagsterRun(
+            job_name="job", run_id=str(uuid.uuid4()), status=dg.DagsterRunStatus.STARTED
+        )
+        instance.add_run(going)
+        assert ended(f"{going.run_id}:0") is None
+        for owner in ("thief-run:0", "owner:0", "cli:123", "", "not-a-uuid"):
+            assert ended(owner) is None, owner
+
+
+@pytest.mark.parametrize("death", ["failed", "deleted"])
+def test_a_launch_recovers_a_row_whose_owner_run_has_ended(
+    db_url: str, tmp_path: Path, death: str
+) -> None:
+    """Dead owners (docs/DESIGN.md#dead-owners): the row's owner run is FAILURE in Dagster, or
+    gone from it (deleted), its heartbeat still fresh: a launch takes the row over at once
+    instead of reporting "running healthy" until the lease lapses."""
     import dagster as dg
     from sensor_steps import materialize, seed, stores_for
 
@@ -255,10 +292,14 @@ def test_a_launch_recovers_a_row_whose_owner_run_has_ended(db_url: str, tmp_path
     pipeline = PipelineResource(home=str(home), db_url=db_url)
     with dg.instance_for_test() as instance:
         seed(stores, "p/e1", "src")
-        # A run that died: FAILURE in the instance (as run monitoring marks a dead worker).
+        # A run that died: FAILURE in the instance (as run monitoring marks a dead worker),
+        # or deleted from it.
         failed = materialize(instance, pipeline, "p/e1", ["src"])
         dead = f"{failed.run_id}:0"
-        instance.report_run_failed(instance.get_run_by_id(failed.run_id))  # type: ignore[arg-type]
+        if death == "failed":
+            instance.report_run_failed(instance.get_run_by_id(failed.run_id))  # type: ignore[arg-type]
+        else:
+            instance.delete_run(failed.run_id)
         key = StepKey("p", "e1", "mid")
         assert stores.ledger.claim(key, dead)  # fresh heartbeat: a live-looking lease
         result = materialize(instance, pipeline, "p/e1", ["mid"])
@@ -266,7 +307,8 @@ def test_a_launch_recovers_a_row_whose_owner_run_has_ended(db_url: str, tmp_path
         row = stores.ledger.get(key)
         assert row is not None and row["status"] == "completed" and row["run_id"] != dead
         audit = stores.ledger.transitions(key)
-        assert any("has ended (FAILURE)" in (t.get("reason") or "") for t in audit), audit
+        said = "FAILURE" if death == "failed" else "DELETED"
+        assert any(f"has ended ({said})" in (t.get("reason") or "") for t in audit), audit
 
 
 def test_a_call_in_flight_at_a_kill_is_counted_with_an_unknown_outcome(home: CliEnv) -> None:

@@ -393,14 +393,29 @@ class Harness:
 
 @contextlib.contextmanager
 def open_harness(
-    home: Path, db_url: str, *, persistent: bool = False, **settings: Any
+    home: Path,
+    db_url: str,
+    *,
+    persistent: bool = False,
+    dagster_home: Path | None = None,
+    **settings: Any,
 ) -> Iterator[Harness]:
     """A harness on a real Dagster instance.
 
     ``persistent=True`` uses ``dg.instance_for_test()`` (SQLite run/event storage on disk,
     about 1 s per run here); the default is ``DagsterInstance.ephemeral()`` — the same
     execution machinery with in-memory storage, about 4x faster per run.
+
+    ``dagster_home``: the instance of that directory (``DagsterInstance.from_config``), which
+    harnesses in other processes open too. Processes that race for a step must share one
+    instance, as a deployment's do: a judge takes a running row whose owner run its instance
+    does not know for a deleted run's, dead at once (docs/DESIGN.md#dead-owners).
     """
+    if dagster_home is not None:
+        dagster_home.mkdir(parents=True, exist_ok=True)
+        with dg.DagsterInstance.from_config(str(dagster_home)) as shared:
+            yield Harness(shared, home, db_url, **settings)
+        return
     if persistent:
         with dg.instance_for_test() as instance:
             yield Harness(instance, home, db_url, **settings)
@@ -470,12 +485,14 @@ def tree_digest(root: Path) -> dict[str, str]:
 
 # ---------------------------------------------------------------------- child process entry
 def main(argv: Sequence[str]) -> int:
-    """``judge_steps.main([home, db_url, step_id, partition])``: one materialize, JSON out.
+    """``judge_steps.main([home, db_url, step_id, partition, dagster_home])``: one
+    materialize, JSON out.
 
-    Used by the concurrency tests to launch real, separate processes.
+    Used by the concurrency tests to launch real, separate processes; they all run on the
+    Dagster instance of ``dagster_home``, so each sees the others' runs as live.
     """
-    home, db_url, step_id, partition = argv
-    with open_harness(Path(home), db_url) as harness:
+    home, db_url, step_id, partition, dagster_home = argv
+    with open_harness(Path(home), db_url, dagster_home=Path(dagster_home)) as harness:
         result = harness.run(step_id, partition=partition)
         out: dict[str, Any] = {"success": result.success, "owner": f"{result.run_id}:0"}
         if not result.success:

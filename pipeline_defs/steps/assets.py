@@ -109,9 +109,40 @@ def owner_ended_in(instance: dg.DagsterInstance) -> Callable[[str], str | None]:
     return ended
 
 
+def end_taken_over_run(
+    instance: dg.DagsterInstance, owner: str, reason: str, *, current_run_id: str
+) -> str | None:
+    """Mark the Dagster run of an owner whose lapsed lease was just taken over as failed.
+
+    Its worker is gone (killed, its pod evicted) or fenced: it can publish nothing more.
+    A run launched outside the run launcher (``storyboard materialize``) or by a launcher
+    without health checks stays "started" for ever otherwise, and with a per-partition
+    concurrency limit (deploy/dagster.yaml) every later run of its episode would wait
+    behind it in the queue. Only a run not ended yet and not this run itself (a retry
+    taking over its own earlier attempt); returns the run id marked, else None.
+    """
+    run_id = owner.split(":", 1)[0]
+    try:
+        uuid.UUID(run_id)
+    except ValueError:
+        return None
+    if run_id == current_run_id:
+        return None
+    found = instance.get_run_by_id(run_id)
+    if found is None or found.status in ENDED_RUN_STATUSES:
+        return None
+    instance.report_run_failed(found, f"run worker lost: {reason}")
+    return run_id
+
+
 def owner_token(context: dg.AssetExecutionContext) -> str:
     """Ledger owner: the Dagster run id plus the retry attempt (a retry is a new owner)."""
     return f"{context.run.run_id}:{context.retry_number}"
+
+
+def _log_ended(context: dg.AssetExecutionContext, ended: str | None, reason: str) -> None:
+    if ended is not None:
+        context.log.warning(f"marked run {ended} failed: {reason}")
 
 
 def _failure(
@@ -271,6 +302,13 @@ def build_step_asset(step: Step, graph: StepGraph) -> dg.AssetsDefinition:
                     judge,
                     text_model=context.resources.text_model,
                     image_model=context.resources.image_model,
+                    on_takeover=lambda owner, reason: _log_ended(
+                        context,
+                        end_taken_over_run(
+                            context.instance, owner, reason, current_run_id=context.run.run_id
+                        ),
+                        reason,
+                    ),
                 )
                 outcome = runner.run(context.partition_key, run, inputs)
         except (dg.DagsterError, dg.Failure, dg.RetryRequested):

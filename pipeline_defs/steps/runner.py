@@ -9,7 +9,7 @@ owner-aware ``failed`` and re-raises. Dagster-free: the asset factory adapts it.
 
 import contextlib
 import dataclasses
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -103,7 +103,13 @@ class StepRunner:
         *,
         text_model: TextModel | None = None,
         image_model: ImageModel | None = None,
+        on_takeover: Callable[[str, str], None] | None = None,
     ) -> None:
+        # ``on_takeover(previous owner, reason)``: called once this run has taken a lapsed
+        # lease over (the row is ours; the previous owner is fenced for good), so the wiring
+        # can end that owner's run where it is tracked (a killed worker's Dagster run would
+        # otherwise stay "started", holding its episode's queue slot).
+        self.on_takeover = on_takeover
         self.judge = judge
         self.step = judge.step
         self.settings = judge.settings
@@ -440,6 +446,14 @@ class StepRunner:
             audit=line,
             refused=line.refused("claim_rejected", decision.reason),
         )
+        if won and stale and decision.expected_run_id and self.on_takeover is not None:
+            try:
+                self.on_takeover(
+                    decision.expected_run_id,
+                    f"its lease on {key} lapsed and run {run.run_id} took the step over",
+                )
+            except Exception as exc:  # bookkeeping of another run: never this run's failure
+                self.log.warning("%s: could not end the previous owner's run: %s", key, exc)
         if not won:
             raise PipelineError(
                 "step.already_running",

@@ -671,3 +671,35 @@ def test_the_storage_gc_job_collects_as_the_command_does_and_ships_stopped(
         assert job.execute_in_process(
             run_config=config, instance=instance, resources={"pipeline": local}
         ).success
+
+
+def test_redraw_and_force_work_on_a_bucket_from_an_empty_home(
+    machines: Callable[..., Env],
+) -> None:
+    """A redraw of one picture from a machine that holds nothing draws that one picture
+    (one call) into a new attempt, names the other pictures where they are, and archives
+    the pointer it replaces; a force of a step rebuilds it and leaves its downstream to
+    judge themselves on the next run, which any other empty home completes."""
+    first = published_machine(machines)
+    before = manifest(first, "ref_image_gen")
+    relative = sorted(before.artifacts)[0]
+    item = Path(relative).stem
+    redrawer = machines(inputs=False)
+    outcome = redrawer.materialize(["ref_image_gen"], tags={"resume/redraw": item})
+    assert outcome.result.success
+    assert outcome.total_calls == 1
+    after = manifest(first, "ref_image_gen")
+    assert after.artifacts[relative].key != before.artifacts[relative].key
+    assert {p: r.key for p, r in after.artifacts.items() if p != relative} == {
+        p: r.key for p, r in before.artifacts.items() if p != relative
+    }
+    assert before.encode() in first.ledger.archived_pointers(first.key("ref_image_gen"))
+
+    forcer = machines(inputs=False)
+    forced = forcer.materialize(["entity_t2i"], tags={"resume/mode": "force"})
+    assert forced.result.success
+    assert forced.calls_of("entity_t2i") > 0
+    resumed = machines(inputs=False).materialize()
+    assert resumed.result.success
+    assert {r.status for r in first.ledger.get_many().values()} == {"completed"}
+    assert machines(inputs=False).materialize().total_calls == 0

@@ -22,7 +22,6 @@ import statistics
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -31,61 +30,12 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "support"))
 
+from counting_storage import counted  # noqa: E402
 from s3_server import SECRET, running_s3_server  # noqa: E402
 from storyboard_support import PARTITION, Env, scratch_dir, write_episode  # noqa: E402
 
 from pipeline_defs.judging.evaluation import evaluate_partitions  # noqa: E402
 from pipeline_defs.storyboard import STORYBOARD_STEPS  # noqa: E402
-from resources.checkpoints.published import PublishedCheckpoints  # noqa: E402
-from resources.storage import ObjectMeta, Storage  # noqa: E402
-
-
-class Counting:
-    """A storage that counts its requests by kind (a LIST page counts once per call)."""
-
-    def __init__(self, inner: Storage, counts: Counter[str]) -> None:
-        self.inner = inner
-        self.counts = counts
-
-    @property
-    def url(self) -> str:
-        return self.inner.url
-
-    @property
-    def is_local(self) -> bool:
-        return self.inner.is_local
-
-    def get(self, key: str) -> bytes:
-        self.counts["get"] += 1
-        return self.inner.get(key)
-
-    def head(self, key: str) -> ObjectMeta | None:
-        self.counts["head"] += 1
-        return self.inner.head(key)
-
-    def put_create(self, key: str, data: bytes) -> ObjectMeta:
-        self.counts["put"] += 1
-        return self.inner.put_create(key, data)
-
-    def put_if_match(self, key: str, data: bytes, expected: ObjectMeta) -> ObjectMeta:
-        self.counts["put"] += 1
-        return self.inner.put_if_match(key, data, expected)
-
-    def list(self, prefix: str = "") -> Iterator[ObjectMeta]:
-        self.counts["list"] += 1
-        return self.inner.list(prefix)
-
-    def delete(self, key: str) -> None:
-        self.counts["delete"] += 1
-        self.inner.delete(key)
-
-
-def counted(env: Env, counts: Counter[str]) -> Env:
-    store = env.checkpoints
-    assert isinstance(store, PublishedCheckpoints)
-    if not isinstance(store.storage, Counting):
-        store.storage = store.bucket.storage = Counting(store.storage, counts)  # type: ignore[assignment]
-    return env
 
 
 def timed_run(env: Env) -> float:

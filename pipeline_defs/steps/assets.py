@@ -80,6 +80,17 @@ ENDED_RUN_STATUSES = frozenset(
 OWNER_RUN_DELETED = "DELETED"
 
 
+def owner_run_id(owner: str) -> str | None:
+    """The Dagster run id of an owner token (``<run id>:<attempt>``); None when the token
+    names no Dagster run (an owner outside Dagster, such as a test's)."""
+    run_id = owner.split(":", 1)[0]
+    try:
+        uuid.UUID(run_id)
+    except ValueError:
+        return None
+    return run_id
+
+
 def owner_ended_in(instance: dg.DagsterInstance) -> Callable[[str], str | None]:
     """Owner token (``<run id>:<attempt>``) -> how its run ended in ``instance``, or None.
 
@@ -94,10 +105,8 @@ def owner_ended_in(instance: dg.DagsterInstance) -> Callable[[str], str | None]:
     """
 
     def ended(owner: str) -> str | None:
-        run_id = owner.split(":", 1)[0]
-        try:
-            uuid.UUID(run_id)
-        except ValueError:
+        run_id = owner_run_id(owner)
+        if run_id is None:
             return None
         run = instance.get_run_by_id(run_id)
         if run is None:
@@ -121,12 +130,8 @@ def end_taken_over_run(
     behind it in the queue. Only a run not ended yet and not this run itself (a retry
     taking over its own earlier attempt); returns the run id marked, else None.
     """
-    run_id = owner.split(":", 1)[0]
-    try:
-        uuid.UUID(run_id)
-    except ValueError:
-        return None
-    if run_id == current_run_id:
+    run_id = owner_run_id(owner)
+    if run_id is None or run_id == current_run_id:
         return None
     found = instance.get_run_by_id(run_id)
     if found is None or found.status in ENDED_RUN_STATUSES:

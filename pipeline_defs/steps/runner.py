@@ -223,34 +223,6 @@ class StepRunner:
             launch_path=run.launch_path,
         )
 
-    def audit(
-        self,
-        key: StepKey,
-        run: RunInfo,
-        decision: ResumeDecision,
-        *,
-        action: str,
-        from_status: str | None,
-        to_status: str | None,
-        reason: str | None = None,
-    ) -> None:
-        """A history line with no status change of its own (a SKIP, a block); a change
-        of status carries its line into the ledger write that makes it."""
-        line = self.audit_line(
-            run, decision, action=action, from_status=from_status, to_status=to_status,
-            reason=reason,
-        )  # fmt: skip
-        self.ledger.append_transition(
-            key,
-            action=line.action,
-            from_status=line.from_status,
-            to_status=line.to_status,
-            origin=line.origin,
-            reason=line.reason,
-            run_id=line.run_id,
-            launch_path=line.launch_path,
-        )
-
     def run(
         self, partition_key: str, run: RunInfo, inputs: Mapping[str, Checkpoint | None]
     ) -> StepOutcome:
@@ -268,10 +240,16 @@ class StepRunner:
             return self._not_applicable(key, run, decision, prior)
         if decision.action is ResumeAction.SKIP:
             if not (decision.adopt and self._adopt(key, run, decision, judgement.checkpoint)):
-                self.audit(key, run, decision, action="skip", from_status=prior, to_status=prior)
+                skipped = self.audit_line(
+                    run, decision, action="skip", from_status=prior, to_status=prior
+                )
+                self.ledger.append_audit(key, skipped)
             return StepOutcome(decision, "skip", judgement.checkpoint)
         if decision.action is ResumeAction.BLOCK:
-            self.audit(key, run, decision, action="block", from_status=prior, to_status=prior)
+            blocked = self.audit_line(
+                run, decision, action="block", from_status=prior, to_status=prior
+            )
+            self.ledger.append_audit(key, blocked)
             message = f"{key}: {decision.reason}"
             if decision.code == CODE_RECOVERY_EXHAUSTED and row is not None:
                 # The commands that get past it, as ``decide`` prints them; first, so that a

@@ -30,7 +30,7 @@ from typing import Any
 
 from pipeline_defs.resume.decision import CheckpointSummary
 from pipeline_defs.resume.partition import StepKey
-from resources.checkpoints.seal import ABSENT, Seal, summary_of
+from resources.checkpoints.seal import ABSENT, Seal, summary_of, verdict_fields
 
 OBJECT_SEAL_VERSION = "object/1"
 
@@ -61,20 +61,14 @@ class ObjectSeal:
         )
 
     def encode(self) -> str:
-        s = self.summary
         return json.dumps(
             {
                 "v": OBJECT_SEAL_VERSION,
-                "at": self.sealed_ns,
-                "sv": s.schema_version,
-                "st": s.status,
-                "ch": s.config_hash,
-                "fp": dict(s.config_fingerprints),
-                "ver": self.version,
-                "art": list(self.artifacts),
+                **verdict_fields(
+                    self.summary, self.version, self.artifacts, self.sealed_ns, self.revision
+                ),
                 "in": dict(self.inputs),
                 "vic": dict(self.victims),
-                "vr": self.revision,
             },
             separators=(",", ":"),
             sort_keys=True,

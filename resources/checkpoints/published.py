@@ -100,6 +100,7 @@ class PublishedCheckpoints(CheckpointStore):
             home, keep_archives=keep_archives, checkpoints_root=str(scratch / "checkpoints")
         )
         self.scratch = scratch
+        self._home_prefix = f"{self.layout.home}/"
         self._scan_layout = DataLayout(str(home), checkpoints_root=str(scratch / UNSCANNED))
         self.storage = storage
         self.bucket = BucketCheckpoints(storage)
@@ -182,10 +183,7 @@ class PublishedCheckpoints(CheckpointStore):
                 and self.path_for(key).is_file()
             ):
                 return True
-        with contextlib.suppress(FileNotFoundError):
-            marker.unlink()  # a copy half brought up to date is never taken as current
-        for relative, ref in sorted(manifest.artifacts.items()):
-            self._fetch(key, relative, ref)
+        self._fetch_artifacts(key, manifest)
         envelope = self.bucket.fetch(manifest.envelope, what=ENVELOPE_WHAT)
         self._drifted.discard(key)  # judged from what the storage holds now
         if envelope is None:
@@ -204,17 +202,21 @@ class PublishedCheckpoints(CheckpointStore):
             return  # nothing published: the accept says so
         manifest = self._decode(key, text)
         self.refuse_links_in_tree(key)
-        marker = self.step_dir(key) / PUBLISHED_MARKER
-        with contextlib.suppress(FileNotFoundError):
-            marker.unlink()
-        for relative, ref in sorted(manifest.artifacts.items()):
-            self._fetch(key, relative, ref)
+        self._fetch_artifacts(key, manifest)
         payload = self.bucket.fetch_unverified(manifest.envelope.key)
         if payload is None:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.path_for(key))
             return
         atomic_write_bytes(self.path_for(key), payload)
+
+    def _fetch_artifacts(self, key: StepKey, manifest: Manifest) -> None:
+        """The copy's artifacts brought to ``manifest``, its marker dropped first: a copy half
+        brought up to date is never taken as the published one."""
+        with contextlib.suppress(FileNotFoundError):
+            (self.step_dir(key) / PUBLISHED_MARKER).unlink()
+        for relative, ref in sorted(manifest.artifacts.items()):
+            self._fetch(key, relative, ref)
 
     def _fetch(self, key: StepKey, relative: str, ref: ObjectRef) -> None:
         """One artifact into scratch: kept when its bytes are the published ones, fetched
@@ -451,7 +453,9 @@ class PublishedCheckpoints(CheckpointStore):
 
     # ------------------------------------------------------------------ inputs
     def _inputs_folder(self, project_id: str, episode_id: str) -> str:
-        return str(Path(self.layout.episode_dir(project_id, episode_id)).relative_to(self.home))
+        """The episode's input folder as a storage key (``sealed`` asks per step: no
+        pathlib on the tick's path)."""
+        return self.layout.episode_dir(project_id, episode_id).removeprefix(self._home_prefix)
 
     def _input_keys(self, project_id: str, episode_id: str | None) -> list[str]:
         keys = [self.layout.project_file(project_id)]

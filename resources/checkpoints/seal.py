@@ -153,6 +153,27 @@ def summary_of(
     )
 
 
+def verdict_fields(
+    summary: CheckpointSummary,
+    version: str,
+    artifacts: Sequence[str],
+    sealed_ns: int,
+    revision: int,
+) -> dict[str, Any]:
+    """What every seal's text holds of the verdict, whatever it names the files by (a disk
+    seal by stat identities, an object seal by e_tags and pointers)."""
+    return {
+        "at": sealed_ns,
+        "sv": summary.schema_version,
+        "st": summary.status,
+        "ch": summary.config_hash,
+        "fp": dict(summary.config_fingerprints),
+        "ver": version,
+        "art": list(artifacts),
+        "vr": revision,
+    }
+
+
 # A SealedFile's fields as a plain tuple: what a decoded seal holds (cheaper to build).
 SealedEntry = tuple[str, int, int, int, str | None]
 
@@ -197,21 +218,15 @@ class Seal:
 
     # ------------------------------------------------------------------ text form
     def encode(self) -> str:
-        s = self.summary
         return json.dumps(
             {
                 "v": SEAL_VERSION,
-                "at": self.sealed_ns,
+                **verdict_fields(
+                    self.summary, self.version, self.artifacts, self.sealed_ns, self.revision
+                ),
                 "cp": list(self.checkpoint),
-                "sv": s.schema_version,
-                "st": s.status,
-                "ch": s.config_hash,
-                "fp": dict(s.config_fingerprints),
-                "ver": self.version,
-                "art": list(self.artifacts),
                 "af": [list(f) for f in self.files],
                 "rf": [list(f) for f in self.reads],
-                "vr": self.revision,
             },
             separators=(",", ":"),
             sort_keys=True,

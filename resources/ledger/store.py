@@ -1209,6 +1209,10 @@ class LedgerStore:
         """A history line with no status change of its own (a SKIP, a block, an edit's
         note); a change of status takes its ``audit=`` in the same transaction instead."""
         audit = Audit(action, from_status, to_status, origin, reason, run_id, launch_path)
+        return self.append_audit(key, audit, now=now)
+
+    def append_audit(self, key: StepKey, audit: Audit, *, now: str | None = None) -> int:
+        """``audit`` as a transaction of its own; its ``transition_seq``."""
         at = now or _now()
 
         def body(attempt: int) -> int:

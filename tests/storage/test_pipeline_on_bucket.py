@@ -14,6 +14,7 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
+from counting_storage import counted
 from s3_server import S3Server
 from storyboard_support import STEP_IDS, Env, scratch_dir, write_episode
 
@@ -330,32 +331,6 @@ def test_the_shared_sheet_reads_the_bucket_from_an_empty_home(
 
 
 # ---------------------------------------------------------------------------- seals on a bucket
-class Counting:
-    """The real storage, its requests counted by kind (instrumentation, not a stand-in)."""
-
-    def __init__(self, inner: object) -> None:
-        self.inner = inner
-        self.counts: dict[str, int] = {}
-
-    def __getattr__(self, name: str) -> object:
-        found = getattr(self.inner, name)
-        if name in {"get", "head", "list", "put_create", "put_if_match", "delete"}:
-
-            def counted(*args: object, **kwargs: object) -> object:
-                self.counts[name] = self.counts.get(name, 0) + 1
-                return found(*args, **kwargs)
-
-            return counted
-        return found
-
-
-def counted(env: Env) -> Counting:
-    store = env.checkpoints
-    counting = Counting(store.storage)  # type: ignore[attr-defined]
-    store.storage = store.bucket.storage = counting  # type: ignore[attr-defined]
-    return counting
-
-
 def published_machine(machines: Callable[..., Env]) -> Env:
     """A machine whose inputs are in the bucket before it runs the episode: its rows sealed."""
     first = machines()
@@ -394,11 +369,11 @@ def test_an_unchanged_episode_is_judged_from_the_ledger_with_no_request_per_step
     sensor = machines(inputs=False)
     requests = counted(sensor)
     assert set(sensor_verdicts(sensor).values()) == {"skip"}
-    assert requests.counts.get("list", 0) == 0, requests.counts
-    assert requests.counts.get("get", 0) + requests.counts.get("head", 0) <= 2, requests.counts
-    before = dict(requests.counts)
+    assert requests.get("list", 0) == 0, requests
+    assert requests.get("get", 0) + requests.get("head", 0) <= 2, requests
+    before = dict(requests)
     assert set(sensor_verdicts(sensor).values()) == {"skip"}
-    assert requests.counts == before
+    assert requests == before
 
 
 def test_a_picture_deleted_behind_the_ledger_is_found_by_the_scrub_and_redrawn_self_only(
@@ -424,7 +399,7 @@ def test_a_picture_deleted_behind_the_ledger_is_found_by_the_scrub_and_redrawn_s
 
     requests = counted(sensor)
     report = scrub_episodes(Stores.of(sensor.pipeline), [Episode.parse(PARTITION)], clear=True)
-    assert requests.counts == {"list": 2}, requests.counts
+    assert requests == {"list": 2}, requests
     assert [(d.step.step_id, d.why) for d in report.drifts] == [
         ("ref_image_gen", f"missing from the storage: {ref.key.rsplit('/', 2)[-2]}/"
          f"{ref.key.rsplit('/', 1)[-1]}")
@@ -547,7 +522,7 @@ def test_the_sensor_scrubs_its_share_each_tick_and_relaunches_a_deleted_picture_
         assert tick() == []
         requests = counted(sensor_env)
         assert tick() == []
-        assert requests.counts.get("list", 0) <= 2, requests.counts  # the scrub's two LISTs
+        assert requests.get("list", 0) <= 2, requests  # the scrub's two LISTs
         # What the first tick copied into its scratch is no change of the partition: the
         # tick after a cold one judges nothing (the scratch is not scanned on a bucket).
         assert "resume tick [unchanged]" in str(skipped[-1]), skipped[-1]

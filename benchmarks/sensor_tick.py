@@ -215,7 +215,14 @@ def _template(home: Path, ledger: LedgerStore, ts: str) -> dict[str, tuple[bytes
     return out
 
 
-def _copy_seal(template: Seal, home: str, episode: str, version: str, sealed_ns: int) -> str:
+def _copy_seal(
+    template: Seal,
+    home: str,
+    episode: str,
+    version: str,
+    sealed_ns: int,
+    checkpoint: tuple[int, int, int],
+) -> str:
     """The template's seal for ``episode``: same summary, its own paths and stat identities."""
 
     def entries(files: tuple[SealedEntry, ...]) -> tuple[SealedEntry, ...]:
@@ -230,7 +237,7 @@ def _copy_seal(template: Seal, home: str, episode: str, version: str, sealed_ns:
 
     return replace(
         template,
-        checkpoint=(0, 0, 0),  # set by the caller
+        checkpoint=checkpoint,
         version=version,
         files=entries(template.files),
         reads=entries(template.reads),
@@ -283,10 +290,8 @@ def generate(home: Path, ledger: LedgerStore, episodes: int) -> list[str]:
             seal = template[step.step_id][1]
             if n:
                 st = os.lstat(f"{root}/checkpoints/bench/{episode}/{step.step_id}/checkpoint.json")
-                text = _copy_seal(seal, root, episode, f"{ts}|{run_id}|0", sealed_ns)
-                text = text.replace(
-                    '"cp":[0,0,0]', f'"cp":[{st.st_mtime_ns},{st.st_size},{st.st_ino}]'
-                )
+                identity = (st.st_mtime_ns, st.st_size, st.st_ino)
+                text = _copy_seal(seal, root, episode, f"{ts}|{run_id}|0", sealed_ns, identity)
             else:
                 text = seal.encode()
             fields = [str(uuid.uuid4()), "bench", episode, step.step_id, "completed", run_id]
@@ -435,17 +440,30 @@ def run_size(
                 # SENSOR_TICK_PROFILE_TICK: warm, one_percent, full); it slows that tick ~2x.
                 profiled = os.environ.get("SENSOR_TICK_PROFILE_TICK", "cold")
                 profile_to = os.environ.get("SENSOR_TICK_PROFILE") if label == profiled else None
-                profiler = cProfile.Profile() if profile_to else None
+                # A file ending in .txt: a sampling profile (pyinstrument, if installed: less
+                # distortion of call-heavy code than cProfile) as text instead.
+                sampling = bool(profile_to and profile_to.endswith(".txt"))
+                profiler: Any = None
+                if profile_to:
+                    if sampling:
+                        from pyinstrument import Profiler
+
+                        profiler = Profiler(interval=0.0005)
+                    else:
+                        profiler = cProfile.Profile()
                 t0, c0 = time.perf_counter(), time.process_time()
                 with dg.partition_loading_context(dynamic_partitions_store=instance):
                     if profiler is not None:
-                        profiler.enable()
+                        profiler.start() if sampling else profiler.enable()
                     result = which.evaluate_tick(context)
                     if profiler is not None:
-                        profiler.disable()
+                        profiler.stop() if sampling else profiler.disable()
                 seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
                 if profiler is not None and profile_to:
-                    profiler.dump_stats(profile_to)  # SENSOR_TICK_PROFILE=file: the cold tick
+                    if sampling:
+                        Path(profile_to).write_text(profiler.output_text(show_all=False))
+                    else:
+                        profiler.dump_stats(profile_to)
                 out.setdefault("load_during", []).append(round(os.getloadavg()[0], 1))
                 if which is sensor:
                     cursor[0] = result.cursor

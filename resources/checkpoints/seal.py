@@ -48,6 +48,17 @@ from pipeline_defs.resume.decision import CheckpointSummary
 from pipeline_defs.resume.layout import FileIdentity, file_identity, stat_identity
 
 SEAL_VERSION = 1
+_loads = json.loads
+# The compact text form (version 2). A cold sensor tick decodes one seal per ledger row
+# (100,000s), and parsing a JSON object per row was a fifth of the tick (BENCHMARKS.md,
+# "Sensor tick"). Version 2 puts what the rows of a step share (the verdict: summary,
+# artifact names, verifier revision) in one JSON part that is decoded once per distinct
+# text, and the per-row part (when, which version, the stat identities) in fields split by
+# ASCII separators. Version 1 (one JSON object) still decodes: rows sealed before stay
+# trusted; it is also what a seal whose text would contain a separator is written as.
+_V2 = "2"
+_UNIT, _RECORD, _GROUP = "\x1f", "\x1e", "\x1d"  # between parts, entries, entry fields
+_V2_PARTS = 7
 RACY_NS = 20_000_000  # two 100 Hz timestamp ticks: a file younger than this at sealing is re-hashed
 COARSE_RACY_NS = 2_000_000_000  # filesystems with whole-second timestamps
 BACKDATE_NS = 1_000_000_000  # how far a staged checkpoint's mtime is set into the past
@@ -141,16 +152,37 @@ def _summary(
     )
 
 
+# The summaries of decoded seals by their raw JSON values, so a seal whose verdict fields
+# were seen before costs one dict lookup instead of a sort, conversions and an lru_cache
+# call (BENCHMARKS.md, "Sensor tick": ~3 us of a seal's ~16 us decode). Bounded: cleared
+# when full; a handful of distinct verdicts per step is the usual count.
+_RAW_SUMMARIES: dict[tuple[Any, ...], CheckpointSummary] = {}
+_RAW_SUMMARIES_MAX = 4096
+
+
 def summary_of(
-    schema_version: int, status: str, config_hash: str, fingerprints: Mapping[Any, Any]
+    schema_version: Any, status: Any, config_hash: Any, fingerprints: Mapping[Any, Any]
 ) -> CheckpointSummary:
-    """The shared summary of a decoded seal (disk or object storage)."""
-    return _summary(
-        schema_version,
-        status,
-        config_hash,
-        tuple(sorted((str(k), str(v)) for k, v in fingerprints.items())) if fingerprints else (),
-    )
+    """The shared summary of a decoded seal's raw values (disk or object storage).
+
+    Raises ``ValueError``/``TypeError`` for values of the wrong type (an unhashable or
+    non-numeric value in a tampered seal): the caller judges that row the long way.
+    """
+    key = (schema_version, status, config_hash, *fingerprints.items())
+    found = _RAW_SUMMARIES.get(key)
+    if found is None:
+        found = _summary(
+            int(schema_version),
+            str(status),
+            str(config_hash),
+            tuple(sorted((str(k), str(v)) for k, v in fingerprints.items()))
+            if fingerprints
+            else (),
+        )
+        if len(_RAW_SUMMARIES) >= _RAW_SUMMARIES_MAX:
+            _RAW_SUMMARIES.clear()
+        _RAW_SUMMARIES[key] = found
+    return found
 
 
 def verdict_fields(
@@ -187,6 +219,47 @@ def _files(raw: Any) -> tuple[SealedEntry, ...]:
     return files
 
 
+def _entries_text(entries: Sequence[SealedEntry]) -> str:
+    return _RECORD.join(
+        _GROUP.join((path, str(mtime_ns), str(size), str(ino), sha256 or ""))
+        for path, mtime_ns, size, ino, sha256 in entries
+    )
+
+
+def _entries(text: str) -> tuple[SealedEntry, ...]:
+    # A wrong field count raises ValueError (unpacking), a non-number too (int): the row is
+    # then judged the long way.
+    if not text:
+        return ()
+    out: list[SealedEntry] = []
+    for entry in text.split(_RECORD):
+        path, mtime_ns, size, ino, sha256 = entry.split(_GROUP)
+        out.append((path, int(mtime_ns), int(size), int(ino), sha256 or None))
+    return tuple(out)
+
+
+# The verdict parts of version 2 seals, decoded once per distinct text: the rows of one
+# step under one project config share it. Bounded: cleared when full.
+_VERDICTS: dict[str, tuple[CheckpointSummary, tuple[str, ...], int]] = {}
+
+
+def _verdict(text: str) -> tuple[CheckpointSummary, tuple[str, ...], int]:
+    found = _VERDICTS.get(text)
+    if found is None:
+        raw = _loads(text)
+        if type(raw) is not dict or type(raw["fp"]) is not dict:
+            raise ValueError("a seal's verdict is a JSON object with fingerprints")
+        found = (
+            summary_of(raw["sv"], raw["st"], raw["ch"], raw["fp"]),
+            tuple(map(str, raw["art"])),
+            int(raw["vr"]),
+        )
+        if len(_VERDICTS) >= _RAW_SUMMARIES_MAX:
+            _VERDICTS.clear()
+        _VERDICTS[text] = found
+    return found
+
+
 def _matches(
     home: str, files: tuple[SealedEntry, ...], identity: Callable[[str], FileIdentity | None]
 ) -> bool:
@@ -218,6 +291,39 @@ class Seal:
 
     # ------------------------------------------------------------------ text form
     def encode(self) -> str:
+        """The compact form (version 2); version 1 if a field holds a separator."""
+        verdict = json.dumps(
+            {
+                "sv": self.summary.schema_version,
+                "st": self.summary.status,
+                "ch": self.summary.config_hash,
+                "fp": dict(self.summary.config_fingerprints),
+                "art": list(self.artifacts),
+                "vr": self.revision,
+            },
+            separators=(",", ":"),
+            sort_keys=True,
+        )  # JSON escapes the separators inside it
+        texts = [self.version]
+        for entry in (*self.files, *self.reads):
+            texts.append(entry[0])
+            texts.append(entry[4] or "")
+        if any(sep in t for t in texts for sep in (_UNIT, _RECORD, _GROUP)):
+            return self.encode_v1()
+        return _UNIT.join(
+            (
+                _V2,
+                verdict,
+                str(self.sealed_ns),
+                self.version,
+                ",".join(map(str, self.checkpoint)),
+                _entries_text(self.files),
+                _entries_text(self.reads),
+            )
+        )
+
+    def encode_v1(self) -> str:
+        """The version 1 form (one JSON object), as runs wrote it before version 2."""
         return json.dumps(
             {
                 "v": SEAL_VERSION,
@@ -234,20 +340,27 @@ class Seal:
 
     @classmethod
     def decode(cls, text: Any) -> "Seal | None":
-        """The seal, or None for no / unreadable / other-version text (= judge the long way)."""
-        if not isinstance(text, str) or not text:
+        """The seal, or None for no / unreadable / other-version text (= judge the long way).
+
+        A cold tick decodes one per ledger row (100,000s), so the instance is filled in one
+        go (as ``LedgerRow.from_row`` is) instead of through the frozen ``__init__``.
+        """
+        if type(text) is not str or not text:
             return None
         try:
-            raw = json.loads(text)
-            if not isinstance(raw, dict) or raw.get("v") != SEAL_VERSION:
+            if text[0] == _V2:
+                return cls._decode_v2(text)
+            raw = _loads(text)
+            if type(raw) is not dict or raw.get("v") != SEAL_VERSION:
                 return None
             cp = raw["cp"]
             fingerprints = raw["fp"]
-            if not isinstance(fingerprints, dict):
+            if type(fingerprints) is not dict:
                 return None
-            return cls(
+            made = object.__new__(cls)
+            made.__dict__.update(
                 checkpoint=(int(cp[0]), int(cp[1]), int(cp[2])),
-                summary=summary_of(int(raw["sv"]), str(raw["st"]), str(raw["ch"]), fingerprints),
+                summary=summary_of(raw["sv"], raw["st"], raw["ch"], fingerprints),
                 version=str(raw["ver"]),
                 artifacts=tuple(map(str, raw["art"])),
                 files=_files(raw["af"]),
@@ -255,8 +368,30 @@ class Seal:
                 sealed_ns=int(raw["at"]),
                 revision=int(raw["vr"]),
             )
+            return made
         except (ValueError, TypeError, KeyError, IndexError):
             return None
+
+    @classmethod
+    def _decode_v2(cls, text: str) -> "Seal | None":
+        parts = text.split(_UNIT)
+        if len(parts) != _V2_PARTS or parts[0] != _V2:
+            return None
+        _, verdict, sealed_ns, version, checkpoint, files, reads = parts
+        summary, artifacts, revision = _verdict(verdict)
+        mtime_ns, size, ino = checkpoint.split(",")
+        made = object.__new__(cls)
+        made.__dict__.update(
+            checkpoint=(int(mtime_ns), int(size), int(ino)),
+            summary=summary,
+            version=version,
+            artifacts=artifacts,
+            files=_entries(files),
+            reads=_entries(reads),
+            sealed_ns=int(sealed_ns),
+            revision=revision,
+        )
+        return made
 
     # ------------------------------------------------------------------ checking
     def holds(

@@ -269,12 +269,78 @@ def _seal(
     return sealed
 
 
+_V2_VERDICT = '{"art":[],"ch":"h","fp":{},"st":"completed","sv":1,"vr":1}'
+
+
+def _v2(*parts: str) -> str:
+    return "\x1f".join(parts)
+
+
 @pytest.mark.parametrize(
-    "text", [None, "", "not json", "[]", '{"v": 99}', '{"v": 1}', '{"v": 1, "cp": "x"}']
+    "text",
+    [
+        None,
+        "",
+        "not json",
+        "[]",
+        '{"v": 99}',
+        '{"v": 1}',
+        '{"v": 1, "cp": "x"}',
+        # Version 2 (compact) texts that are cut, padded or of the wrong types.
+        "2",
+        _v2("2", _V2_VERDICT, "1", "v", "1,2,3", ""),  # a part missing
+        _v2("2", _V2_VERDICT, "1", "v", "1,2,3", "", "", ""),  # a part too many
+        _v2("2", "not json", "1", "v", "1,2,3", "", ""),
+        _v2("2", '{"fp":[]}', "1", "v", "1,2,3", "", ""),
+        _v2("2", _V2_VERDICT, "x", "v", "1,2,3", "", ""),
+        _v2("2", _V2_VERDICT, "1", "v", "1,2", "", ""),
+        _v2("2", _V2_VERDICT, "1", "v", "1,2,3", "a\x1d1\x1d2", ""),  # an entry cut short
+        _v2("2", _V2_VERDICT, "1", "v", "1,2,3", "", "a\x1dx\x1d2\x1d3\x1d"),
+    ],
 )
 def test_unreadable_seal_text_means_judge_the_long_way(stores: Stores, text: Any) -> None:
     assert Seal.decode(text) is None
     assert stores.checkpoints.sealed(_key("p/e1", "src"), text) is None
+
+
+def _a_seal(version: str = "2026-12-02T15:00:00+00:00|run-1:0|0", path: str = "a/b.png") -> Seal:
+    from pipeline_defs.resume.decision import CheckpointSummary
+
+    return Seal(
+        checkpoint=(1_764_690_000_123_456_789, 2345, 12345678),
+        summary=CheckpointSummary(True, 3, "completed", "h" * 64, {"scenes.n": "f" * 16}),
+        version=version,
+        artifacts=("refs/C01.png",),
+        files=((path, 1_764_690_000_123_456_789, 2056, 12345679, None),),
+        reads=(
+            ("projects/p/episodes/e1/story.md", 1, 2, 3, "ab" * 32),
+            ("projects/p/episodes/e1/absent.md", -1, -1, -1, None),
+        ),
+        sealed_ns=1_764_690_000_999_999_999,
+        revision=2,
+    )
+
+
+def test_a_seal_round_trips_in_the_compact_form_and_rows_sealed_before_still_decode() -> None:
+    seal = _a_seal()
+    compact = seal.encode()
+    assert compact.startswith("2\x1f")
+    assert Seal.decode(compact) == seal
+    # Rows sealed before the compact form (one JSON object) stay trusted.
+    before = seal.encode_v1()
+    assert before.startswith("{")
+    assert Seal.decode(before) == seal
+    assert len(compact) < len(before)
+
+
+@pytest.mark.parametrize(
+    "field", ["version", "path"], ids=["separator in the version", "separator in a path"]
+)
+def test_a_seal_whose_text_holds_a_separator_is_written_in_the_json_form(field: str) -> None:
+    seal = _a_seal(**{field: "a\x1fb\x1ec\x1dd"})
+    text = seal.encode()
+    assert text.startswith("{")  # never split wrongly: the JSON form escapes them
+    assert Seal.decode(text) == seal
 
 
 # --------------------------------------------------------------------------- agreement

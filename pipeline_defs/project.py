@@ -13,7 +13,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pipeline_defs.resume.decision import fingerprint
-from pipeline_defs.resume.errors import PipelineError
+from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.files import read_nofollow, symlink_error
 from pipeline_defs.resume.layout import DataLayout, stat_identity
 from pipeline_defs.resume.partition import validate_id
@@ -174,7 +174,9 @@ def parse_project_config(raw: Any, *, source: str) -> ProjectConfig:
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
-        raise PipelineError("config.invalid", f"{source}: the project file must be a mapping")
+        raise PipelineError(
+            ErrorCode.CONFIG_INVALID, f"{source}: the project file must be a mapping"
+        )
     try:
         return ProjectConfig.model_validate(raw)
     except ValidationError as exc:
@@ -182,7 +184,7 @@ def parse_project_config(raw: Any, *, source: str) -> ProjectConfig:
         where = ".".join(str(p) for p in first["loc"]) or "<root>"
         problem = "unknown key" if first["type"] == "extra_forbidden" else first["msg"]
         raise PipelineError(
-            "config.invalid",
+            ErrorCode.CONFIG_INVALID,
             f"{source}: {where}: {problem}",
             details={"path": source, "key": where},
         ) from None
@@ -217,7 +219,7 @@ def _read_project_config(path: Path) -> ProjectConfig:
         raw = yaml.safe_load(read_nofollow(path).decode("utf-8"))
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         raise PipelineError(
-            "config.invalid", f"{path}: not valid YAML ({exc})", details={"path": str(path)}
+            ErrorCode.CONFIG_INVALID, f"{path}: not valid YAML ({exc})", details={"path": str(path)}
         ) from None
     return parse_project_config(raw, source=str(path))
 

@@ -12,26 +12,26 @@ import errno
 import re
 from collections.abc import Iterator
 
-from pipeline_defs.resume.errors import PipelineError
+from pipeline_defs.resume.errors import ErrorCode, PipelineError
 
 # A fault of the storage under the data root or the ledger: no re-run or force can fix it, an
 # operator must (free space, remount read-write, fix permissions).
 # errno -> (code, what happened, how it names the path).
-STORAGE_ERRNOS: dict[int, tuple[str, str, str]] = {
-    errno.ENOSPC: ("storage.full", "no space left on device", "writing"),
-    errno.EDQUOT: ("storage.full", "disk quota exceeded", "writing"),
-    errno.EROFS: ("storage.read_only", "read-only file system", "writing"),
-    errno.EACCES: ("storage.permission_denied", "permission denied", "on"),
-    errno.EPERM: ("storage.permission_denied", "operation not permitted", "on"),
+STORAGE_ERRNOS: dict[int, tuple[ErrorCode, str, str]] = {
+    errno.ENOSPC: (ErrorCode.STORAGE_FULL, "no space left on device", "writing"),
+    errno.EDQUOT: (ErrorCode.STORAGE_FULL, "disk quota exceeded", "writing"),
+    errno.EROFS: (ErrorCode.STORAGE_READ_ONLY, "read-only file system", "writing"),
+    errno.EACCES: (ErrorCode.STORAGE_PERMISSION_DENIED, "permission denied", "on"),
+    errno.EPERM: (ErrorCode.STORAGE_PERMISSION_DENIED, "operation not permitted", "on"),
 }
 # The same faults as the ledger's drivers word them: (code, marker, wording). SQLite says
 # "database or disk is full" / "attempt to write a readonly database"; PostgreSQL "could not
 # extend file ...: No space left on device" / "cannot execute ... in a read-only transaction".
-STORAGE_DB_MARKERS: tuple[tuple[str, str, str], ...] = (
-    ("storage.full", "database or disk is full", "the ledger database is full"),
-    ("storage.full", "no space left on device", "the ledger database is full"),
-    ("storage.read_only", "readonly database", "the ledger database is read-only"),
-    ("storage.read_only", "read-only transaction", "the ledger database is read-only"),
+STORAGE_DB_MARKERS: tuple[tuple[ErrorCode, str, str], ...] = (
+    (ErrorCode.STORAGE_FULL, "database or disk is full", "the ledger database is full"),
+    (ErrorCode.STORAGE_FULL, "no space left on device", "the ledger database is full"),
+    (ErrorCode.STORAGE_READ_ONLY, "readonly database", "the ledger database is read-only"),
+    (ErrorCode.STORAGE_READ_ONLY, "read-only transaction", "the ledger database is read-only"),
 )
 DB_MODULES = frozenset({"sqlite3", "sqlalchemy", "psycopg", "psycopg2"})
 # PostgreSQL gone or restarting, as libpq and the server word it. The ledger store retries
@@ -127,7 +127,8 @@ def _ledger_outage(exc: BaseException, ledger: str | None) -> PipelineError | No
             if ledger_down(text):
                 where = f" ({ledger})" if ledger else ""
                 return PipelineError(
-                    "ledger.unavailable", f"the ledger database{where} is unreachable: {text}"
+                    ErrorCode.LEDGER_UNAVAILABLE,
+                    f"the ledger database{where} is unreachable: {text}",
                 )
     return None
 
@@ -142,7 +143,9 @@ def root_cause(exc: BaseException, *, ledger: str | None = None) -> PipelineErro
     if fault is not None:
         return fault
     return PipelineError(
-        "internal", one_line(f"{type(exc).__name__}: {exc}"), details={"type": type(exc).__name__}
+        ErrorCode.INTERNAL,
+        one_line(f"{type(exc).__name__}: {exc}"),
+        details={"type": type(exc).__name__},
     )
 
 
@@ -157,5 +160,7 @@ def root_cause_of_text(text: str) -> PipelineError:
         if marker in flat.lower():
             return PipelineError(code, f"{wording}: {flat}")
     if ledger_down(flat):
-        return PipelineError("ledger.unavailable", f"the ledger database is unreachable: {flat}")
-    return PipelineError("internal", flat)
+        return PipelineError(
+            ErrorCode.LEDGER_UNAVAILABLE, f"the ledger database is unreachable: {flat}"
+        )
+    return PipelineError(ErrorCode.INTERNAL, flat)

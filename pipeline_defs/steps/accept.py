@@ -32,9 +32,10 @@ from pipeline_defs.resume.status import SETTLED_RESULT, StepStatus
 from pipeline_defs.steps.judge import StepJudge
 from resources.checkpoints.envelope import Checkpoint
 from resources.checkpoints.store import ARCHIVE_DIR, CheckpointStore
+from resources.ledger.audit import AuditAction
 
 MANUAL = "manual"  # the origin (audit) and ``by_step`` (mutations) of an accepted edit
-ACCEPTED = "accepted"  # the audit action, and the decision a tagged run's metadata names
+ACCEPTED = AuditAction.ACCEPTED.value  # the decision a tagged run's metadata names (text)
 
 
 @dataclass(frozen=True)
@@ -187,7 +188,7 @@ def accept_hand_edit(
     # (docs/DESIGN.md#audit): history never lengthens a lock.
     judge.ledger.append_transition(
         key,
-        action=ACCEPTED,
+        action=AuditAction.ACCEPTED,
         from_status=str(row.status),
         to_status=str(row.status),
         origin=MANUAL,

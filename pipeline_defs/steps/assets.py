@@ -48,7 +48,8 @@ def launch_mode(tags: Mapping[str, str]) -> LaunchMode:
         # An accept publishes the edit as it stands; a redraw in the same run would draw
         # over it. Refused before anything is read, as a force with a redraw is.
         raise PipelineError(
-            "redraw.invalid", f"a launch is an accept ({MODE_TAG}=accept) or a redraw, not both"
+            ErrorCode.REDRAW_INVALID,
+            f"a launch is an accept ({MODE_TAG}=accept) or a redraw, not both",
         )
     return mode
 
@@ -216,7 +217,7 @@ def _outcome_metadata(step: Step, outcome: StepOutcome, path: str) -> dict[str, 
         "resume/decision": decision.label,
         "resume/reason": decision.reason,
         "resume/origin": decision.origin.value if decision.origin else "none",
-        "resume/status": outcome.status,
+        "resume/status": outcome.status.value,  # text: Dagster metadata takes no enum
         "resume/provider_calls": outcome.provider_calls,
         "checkpoint/path": path,
         "step/schema_version": step.schema_version,
@@ -365,7 +366,7 @@ def build_step_asset(step: Step, graph: StepGraph) -> dg.AssetsDefinition:
             passed=True,
             metadata={
                 "resume/decision": outcome.decision.label,
-                "resume/status": outcome.status,
+                "resume/status": outcome.status.value,  # text: Dagster metadata takes no enum
             },
         )
 
@@ -376,5 +377,5 @@ def build_step_assets(steps: Sequence[Step]) -> list[dg.AssetsDefinition]:
     graph = StepGraph(steps)
     unknown = graph.unknown_deps()
     if unknown:
-        raise PipelineError("input.invalid", f"steps depend on undeclared steps {unknown}")
+        raise PipelineError(ErrorCode.INPUT_INVALID, f"steps depend on undeclared steps {unknown}")
     return [build_step_asset(s, graph) for s in steps]

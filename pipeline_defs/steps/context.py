@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from pipeline_defs.project import ProjectConfig
-from pipeline_defs.resume.errors import PipelineError
+from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.partition import StepKey
 from resources.checkpoints.envelope import Artifact, Checkpoint
 from resources.checkpoints.store import CheckpointStore
@@ -49,7 +49,7 @@ class ProviderMeter:
         if self.guard is not None:
             self.guard()
         if self.text_model is None:
-            raise PipelineError("provider.config", f"{self.key}: no text model configured")
+            raise PipelineError(ErrorCode.PROVIDER_CONFIG, f"{self.key}: no text model configured")
         call_id = self.ledger.start_provider_call(self.key, self.run_id, kind="text")
         self.text_calls += 1
         try:
@@ -63,7 +63,7 @@ class ProviderMeter:
         if self.guard is not None:
             self.guard()
         if self.image_model is None:
-            raise PipelineError("provider.config", f"{self.key}: no image model configured")
+            raise PipelineError(ErrorCode.PROVIDER_CONFIG, f"{self.key}: no image model configured")
         call_id = self.ledger.start_provider_call(self.key, self.run_id, kind="image")
         self.image_calls += 1
         try:
@@ -143,7 +143,7 @@ class StepContext:
     def providers(self) -> ProviderMeter:
         if self.meter is None:
             raise PipelineError(
-                "step.provider_outside_run",
+                ErrorCode.STEP_PROVIDER_OUTSIDE_RUN,
                 f"{self.key}: providers are only available inside a claimed run",
             )
         return self.meter

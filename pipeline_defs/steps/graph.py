@@ -8,7 +8,7 @@ the same declarations; they ask this one object.
 import functools
 from collections.abc import Iterable
 
-from pipeline_defs.resume.errors import PipelineError
+from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.steps.spec import Step
 
 
@@ -51,7 +51,7 @@ class StepGraph:
                 return
             if step.step_id in trail:
                 raise PipelineError(
-                    "input.invalid", f"step dependency cycle: {[*trail, step.step_id]}"
+                    ErrorCode.INPUT_INVALID, f"step dependency cycle: {[*trail, step.step_id]}"
                 )
             for dep in step.deps:
                 if dep in catalog:

@@ -5,8 +5,9 @@ from typing import Any
 import dagster as dg
 
 from pipeline_defs.resume.completion import Origin
-from pipeline_defs.resume.errors import PipelineError
+from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.partition import Episode, StepKey
+from pipeline_defs.resume.status import StepStatus
 from pipeline_defs.steps.spec import Step, load_step
 from resources.checkpoints.envelope import Checkpoint
 from resources.pipeline import PipelineResource
@@ -18,7 +19,8 @@ def _step_from(metadata: Any, asset_key: dg.AssetKey) -> Step:
     path = (metadata or {}).get(STEP_METADATA_KEY)
     if path is None:
         raise PipelineError(
-            "io.integrity_violation", f"asset {asset_key.to_user_string()} is not a judged step"
+            ErrorCode.IO_INTEGRITY_VIOLATION,
+            f"asset {asset_key.to_user_string()} is not a judged step",
         )
     return load_step(str(getattr(path, "value", path)))
 
@@ -69,13 +71,14 @@ class CheckpointIOManager(dg.ConfigurableIOManager):
             return
         if not isinstance(obj, Checkpoint):
             raise PipelineError(
-                "io.integrity_violation",
+                ErrorCode.IO_INTEGRITY_VIOLATION,
                 f"{context.asset_key.to_user_string()}: output is not a checkpoint envelope",
             )
         step = _step_from(context.definition_metadata, context.asset_key)
         checkpoints = self.pipeline.checkpoints()
         source = str(checkpoints.path_for(obj.key))
-        if obj.status != "not_applicable":  # its data is empty by design (as in load_input)
+        # a not-applicable one: its data is empty by design (as in load_input)
+        if obj.status != StepStatus.NOT_APPLICABLE:
             step.validate_data(obj.data, source=source)
         ledger = self.pipeline.ledger()
         run_id = obj.run_id or ""
@@ -97,11 +100,11 @@ class CheckpointIOManager(dg.ConfigurableIOManager):
             return None  # the step's gate reports it with a clear reason
         step = _step_from(upstream.definition_metadata if upstream else None, asset_key)
         path = str(checkpoints.path_for(key))
-        if checkpoint.status == "not_applicable":
+        if checkpoint.status == StepStatus.NOT_APPLICABLE:
             return checkpoint
         if checkpoint.schema_version != step.schema_version:
             raise PipelineError(
-                "io.integrity_violation",
+                ErrorCode.IO_INTEGRITY_VIOLATION,
                 f"checkpoint {path}: schema_version {checkpoint.schema_version} but {step.step_id} "
                 f"now writes {step.schema_version}",
                 origin=Origin.CONTRACT_DRIFT.value,
@@ -111,7 +114,7 @@ class CheckpointIOManager(dg.ConfigurableIOManager):
         if missing or changed:
             origin = Origin.INVARIANT_DRIFT if changed else Origin.ARTIFACT_MISSING
             raise PipelineError(
-                "io.integrity_violation",
+                ErrorCode.IO_INTEGRITY_VIOLATION,
                 f"checkpoint {path}: artifacts missing or changed: {[*changed, *missing][:5]}",
                 origin=origin.value,
                 details={"path": path},

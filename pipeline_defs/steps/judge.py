@@ -11,11 +11,10 @@ import logging
 import os
 import posixpath
 import stat as stat_module
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 from pipeline_defs.project import ProjectConfig, load_project_config, scoped_fingerprints
 from pipeline_defs.resume.completion import CompletionReport, Origin, Severity, merge_reports
@@ -29,7 +28,7 @@ from pipeline_defs.resume.decision import (
     ScopedConfig,
     decide,
 )
-from pipeline_defs.resume.errors import PipelineError
+from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.files import SYMLINK_CODE, file_sha256
 from pipeline_defs.resume.partition import Episode, StepKey
 from pipeline_defs.resume.settings import ResumeSettings
@@ -49,7 +48,7 @@ _SEALED_CLEAN = CompletionReport.clean(sealed=True)
 
 # The code of a checkpoint that is not a regular file or not the recorded bytes
 # (``CheckpointStore.load``), used the same way for the files a checkpoint lists.
-INTEGRITY_CODE = "io.integrity_violation"
+INTEGRITY_CODE = ErrorCode.IO_INTEGRITY_VIOLATION
 _KINDS = (
     (stat_module.S_ISDIR, "a directory"),
     (stat_module.S_ISFIFO, "a FIFO"),
@@ -167,7 +166,7 @@ class Judgement:
     key: StepKey
     decision: ResumeDecision
     checkpoint: Checkpoint | None
-    row: Mapping[str, Any] | None
+    row: LedgerRow | None
 
 
 class ProjectConfigs:
@@ -383,7 +382,7 @@ class StepJudge:
         key: StepKey,
         *,
         mode: LaunchMode,
-        row: Mapping[str, Any] | None,
+        row: LedgerRow | None,
         now: datetime | None = None,
         loaded: Loaded | None = None,
         sealed: Seal | None = None,
@@ -403,7 +402,7 @@ class StepJudge:
         if sealed is None and loaded is None:
             loaded = self.load_checkpoint(key)
         checkpoint, summary, verify = self._evidence(ctx, config, loaded, sealed)
-        typed = LedgerRow.of(row)
+        typed = LedgerRow.of(row)  # a hand-built mapping (a test's) is converted here
         ended = (
             self.owner_ended(str(typed.run_id))
             if self.owner_ended is not None and typed is not None and typed.is_running
@@ -412,7 +411,7 @@ class StepJudge:
         decision = decide(
             mode=mode,
             applicable=self.step.is_applicable(ctx),
-            row=row,
+            row=typed,
             owner_ended=ended,
             checkpoint=summary,
             verify=verify,
@@ -458,7 +457,7 @@ class StepJudge:
                 origin=Origin.CONTRACT_DRIFT,
                 code=CODE_RESUME_BLOCKED,
             )
-        return Judgement(key, decision, checkpoint, row)
+        return Judgement(key, decision, checkpoint, typed)
 
     def _evidence(
         self,
@@ -477,7 +476,7 @@ class StepJudge:
             summary = CheckpointSummary(
                 present=True,
                 schema_version=self.step.schema_version,
-                status="completed",
+                status=StepStatus.COMPLETED,
                 config_hash=config.hash,
                 config_fingerprints=dict(config.fingerprints),
                 unusable=True,

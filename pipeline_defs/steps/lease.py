@@ -22,11 +22,11 @@ import logging
 import threading
 from types import TracebackType
 
-from pipeline_defs.resume.errors import PipelineError
+from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.partition import StepKey
 from resources.ledger.store import LedgerStore
 
-OWNERSHIP_LOST = "step.ownership_lost"
+OWNERSHIP_LOST = ErrorCode.STEP_OWNERSHIP_LOST
 
 
 class Lease:

@@ -38,15 +38,17 @@ from pipeline_defs.resume.completion import CompletionReport, Origin, Severity
 from pipeline_defs.resume.decision import ScopedConfig
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.partition import StepKey
+from pipeline_defs.resume.status import StepStatus
 from pipeline_defs.steps.context import StepContext
 from pipeline_defs.steps.faults import crash_point
 from pipeline_defs.steps.spec import Mutation, Step
 from resources.checkpoints.envelope import Checkpoint
 from resources.checkpoints.store import CheckpointStore, StagedCheckpoint
+from resources.ledger.audit import AuditAction
 from resources.ledger.store import LedgerStore
 
 INTENTS_KEY = "mutation_intents"
-VICTIM_CHANGED = "mutation.victim_changed"
+VICTIM_CHANGED = ErrorCode.MUTATION_VICTIM_CHANGED
 
 
 @dataclass(frozen=True)
@@ -81,7 +83,7 @@ def intents_of(checkpoint: Checkpoint, *, source: str) -> list[Intent]:
         ]
     except (TypeError, ValueError, KeyError) as exc:
         raise PipelineError(
-            "checkpoint.invalid",
+            ErrorCode.CHECKPOINT_INVALID,
             f"{source}: field 'data.{INTENTS_KEY}' is malformed ({type(exc).__name__}: {exc})",
             origin=Origin.CONTRACT_DRIFT.value,
         ) from exc
@@ -322,7 +324,7 @@ class MutatorEdits:
         for mutation in mutations:
             if mutation.victim not in declared:
                 raise PipelineError(
-                    "step.mutation_rejected",
+                    ErrorCode.STEP_MUTATION_REJECTED,
                     f"{key}: {mutation.victim} is not declared in modifies_checkpoints",
                 )
             by_victim[mutation.victim] = mutation
@@ -334,7 +336,8 @@ class MutatorEdits:
             if read is None:
                 if wanted is not None:
                     raise PipelineError(
-                        "step.mutation_rejected", f"{key}: victim {victim_key} has no checkpoint"
+                        ErrorCode.STEP_MUTATION_REJECTED,
+                        f"{key}: victim {victim_key} has no checkpoint",
                     )
                 continue
             kept = held.get(victim)
@@ -374,14 +377,14 @@ class MutatorEdits:
             )
         except PipelineError as exc:
             raise PipelineError(
-                "step.mutation_rejected",
+                ErrorCode.STEP_MUTATION_REJECTED,
                 f"{key}: edit of {victim_key} rejected: {exc.message}",
                 origin=exc.origin,
             ) from exc
         report = victim.verify(victim.context(victim_key), edited)
         if not report.is_complete:
             raise PipelineError(
-                "step.mutation_rejected",
+                ErrorCode.STEP_MUTATION_REJECTED,
                 f"{key}: edited {victim_key} would not verify "
                 f"({report.origin}: {list(report.missing)[:3]}); left unchanged",
                 origin=report.origin.value if report.origin else None,
@@ -419,7 +422,7 @@ class MutatorEdits:
             note = after.mutations[-1].get("origin") if after.mutations else None
             self.ledger.append_transition(
                 after.key,
-                action="mutated",
+                action=AuditAction.MUTATED,
                 from_status=None,
                 to_status=None,
                 reason=f"{note or 'edited'} by {key.step_id}: fields {fields}",
@@ -458,7 +461,7 @@ class MutatorEdits:
         finally:
             restore.discard()
         raise PipelineError(
-            "step.mutation_rejected",
+            ErrorCode.STEP_MUTATION_REJECTED,
             f"{key}: {after.key} failed re-verification after the edit; rolled back",
         )
 
@@ -470,12 +473,12 @@ class MutatorEdits:
         config change, it no longer verifies): the mutator reviews again.
         ``ctx_for`` builds the run's context once the intents allow a settlement."""
         existing, broken = self.judge.load_checkpoint(key)
-        if existing is not None and broken is None and existing.status == "completed":
+        if existing is not None and broken is None and existing.status == StepStatus.COMPLETED:
             found = self._settleable(key, existing, ctx_for, written_ahead=False)
             if found is not None:
                 return found
         ahead = self.checkpoints.load_pending(key, key.step_id)
-        if ahead is None or ahead.key != key or ahead.status != "completed":
+        if ahead is None or ahead.key != key or ahead.status != StepStatus.COMPLETED:
             return None
         if existing is not None and ahead.content_hash == existing.content_hash:
             return None  # the published one, judged above

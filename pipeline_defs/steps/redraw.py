@@ -17,7 +17,7 @@ Dagster-free: the asset factory reads the tags, the run protocol resolves the ta
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from pipeline_defs.resume.errors import PipelineError
+from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.partition import Episode, StepKey, validate_id
 from pipeline_defs.steps.graph import StepGraph
 from pipeline_defs.steps.spec import Step
@@ -51,12 +51,12 @@ def make_redraw(items: Iterable[str], *, with_dependents: bool = False) -> Redra
     wanted = [str(i).strip() for i in items]
     if not wanted or any(not i for i in wanted):
         raise PipelineError(
-            "redraw.invalid", f"redraw needs item ids or {ALL_ITEMS!r}, got {list(items)!r}"
+            ErrorCode.REDRAW_INVALID, f"redraw needs item ids or {ALL_ITEMS!r}, got {list(items)!r}"
         )
     if ALL_ITEMS in wanted:
         if len(wanted) > 1:
             raise PipelineError(
-                "redraw.invalid", f"redraw {ALL_ITEMS!r} cannot be combined with item ids"
+                ErrorCode.REDRAW_INVALID, f"redraw {ALL_ITEMS!r} cannot be combined with item ids"
             )
         return Redraw(all_items=True, with_dependents=with_dependents)
     for item in wanted:
@@ -69,13 +69,14 @@ def parse_redraw(tags: Mapping[str, str]) -> Redraw | None:
     if REDRAW_TAG not in tags:
         if REDRAW_DEPENDENTS_TAG in tags:
             raise PipelineError(
-                "redraw.invalid", f"tag {REDRAW_DEPENDENTS_TAG} needs tag {REDRAW_TAG}"
+                ErrorCode.REDRAW_INVALID, f"tag {REDRAW_DEPENDENTS_TAG} needs tag {REDRAW_TAG}"
             )
         return None
     flag = tags.get(REDRAW_DEPENDENTS_TAG, "false").strip().lower()
     if flag not in ("true", "false"):
         raise PipelineError(
-            "redraw.invalid", f"tag {REDRAW_DEPENDENTS_TAG}={flag!r}: expected true or false"
+            ErrorCode.REDRAW_INVALID,
+            f"tag {REDRAW_DEPENDENTS_TAG}={flag!r}: expected true or false",
         )
     return make_redraw(tags[REDRAW_TAG].split(","), with_dependents=flag == "true")
 
@@ -182,12 +183,13 @@ def resolve_targets(
     """
     if not step.redrawable:
         raise PipelineError(
-            "redraw.unsupported", f"{key}: cannot redraw: {key.step_id} has no items to redraw"
+            ErrorCode.REDRAW_UNSUPPORTED,
+            f"{key}: cannot redraw: {key.step_id} has no items to redraw",
         )
     checkpoint = load(key.step_id)
     if checkpoint is None:
         raise PipelineError(
-            "redraw.unknown_item",
+            ErrorCode.REDRAW_UNKNOWN_ITEM,
             f"{key}: cannot redraw: {key.step_id} has no checkpoint yet (nothing drawn)",
         )
     listed = list(step.redraw_items(checkpoint))
@@ -201,7 +203,7 @@ def resolve_targets(
         return frozenset(outdated_of(step, checkpoint, load))
     shown = ", ".join(listed[:MAX_LISTED]) + (" …" if len(listed) > MAX_LISTED else "")
     raise PipelineError(
-        "redraw.unknown_item",
+        ErrorCode.REDRAW_UNKNOWN_ITEM,
         f"{key}: {key.step_id} lists no item {', '.join(unknown)}; its items: {shown or 'none'}",
         details={"unknown": unknown},
     )

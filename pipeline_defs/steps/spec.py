@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pipeline_defs.resume.completion import CompletionReport, Origin
+from pipeline_defs.resume.status import StepStatus
 
 if TYPE_CHECKING:
     from pipeline_defs.steps.context import StepContext
@@ -62,10 +63,10 @@ class StepResult:
         return max(0, self.applicable_count - self.failed_count)
 
     @property
-    def status(self) -> str:
+    def status(self) -> StepStatus:
         if self.failed_count == 0:
-            return "completed"
-        return "partial" if self.completed > 0 else "failed"
+            return StepStatus.COMPLETED
+        return StepStatus.PARTIAL if self.completed > 0 else StepStatus.FAILED
 
 
 @dataclass(frozen=True)

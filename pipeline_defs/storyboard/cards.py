@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pipeline_defs.resume.completion import Origin
-from pipeline_defs.resume.errors import PipelineError
+from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from resources.checkpoints.envelope import canonical_json, sha256_text
 
 CARD_TEMPLATE = "shot-card/v1"
@@ -31,7 +31,9 @@ CARD_FIELDS: Mapping[str, tuple[str, ...]] = {
 
 
 def card_error(message: str) -> PipelineError:
-    return PipelineError("scene_detail.card_invalid", message, origin=Origin.CONTRACT_DRIFT.value)
+    return PipelineError(
+        ErrorCode.SCENE_DETAIL_CARD_INVALID, message, origin=Origin.CONTRACT_DRIFT.value
+    )
 
 
 def build_render_prompt_card(entry: Mapping[str, Any], variation_index: int) -> dict[str, Any]:

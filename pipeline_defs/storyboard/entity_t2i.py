@@ -10,7 +10,7 @@ from typing import Any
 
 from pipeline_defs.project import TEXT_MODEL_KEYS
 from pipeline_defs.resume.completion import Origin
-from pipeline_defs.resume.errors import PipelineError
+from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.steps.context import StepContext
 from pipeline_defs.steps.spec import Step, StepResult
 from pipeline_defs.storyboard.replies import reply_list, reply_object, reply_text
@@ -122,7 +122,7 @@ class EntityT2I(Step):
             if all(o is Origin.INVARIANT_DRIFT for o, _ in problems):
                 origin = Origin.INVARIANT_DRIFT
             raise PipelineError(
-                "io.integrity_violation",
+                ErrorCode.IO_INTEGRITY_VIOLATION,
                 f"checkpoint {source}: entity_t2i integrity: "
                 + "; ".join(p for _, p in problems[:3]),
                 origin=origin.value,

@@ -12,7 +12,7 @@ every project, as before.
 """
 
 from pipeline_defs.project import ProviderConfig
-from pipeline_defs.resume.errors import PipelineError
+from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from resources.providers import (
     CONFIG_ERROR,
     ImageCall,
@@ -49,7 +49,7 @@ def default_image_model() -> ImageModel:
 def _openai_base_url(config: ProviderConfig) -> str:
     if not config.base_url:
         raise PipelineError(
-            "config.invalid", "provider.kind is openai but provider.base_url is not set"
+            ErrorCode.CONFIG_INVALID, "provider.kind is openai but provider.base_url is not set"
         )
     return config.base_url
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from pipeline_defs.project import TEXT_MODEL_KEYS
 from pipeline_defs.resume.completion import ORIGIN_PRIORITY, CompletionReport, Origin, Severity
-from pipeline_defs.resume.errors import PipelineError
+from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.steps.context import StepContext
 from pipeline_defs.steps.spec import Step, StepResult
 from pipeline_defs.storyboard.cards import build_render_prompt_card, compute_card_hash
@@ -71,7 +71,7 @@ class Finding:
 
 def shape_error(message: str) -> PipelineError:
     return PipelineError(
-        "scene_detail.shape_violation", message, origin=Origin.CONTRACT_DRIFT.value
+        ErrorCode.SCENE_DETAIL_SHAPE_VIOLATION, message, origin=Origin.CONTRACT_DRIFT.value
     )
 
 
@@ -355,7 +355,7 @@ class SceneDetail(Step):
             listed = "; ".join(str(f) for f in findings[:3])
             more = f" (and {len(findings) - 3} more)" if len(findings) > 3 else ""
             raise PipelineError(
-                "io.integrity_violation",
+                ErrorCode.IO_INTEGRITY_VIOLATION,
                 f"checkpoint {source}: scene_detail integrity: {listed}{more}",
                 origin=worst_origin(findings).value,
                 details={"path": source},

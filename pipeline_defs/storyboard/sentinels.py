@@ -11,7 +11,7 @@ from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any
 
 from pipeline_defs.resume.completion import Origin
-from pipeline_defs.resume.errors import PipelineError
+from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from resources.checkpoints.envelope import canonical_json, sha256_text
 
 VALIDATOR = "scene_detail.owned_validation/v1"
@@ -20,7 +20,9 @@ SENTINEL_FIELDS = (*HASHED_FIELDS, "validator")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
-def sentinel_error(message: str, *, code: str = "scene_detail.sentinel_malformed") -> PipelineError:
+def sentinel_error(
+    message: str, *, code: ErrorCode = ErrorCode.SCENE_DETAIL_SENTINEL_MALFORMED
+) -> PipelineError:
     return PipelineError(code, message, origin=Origin.CONTRACT_DRIFT.value)
 
 

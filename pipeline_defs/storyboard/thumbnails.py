@@ -13,7 +13,7 @@ import io
 
 from PIL import Image, UnidentifiedImageError
 
-from pipeline_defs.resume.errors import PipelineError
+from pipeline_defs.resume.errors import ErrorCode, PipelineError
 
 # 160 px on the longer side: 4-9 KB per offline-model picture (measured on the demo's 384 x
 # 256 PNGs), legible in a grid of six across a laptop screen.
@@ -37,7 +37,8 @@ def _open(png: bytes, name: str) -> Image.Image:
             return image.convert("RGBA")
     except (UnidentifiedImageError, OSError, ValueError) as exc:
         raise PipelineError(
-            "checkpoint.invalid", f"{name} is not a readable PNG ({type(exc).__name__}: {exc})"
+            ErrorCode.CHECKPOINT_INVALID,
+            f"{name} is not a readable PNG ({type(exc).__name__}: {exc})",
         ) from None
 
 

@@ -8,6 +8,7 @@ was, a refusal, in the transaction that found it out.
 """
 
 from dataclasses import dataclass, replace
+from enum import StrEnum
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -35,11 +36,43 @@ AUDIT_STATEMENT = (
 )
 
 
+class AuditAction(StrEnum):
+    """``step_transition.action``: what a history line records (stored and compared as text).
+
+    The judge's verdicts carry the ``ResumeAction`` values (``skip``, ``rerun_self``, ...;
+    ``claim_rejected`` is a claim that lost); the rest are the follow-up transitions of a
+    run, an edit or an operator command. Readers (``status``, ``history``) compare the text.
+    """
+
+    # A judge's verdict, recorded by the run that judged it.
+    SKIP = "skip"
+    ADOPT = "adopt"
+    BLOCK = "block"
+    NOT_APPLICABLE = "not_applicable"
+    RERUN_SELF = "rerun_self"
+    FORCE_EXPLICIT = "force_explicit"
+    REDRAW_EXPLICIT = "redraw_explicit"
+    STALE_RUNNING_RECOVERY = "stale_running_recovery"
+    CLAIM_REJECTED = "claim_rejected"
+    # What the claiming run did next.
+    FINISH = "finish"
+    FAILED = "failed"
+    OWNERSHIP_LOST = "ownership_lost"
+    INVALIDATE = "invalidate"  # a downstream row staled by an explicit force
+    MUTATED = "mutated"  # a mutator's edit of a victim, settled
+    ACCEPTED = "accepted"  # ``storyboard accept``: a hand edit adopted
+    RESET_RUNNING = "reset_running"  # ``storyboard reset-running``: a dead owner's row released
+
+
 @dataclass(frozen=True)
 class Audit:
-    """One line of a step's history: what was done, from which status to which, and why."""
+    """One line of a step's history: what was done, from which status to which, and why.
 
-    action: str
+    ``action`` is an :class:`AuditAction`; plain text is accepted from callers that still
+    pass it (``LedgerStore.append_transition``) and is stored the same way.
+    """
+
+    action: AuditAction | str
     from_status: str | None
     to_status: str | None
     origin: str | None = None
@@ -47,7 +80,7 @@ class Audit:
     run_id: str | None = None
     launch_path: str | None = None
 
-    def refused(self, action: str, reason: str) -> "Audit":
+    def refused(self, action: AuditAction | str, reason: str) -> "Audit":
         """The same attempt, recorded as refused: the status stays what it was."""
         return replace(self, action=action, to_status=self.from_status, reason=reason)
 
@@ -58,7 +91,7 @@ class Audit:
             "step_id": key.step_id,
             "from_status": self.from_status,
             "to_status": self.to_status,
-            "action": self.action,
+            "action": str(self.action),  # the text, never the member (drivers bind text)
             "origin": self.origin,
             "reason": self.reason,
             "run_id": self.run_id,

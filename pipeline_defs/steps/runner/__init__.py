@@ -1,0 +1,346 @@
+"""The run protocol every step execution follows, written once.
+
+gate → applicability → judge (``steps.judge``: reads only) → SKIP / BLOCK / claim →
+(force: cleanup and invalidate downstream) → finalize: execute, status, exit verify,
+owner-aware status + fenced publish, recovery bookkeeping, mutator hook
+(``steps.mutations``). Any failure between the claim and the publish records an
+owner-aware ``failed`` and re-raises. Dagster-free: the asset factory adapts it.
+
+:class:`StepRunner` holds the sequence and the writes that need the row's lock (the claim
+and the fenced publish); each other concern is a module of this package:
+
+- ``run_info``: who runs (:class:`RunInfo`) and the history line of its judgement;
+- ``outcome``: what a run ends with (:class:`StepOutcome`, :class:`Published`);
+- ``gate``: upstream settled before anything is judged;
+- ``redraw_scope``: a redraw's targets for this step, and their dependents afterwards;
+- ``verdicts``: SKIP / adopt, BLOCK, not applicable (no claim, nothing executed);
+- ``claim``: the attempt a claim counts as, and why a refused one lost;
+- ``force``: an explicit force's cleanup and downstream invalidation;
+- ``execute`` (+ ``envelope``, ``exit_verify``): the step body, up to a verified result;
+- ``settlement``: a mutator's written-ahead edits settled with no provider call;
+- ``bookkeeping``: failures recorded, retries scheduled, recovery reset, victims settled.
+"""
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from pipeline_defs.project import ProjectConfig, models_called
+from pipeline_defs.resume.decision import ResumeAction, ResumeDecision
+from pipeline_defs.resume.errors import ErrorCode, PipelineError
+from pipeline_defs.resume.partition import StepKey
+from pipeline_defs.resume.status import LedgerRow, StepStatus
+from pipeline_defs.steps.context import ProviderMeter, StepContext
+from pipeline_defs.steps.faults import crash_point
+from pipeline_defs.steps.judge import StepJudge
+from pipeline_defs.steps.lease import Lease
+from pipeline_defs.steps.mutations import MutatorEdits, write_ahead
+from pipeline_defs.steps.runner import verdicts
+from pipeline_defs.steps.runner.bookkeeping import Bookkeeping
+from pipeline_defs.steps.runner.claim import attempts_of, lease_hint
+from pipeline_defs.steps.runner.execute import execute
+from pipeline_defs.steps.runner.force import force_cleanup, invalidate_downstream
+from pipeline_defs.steps.runner.gate import check_upstream
+from pipeline_defs.steps.runner.outcome import OutcomeStatus, Published, StepOutcome
+from pipeline_defs.steps.runner.redraw_scope import report_dependents, resolve_redraw
+from pipeline_defs.steps.runner.run_info import RunInfo, audit_line
+from pipeline_defs.steps.runner.settlement import settle_written_ahead
+from resources.checkpoints.envelope import Checkpoint
+from resources.ledger.audit import AuditAction
+from resources.providers import ImageModel, TextModel
+
+__all__ = ["OutcomeStatus", "Published", "RunInfo", "StepOutcome", "StepRunner"]
+
+
+class StepRunner:
+    """Runs one step for a partition: the only writer of its row, checkpoint and audit."""
+
+    def __init__(
+        self,
+        judge: StepJudge,
+        *,
+        text_model: TextModel | None = None,
+        image_model: ImageModel | None = None,
+        on_takeover: Callable[[str, str], None] | None = None,
+    ) -> None:
+        # ``on_takeover(previous owner, reason)``: called once this run has taken a lapsed
+        # lease over (the row is ours; the previous owner is fenced for good), so the wiring
+        # can end that owner's run where it is tracked (a killed worker's Dagster run would
+        # otherwise stay "started", holding its episode's queue slot).
+        self.on_takeover = on_takeover
+        self.judge = judge
+        self.step = judge.step
+        self.settings = judge.settings
+        self.ledger = judge.ledger
+        self.checkpoints = judge.checkpoints
+        self.log = judge.log
+        self.clock = judge.clock
+        self.text_model = text_model
+        self.image_model = image_model
+        self.mutations = MutatorEdits(
+            judge, ledger=self.ledger, checkpoints=self.checkpoints, clock=self.clock
+        )
+        self.bookkeeping = Bookkeeping(judge, self.mutations)
+
+    # ------------------------------------------------------------------ helpers
+    def context(
+        self,
+        key: StepKey,
+        *,
+        run_id: str,
+        meter: ProviderMeter | None = None,
+        redraw: frozenset[str] = frozenset(),
+    ) -> StepContext:
+        """The judge's context, owned by this run (and its providers, when metered)."""
+        return dataclasses.replace(
+            self.judge.context(key), run_id=run_id, meter=meter, redraw=redraw
+        )
+
+    def models(self, project: ProjectConfig) -> tuple[TextModel | None, ImageModel | None]:
+        """The models this project's ``provider:`` section asks for, checked ready to call
+        (config, key): a typed ``provider.*`` error here comes before any claim or call."""
+        text = image = None
+        if self.text_model is not None:
+            text = self.text_model.for_provider(project.provider)
+        if self.image_model is not None:
+            image = self.image_model.for_provider(project.provider)
+        # only the models this step calls need a key (story_source: none).
+        called = models_called(self.step.resume_config_keys)
+        for model, calls in zip((text, image), called, strict=True):
+            if model is not None and calls:
+                model.preflight()
+        return text, image
+
+    # ------------------------------------------------------------------ running
+    def gate(self, key: StepKey) -> None:
+        """Upstream checkpoints must be present and settled, and nobody re-running them."""
+        check_upstream(self.judge, key)
+
+    def run(
+        self, partition_key: str, run: RunInfo, inputs: Mapping[str, Checkpoint | None]
+    ) -> StepOutcome:
+        key = self.judge.key(partition_key)
+        self.checkpoints.sync_inputs(key.project_id, key.episode_id)  # object storage
+        self.gate(key)
+        if run.redraw is not None:  # unknown ids fail here: before the claim, nothing changed
+            run = resolve_redraw(self.judge, key, run)
+        row = self.ledger.get(key)
+        judgement = self.judge.judge(key, mode=run.mode, row=row)
+        decision = judgement.decision
+        prior = row.status if row is not None else None
+
+        if decision.action is ResumeAction.NOT_APPLICABLE:
+            return verdicts.not_applicable(self.judge, key, run, decision, prior)
+        if decision.action is ResumeAction.SKIP:
+            return verdicts.skip(self.judge, key, run, decision, prior, judgement.checkpoint)
+        if decision.action is ResumeAction.BLOCK:
+            raise verdicts.block(self.judge, key, run, decision, row)
+        # no key or a bad provider fails here, before the claim and any call,
+        # and only for a step that will run (a SKIP or a BLOCK calls no model).
+        self.models(self.judge.project(key))
+        outcome = self._claim_and_finalize(key, run, decision, row, inputs)
+        if run.redraw_items:
+            outcome = report_dependents(self.judge, key, run, outcome)
+        return outcome
+
+    def _claim_and_finalize(
+        self,
+        key: StepKey,
+        run: RunInfo,
+        decision: ResumeDecision,
+        row: LedgerRow | None,
+        inputs: Mapping[str, Checkpoint | None],
+    ) -> StepOutcome:
+        stale = decision.action is ResumeAction.STALE_RUNNING_RECOVERY
+        # Row 12 counts automatic recoveries: the sensor's. An operator's launch of the same
+        # decision takes the row over uncounted, leaving the count and last reason as the
+        # sensor's recoveries left them (visible in ``status``).
+        counted = decision.auto_recovery and run.automatic
+        line = audit_line(
+            run,
+            decision,
+            action=AuditAction(decision.action.value),  # a claiming verdict, as recorded
+            from_status=row.status if row is not None else None,
+            to_status=StepStatus.RUNNING,
+        )
+        won = self.ledger.claim(
+            key,
+            run.run_id,
+            allow_stale_steal=stale,
+            expected_started_at=decision.expected_started_at,
+            expected_run_id=decision.expected_run_id,
+            expected_heartbeat_at=decision.expected_heartbeat_at,
+            auto_recovery=counted,
+            reason=decision.reason,
+            seen=row,
+            audit=line,
+            refused=line.refused(AuditAction.CLAIM_REJECTED, decision.reason),
+        )
+        if won and stale and decision.expected_run_id and self.on_takeover is not None:
+            try:
+                self.on_takeover(
+                    decision.expected_run_id,
+                    f"its lease on {key} lapsed and run {run.run_id} took the step over",
+                )
+            except Exception as exc:  # bookkeeping of another run: never this run's failure
+                self.log.warning("%s: could not end the previous owner's run: %s", key, exc)
+        if not won:
+            hint = lease_hint(key, row, self.settings, self.clock())
+            raise PipelineError(
+                ErrorCode.STEP_ALREADY_RUNNING,
+                f"{key}: another run owns this step or changed it since it was judged "
+                f"(claim for {decision.action.value} refused){hint}",
+            )
+        attempts = attempts_of(row, counted=counted)
+        lease = Lease(
+            self.ledger,
+            key,
+            run.run_id,
+            interval_seconds=self.settings.heartbeat_seconds,
+            log=self.log,
+        )
+        with lease:
+            # From here on the row is ours: until this run's final word is published, any
+            # failure must be recorded, never left running.
+            with self.bookkeeping.failures_recorded(key, run, decision, attempts):
+                crash_point("claimed", key.step_id)
+                force = decision.action is ResumeAction.FORCE_EXPLICIT
+                if force:
+                    force_cleanup(self.judge, key, self.context(key, run_id=run.run_id))
+                    invalidate_downstream(self.judge, key, run)
+                # a mutator whose published edits were cut short settles them, no provider call
+                published = (
+                    self._settle_published(key, run, decision)
+                    if self.step.modifies_checkpoints and not force
+                    else None
+                )
+                if published is None:
+                    published = self._execute_and_publish(key, run, decision, inputs, lease)
+            return self.bookkeeping.after_publish(key, run, decision, attempts, published)
+
+    def _execute_and_publish(
+        self,
+        key: StepKey,
+        run: RunInfo,
+        decision: ResumeDecision,
+        inputs: Mapping[str, Checkpoint | None],
+        lease: Lease,
+    ) -> Published:
+        models = self.models(self.judge.project(key))
+        done = execute(self.judge, self.mutations, key, run, inputs, lease=lease, models=models)
+        # (4)+(5) owner-aware status and fenced publish, one transaction
+        lease.check()  # a lost lease publishes nothing (the owner-aware update would refuse)
+        if done.edits and done.status != StepStatus.FAILED:
+            write_ahead(self.checkpoints, key, done.edits, done.checkpoint)
+        published = self._publish(
+            key,
+            run,
+            decision,
+            done.status,
+            done.checkpoint,
+            done.summary,
+            done.counts,
+            done.reads,
+            done.meter.resolved_model,
+        )
+        crash_point("published", key.step_id)
+        if not published:
+            raise self._ownership_lost(key, run)
+        return Published(
+            done.status,
+            done.checkpoint,
+            done.summary,
+            done.ctx,
+            report=done.report,
+            provider_calls=done.meter.calls,
+            metadata=done.metadata,
+            settle=tuple(e.intent for e in done.edits),
+        )
+
+    def _settle_published(
+        self, key: StepKey, run: RunInfo, decision: ResumeDecision
+    ) -> Published | None:
+        """A mutator's edits written ahead by a killed run, settled with no provider call
+        (``settlement``); None: review again."""
+
+        def publish(checkpoint: Checkpoint, summary: str, reads: Sequence[Path]) -> None:
+            completed = StepStatus.COMPLETED
+            if not self._publish(key, run, decision, completed, checkpoint, summary, {}, reads):
+                raise self._ownership_lost(key, run)
+
+        def context() -> StepContext:
+            return self.context(key, run_id=run.run_id)
+
+        return settle_written_ahead(self.judge, self.mutations, key, run, context, publish)
+
+    @staticmethod
+    def _ownership_lost(key: StepKey, run: RunInfo) -> PipelineError:
+        return PipelineError(
+            ErrorCode.STEP_OWNERSHIP_LOST,
+            f"{key}: run {run.run_id} lost its claim; nothing published",
+        )
+
+    def _publish(
+        self,
+        key: StepKey,
+        run: RunInfo,
+        decision: ResumeDecision,
+        status: StepStatus,
+        checkpoint: Checkpoint,
+        summary: str,
+        counts: Mapping[str, int],
+        reads: Sequence[Path] | None = None,
+        resolved_model: str | None = None,
+    ) -> bool:
+        """The fenced publish: status + checkpoint (+ seal when ``reads`` is given: verified
+        clean) + its history line in one transaction, under the row's lock; a run that lost
+        the row records the refusal instead."""
+        line = audit_line(
+            run, decision, action=AuditAction.FINISH, from_status=StepStatus.RUNNING,
+            to_status=status, reason=summary,
+        )  # fmt: skip
+        kwargs: dict[str, Any] = {
+            "summary": summary or None,
+            "resolved_model": resolved_model,
+            "audit": line,
+            "refused": line.refused(
+                AuditAction.OWNERSHIP_LOST, f"run {run.run_id} lost its claim; nothing published"
+            ),
+            **counts,
+        }
+        if status == StepStatus.FAILED:
+            return self.ledger.transition(key, run.run_id, status, **kwargs)
+        if self.checkpoints.is_unchanged(checkpoint):
+            kept = self.checkpoints.load(key)  # same content; its provenance stays on disk
+            seal = (
+                self.checkpoints.seal(kept, reads, revision=self.step.verify_revision)
+                if kept and reads is not None
+                else None
+            )
+            return self.ledger.transition(key, run.run_id, status, seal=seal, **kwargs)
+        staged = self.checkpoints.stage(checkpoint)
+        try:
+            seal = (
+                self.checkpoints.seal(
+                    checkpoint, reads, file=staged.temp, revision=self.step.verify_revision
+                )
+                if reads is not None
+                else None
+            )
+            return self.ledger.transition(
+                key,
+                run.run_id,
+                status,
+                publish=staged.commit,
+                pointer=staged.pointer,
+                seal=seal,
+                **kwargs,
+            )
+        finally:
+            staged.discard()
+
+    # ------------------------------------------------------------------ force
+    def invalidate_downstream(self, key: StepKey, run: RunInfo) -> list[StepKey]:
+        """Explicit force only: downstream rows → stale, their checkpoints archived + marked."""
+        return invalidate_downstream(self.judge, key, run)

@@ -19,7 +19,7 @@ from typing import Any
 import dagster as dg
 import sqlalchemy as sa
 
-from pipeline_defs.resume.errors import PipelineError
+from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.layout import EPISODES, STORY_FILE, DataLayout
 from pipeline_defs.resume.partition import Episode, validate_id
 from pipeline_defs.resume.settings import ENV_NAMES, EffectiveSettings, ResumeSettings
@@ -42,18 +42,22 @@ def load_definitions(spec: str | None = None) -> dg.Definitions:
     spec = spec or os.environ.get(DEFS_ENV) or DEFAULT_DEFS
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
-        raise PipelineError("input.invalid", f"{DEFS_ENV}={spec!r}: expected module:attribute")
+        raise PipelineError(
+            ErrorCode.INPUT_INVALID, f"{DEFS_ENV}={spec!r}: expected module:attribute"
+        )
     try:
         target: Any = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
         raise PipelineError(
-            "input.invalid", f"{DEFS_ENV}={spec!r}: cannot load it ({type(exc).__name__}: {exc})"
+            ErrorCode.INPUT_INVALID,
+            f"{DEFS_ENV}={spec!r}: cannot load it ({type(exc).__name__}: {exc})",
         ) from None
     if not isinstance(target, dg.Definitions) and callable(target):
         target = target()
     if not isinstance(target, dg.Definitions):
         raise PipelineError(
-            "input.invalid", f"{DEFS_ENV}={spec!r} is a {type(target).__name__}, not Definitions"
+            ErrorCode.INPUT_INVALID,
+            f"{DEFS_ENV}={spec!r} is a {type(target).__name__}, not Definitions",
         )
     return target
 
@@ -107,14 +111,14 @@ def dagster_instance(*, required: bool = True) -> dg.DagsterInstance | None:
         if not required:
             return None
         raise PipelineError(
-            "config.dagster_home",
+            ErrorCode.CONFIG_DAGSTER_HOME,
             "DAGSTER_HOME is not set: runs and partitions need a persistent Dagster instance; "
             "export DAGSTER_HOME=$PWD/.dagster_home (an absolute path) and retry",
         )
     path = Path(home)
     if not path.is_absolute():
         raise PipelineError(
-            "config.dagster_home", f"DAGSTER_HOME={home!r} must be an absolute path"
+            ErrorCode.CONFIG_DAGSTER_HOME, f"DAGSTER_HOME={home!r} must be an absolute path"
         )
     path.mkdir(parents=True, exist_ok=True)
     with stdout_to_stderr():
@@ -166,7 +170,7 @@ class Workspace:
         except KeyError:
             known = ", ".join(self.catalog) or "none"
             raise PipelineError(
-                "input.invalid", f"unknown step {step_id!r}; the code location has: {known}"
+                ErrorCode.INPUT_INVALID, f"unknown step {step_id!r}; the code location has: {known}"
             ) from None
 
     def judge(self, step: Step) -> StepJudge:
@@ -192,13 +196,13 @@ class Workspace:
         if parsed.get_backend_name() == "sqlite":
             database = parsed.database or ""
             if database in ("", ":memory:") or not Path(database).is_file():
-                raise PipelineError("ledger.not_migrated", self._missing_ledger(database))
+                raise PipelineError(ErrorCode.LEDGER_NOT_MIGRATED, self._missing_ledger(database))
         with self.ledger.engine.connect() as conn:
             current = MigrationContext.configure(conn).get_current_revision()
         head = ledger_head()
         if current != head:
             raise PipelineError(
-                "ledger.not_migrated",
+                ErrorCode.LEDGER_NOT_MIGRATED,
                 f"ledger {safe_url(url)} is at revision {current!r}, not {head!r}; {hint}",
             )
 
@@ -207,7 +211,7 @@ class Workspace:
         try:
             self.require_migrated_ledger()
         except PipelineError as exc:
-            if exc.code != "ledger.not_migrated":
+            if exc.code != ErrorCode.LEDGER_NOT_MIGRATED:
                 raise
             return False
         return True
@@ -303,7 +307,7 @@ class Workspace:
                 continue
             where = instance.root_directory if instance is not None else "DAGSTER_HOME not set"
             raise PipelineError(
-                "input.invalid",
+                ErrorCode.INPUT_INVALID,
                 f"partition {key!r} is not registered in the Dagster instance ({where}); "
                 "add it with `storyboard add-episode`",
             )

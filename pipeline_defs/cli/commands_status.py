@@ -1,0 +1,189 @@
+"""``storyboard status``: per partition and step, then the queue, the leases, the last hour,
+the settings in force and where checkpoints are published."""
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import click
+
+from pipeline_defs.cli.app import checked_workspace, main, report_invalid_partitions
+from pipeline_defs.cli.errors import operation
+from pipeline_defs.cli.render import (
+    advice,
+    age,
+    listed,
+    packed,
+    seconds,
+    table_lines,
+    terminal_width,
+    wrap,
+)
+from pipeline_defs.operations import inspect as views
+from pipeline_defs.operations.workspace import Workspace
+from pipeline_defs.resume.settings import EffectiveSettings, format_value
+
+
+@main.command()
+@click.option(
+    "--partition", "partitions", multiple=True, help="Limit to PROJECT/EPISODE (repeatable)."
+)
+@operation("status")
+def status(*, partitions: tuple[str, ...], as_json: bool) -> dict[str, Any] | None:
+    """Per partition and step: state, what the sensor does now, blocks, costs, durations;
+    then the queue, the leases, exhausted recoveries, the last hour and the settings in force.
+
+    "now" and the blocks are the judgement `storyboard decide` and the resume sensor make;
+    "last decision" is the last one a run recorded.
+    """
+    ws = checked_workspace()
+    report = views.status_report(ws, partitions)
+    invalid = report_invalid_partitions(ws)
+    storage = _storage_line(ws)
+    if as_json:
+        settings = ws.effective_settings.rows()
+        return {
+            **report.as_dict(),
+            "invalid_partitions": invalid,
+            "settings": settings,
+            "storage": storage,
+        }
+    width = terminal_width()
+    # One write for the table (a reader that stops early, e.g. ``head``, cuts it short).
+    click.echo("\n".join(_status_table(report.steps, width)) if report.steps else "no partitions")
+    lines = ["", *packed("", _totals_items(report.totals), width)]
+    lines += _summary_lines(report.summary, width)
+    p95 = [f"{k} {seconds(v)}" for k, v in report.p95_duration_seconds.items() if v]
+    lines += packed("p95 duration per step:", listed(p95) or ["-"], width)
+    lines += packed("settings in force:", _settings_items(ws.effective_settings), width)
+    lines += wrap(storage, width) or [storage]
+    click.echo("\n".join(lines))
+    return {}
+
+
+def _status_table(steps: Sequence[views.StepState], width: int) -> list[str]:
+    """One line per step at 120 columns for the usual states; a block's reason and what to
+    do follow its row (as in ``decide``), so nothing about a step is printed twice.
+
+    Backoff shows as the time left in "sensor now" (``deferred 25s``; the timestamp is in
+    ``--json``), and a step another run holds a live lease on as ``running``: the sensor
+    leaves it to its owner, which is no block.
+    """
+    rows = [
+        (
+            s.partition,
+            s.step,
+            views.shown_status(s.status),
+            _sensor_now(s),
+            s.last_decision,
+            s.recovery_count,
+            s.provider_calls,
+            seconds(s.last_duration_seconds),
+            f"{s.block_origin}: {s.block_reason}" if s.block_origin else s.block_reason,
+        )
+        for s in steps
+    ]
+    headers = ["partition", "step", "status", "sensor now", "last decision", "recov"]
+    headers += ["calls total", "last dur", "block"]
+    lines, groups = table_lines(headers, rows, width)
+    for s, group in zip(steps, groups, strict=True):
+        lines += group
+        if s.what_to_do:
+            advice(lines, s.what_to_do, width)
+    return lines
+
+
+def _sensor_now(state: views.StepState) -> str | None:
+    if state.running_healthy:
+        return "running"
+    if state.verdict == "deferred" and state.retry_in_seconds is not None:
+        return f"deferred {age(state.retry_in_seconds)}"
+    return state.verdict
+
+
+def _totals_items(t: Mapping[str, Any]) -> list[str]:
+    calls = f"provider calls total {t['provider_calls']}"
+    if t["unknown_outcome_calls"]:
+        calls += f" ({t['unknown_outcome_calls']} of unknown outcome: sent by a worker that died)"
+    return [
+        f"running {t['running']}",
+        f"blocked {t['blocked']}",
+        f"failed {t['failed']}",
+        f"partial {t['partial']}",
+        f"pending {t['pending']}",
+        f"never run {t['never_run']}",
+        calls,
+    ]
+
+
+# How many exhausted steps are named on their line; the table names every one.
+_NAMED_EXHAUSTED = 3
+
+
+def _summary_lines(summary: views.StatusSummary, width: int) -> list[str]:
+    """The queue, the leases, what waits for an operator and the last hour, a line each."""
+    q, leases, hour = summary.queue, summary.leases, summary.last_hour
+    queued = "-" if q.queued_runs is None else str(q.queued_runs)
+    if q.oldest_queued_run_age_seconds is not None:
+        queued += f" (oldest {age(q.oldest_queued_run_age_seconds)})"
+    lines = packed(
+        "queue:",
+        [
+            f"launch now {q.launch}",
+            f"waiting {q.waiting}",
+            f"deferred {q.deferred}",
+            f"oldest wait {age(q.oldest_wait_seconds)}",
+            f"queued runs {queued}",
+        ],
+        width,
+    )
+    lines += packed(
+        "leases:",
+        [
+            f"live {leases.live}",
+            f"expired, not yet reclaimed {leases.expired_not_reclaimed}",
+            f"in backoff {leases.in_backoff}",
+        ],
+        width,
+    )
+    exhausted = [f"{p} {s}" for p, s in summary.recovery_exhausted]
+    named = exhausted[:_NAMED_EXHAUSTED]
+    if len(exhausted) > len(named):
+        named.append(f"and {len(exhausted) - len(named)} more")
+    label = f"recoveries exhausted {len(exhausted)}" + (":" if named else "")
+    lines += packed(label, listed(named), width)
+    failed = f"failed {hour.failed}" + (":" if hour.failure_codes else "")
+    codes = listed([f"{code} {n}" for code, n in hour.failure_codes])
+    lines += packed(
+        "last hour:",
+        [
+            f"completed {hour.completed}",
+            f"partial {hour.partial}",
+            f"p95 {seconds(hour.p95_duration_seconds) or '-'}",
+            f"max {seconds(hour.max_duration_seconds) or '-'}",
+            failed,
+            *codes,
+        ],
+        width,
+    )
+    return lines
+
+
+def _settings_items(effective: EffectiveSettings) -> list[str]:
+    return [f"{r['key']}={format_value(r['value'])} ({r['source']})" for r in effective.rows()]
+
+
+def _storage_line(ws: Workspace) -> str:
+    """Where checkpoints are published, and what that means for a second machine."""
+    where = ws.pipeline.location()
+    if where.storage_url is None:
+        return f"checkpoints: files under {where.home} (one shared directory for every worker)"
+    line = (
+        f"checkpoints: published to {ws.checkpoints.location}; "
+        f"{where.home} holds inputs and scratch"
+    )
+    if where.ledger_url.startswith("sqlite"):
+        line += (
+            "; the ledger is SQLite: this serves one machine only "
+            "(PIPELINE_DB_URL=postgresql+psycopg://… for several)"
+        )
+    return line

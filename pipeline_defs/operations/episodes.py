@@ -1,0 +1,154 @@
+"""Registering an episode: its story checked at the door and copied in, project.yaml
+created if missing, the Dagster partition added (``storyboard add-episode``)."""
+
+import os
+import stat as stat_module
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import yaml
+
+from pipeline_defs.operations.workspace import PARTITIONS_NAME, Workspace
+from pipeline_defs.project import (
+    ProjectConfig,
+    StoryKnobs,
+    load_project_config,
+    parse_project_config,
+    refuse_input_links,
+    refuse_project_links,
+)
+from pipeline_defs.resume.errors import ErrorCode, PipelineError
+from pipeline_defs.resume.files import describe_mode, read_nofollow, write_file_under
+from pipeline_defs.resume.layout import DataLayout
+from pipeline_defs.resume.partition import Episode, validate_id
+from pipeline_defs.storyboard.story_source import accept_story
+
+
+def _read_story(path: Path, knobs: StoryKnobs) -> bytes:
+    """The operator's story file, refused at the door by the rules ``story_source`` applies
+    later (size, NUL bytes, encoding, no text), so nothing is registered that cannot run.
+
+    The source is the operator's own file (following a link to it is theirs to choose);
+    what it is when it is not a file is said plainly, and a device or FIFO is never opened
+    (``/dev/zero`` would be read forever, a FIFO would hang).
+    """
+    try:
+        found = os.stat(path)
+    except FileNotFoundError:
+        raise PipelineError(
+            ErrorCode.INPUT_INVALID, f"story file {str(path)!r} does not exist"
+        ) from None
+    except OSError as exc:
+        raise PipelineError(
+            ErrorCode.INPUT_INVALID, f"story file {str(path)!r} cannot be read: {exc.strerror}"
+        ) from None
+    if not stat_module.S_ISREG(found.st_mode):
+        raise PipelineError(
+            ErrorCode.INPUT_INVALID,
+            f"story file {str(path)!r} is {describe_mode(found.st_mode)}, not a story file",
+        )
+    try:
+        with open(path, "rb") as handle:
+            payload = handle.read(knobs.max_bytes + 1)  # never more than the limit allows
+    except OSError as exc:
+        raise PipelineError(
+            ErrorCode.INPUT_INVALID, f"story file {str(path)!r} cannot be read: {exc.strerror}"
+        ) from None
+    accept_story(path, payload, knobs)
+    return payload
+
+
+def _story_knobs(home: Path, project_id: str, config_path: Path, template: bytes) -> StoryKnobs:
+    """The story limits in force for the project: its file's, else the template's."""
+    if config_path.exists():
+        return load_project_config(home, project_id).story  # refuses an invalid file
+    raw = yaml.safe_load(template.decode("utf-8"))
+    return parse_project_config(raw, source="the project.yaml template").story
+
+
+def default_project_yaml() -> bytes:
+    """``ProjectConfig()`` defaults as YAML."""
+    return yaml.safe_dump(ProjectConfig().as_dict(), sort_keys=False).encode("utf-8")
+
+
+def register_partition(instance: dg.DagsterInstance, partition_key: str) -> bool:
+    """Add the dynamic partition if missing; True if it was added."""
+    Episode.parse(partition_key)
+    if instance.has_dynamic_partition(PARTITIONS_NAME, partition_key):
+        return False
+    instance.add_dynamic_partitions(PARTITIONS_NAME, [partition_key])
+    return True
+
+
+def add_episode(
+    ws: Workspace,
+    project_id: str,
+    episode_id: str,
+    story: Path,
+    *,
+    replace: bool = False,
+    keep_existing: bool = False,
+    config_template: bytes | None = None,
+) -> dict[str, Any]:
+    """Copy the story in (atomically), create project.yaml if missing, register the partition.
+
+    Ids are validated before any path is built. A different story already in place is
+    refused unless ``replace`` (editing a story blocks ``story_source`` until a force).
+    """
+    validate_id(project_id, "project_id")
+    validate_id(episode_id, "episode_id")
+    episode = Episode(project_id, episode_id)
+    home = Path(ws.home)
+    target = Path(DataLayout(str(home)).story_file(project_id, episode_id))
+    # Nothing outside the home: a link anywhere on either path is refused before anything
+    # below the home is read or created (and the writes re-check it, race-free).
+    config_path = refuse_project_links(home, project_id)
+    refuse_input_links(home, target)
+    template = config_template or default_project_yaml()
+    # On object storage the published inputs are the truth: compare with them, not with
+    # whatever an earlier process left in this home.
+    ws.checkpoints.sync_inputs(project_id, episode_id)
+    payload = _read_story(Path(story), _story_knobs(home, project_id, config_path, template))
+    instance = ws.instance()  # fail before writing anything if DAGSTER_HOME is unusable
+    assert instance is not None
+    current = os.lstat(target) if target.exists() else None
+    if current is not None and not stat_module.S_ISREG(current.st_mode):
+        raise PipelineError(
+            ErrorCode.INPUT_INVALID,
+            f"{target} is {describe_mode(current.st_mode)}, where the episode's story file "
+            "should be: nothing is written over it; remove it to go on",
+        )
+    if current is not None and read_nofollow(target) == payload:
+        story_state = "unchanged"
+    elif current is not None and keep_existing:
+        story_state = "kept existing"
+    elif current is not None and not replace:
+        raise PipelineError(
+            ErrorCode.INPUT_STORY_EXISTS,
+            f"{target} already holds a different story; pass --replace to overwrite it "
+            "(story_source will then block until an explicit force)",
+            status=409,
+        )
+    else:
+        story_state = "replaced" if current is not None else "created"
+        write_file_under(home, target, payload)
+    if config_path.exists():
+        load_project_config(home, project_id)  # refuse an invalid file, naming the key
+        config_state = "exists"
+    else:
+        write_file_under(home, config_path, template)
+        config_state = "created"
+    if ws.checkpoints.publish_inputs(project_id, episode_id):  # every machine reads them
+        # A seal on object storage names the inputs its run verified by e_tag, and other
+        # machines trust it until told: tell them (judged the long way, the edit seen).
+        ws.ledger.clear_episode_seals(project_id, episode_id)
+    added = register_partition(instance, episode.partition_key)
+    return {
+        "partition": episode.partition_key,
+        "story": str(target),
+        "story_state": story_state,
+        "project_config": str(config_path),
+        "project_config_state": config_state,
+        "partition_registered": "added" if added else "already registered",
+    }

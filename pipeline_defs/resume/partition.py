@@ -82,6 +82,18 @@ class StepKey:
         validate_id(self.episode_id, "episode_id")
         validate_id(self.step_id, "step_id")
 
+    @classmethod
+    def of(cls, project_id: str, episode_id: str, step_id: str) -> "StepKey":
+        """The same key as ``StepKey(...)``, validated the same way, built without the frozen
+        ``__init__`` (one ``__setattr__`` per field): a bulk read builds one per row."""
+        made = object.__new__(cls)
+        made.__dict__.update(
+            project_id=validate_id(project_id, "project_id"),
+            episode_id=validate_id(episode_id, "episode_id"),
+            step_id=validate_id(step_id, "step_id"),
+        )
+        return made
+
     @property
     def episode(self) -> Episode:
         return Episode(self.project_id, self.episode_id)

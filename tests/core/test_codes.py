@@ -234,3 +234,38 @@ def test_ledger_row_is_typed_frozen_and_reads_as_a_mapping() -> None:
         row.status = StepStatus.FAILED  # type: ignore[misc]
     assert LedgerRow.of(row) is row and LedgerRow.of(None) is None
     assert dict(row)["status"] is StepStatus.RUNNING
+
+
+@pytest.mark.parametrize(
+    "columns",
+    [
+        ("project_id", "episode_id", "step_id", "status", "recovery_count", "checkpoint_seal"),
+        ("project_id", "episode_id", "step_id"),  # no status: "unknown", as from_row says
+        ("status", "extra"),  # a column LedgerRow does not know: from_row's way
+    ],
+)
+def test_the_bulk_row_builder_builds_what_from_row_builds(columns: tuple[str, ...]) -> None:
+    samples = {
+        "project_id": "p",
+        "episode_id": "e1",
+        "step_id": "src",
+        "status": " Completed ",
+        "recovery_count": "3",
+        "checkpoint_seal": "2\x1f…",
+        "extra": 1,
+    }
+    values = tuple(samples[c] for c in columns)
+    built = LedgerRow.builder(columns)(values)
+    assert built == LedgerRow.from_row(dict(zip(columns, values, strict=True)))
+    assert type(built) is LedgerRow
+
+
+def test_a_step_key_built_for_a_bulk_read_is_the_same_key_and_validated() -> None:
+    from pipeline_defs.resume.partition import StepKey
+
+    fast = StepKey.of("p", "e1", "src")
+    assert fast == StepKey("p", "e1", "src") and hash(fast) == hash(StepKey("p", "e1", "src"))
+    assert {fast: 1}[StepKey("p", "e1", "src")] == 1
+    with pytest.raises(PipelineError) as bad:
+        StepKey.of("p", "../e1", "src")
+    assert bad.value.code == ErrorCode.INPUT_INVALID_ID

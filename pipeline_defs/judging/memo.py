@@ -66,9 +66,9 @@ def memoise(
 ) -> tuple[list[StepEvaluation], dict[str, Memo]]:
     """(fresh launches, the memos of every partition after this tick).
 
-    A partition not chosen keeps its memo; a chosen one left over (budget) gets none, so
-    the next tick judges it. Each run key is launched once per process (Dagster dedupes
-    run keys anyway).
+    A partition not chosen keeps its memo (a never-judged one deferred has none yet); a
+    chosen one left over (budget) gets none, so the next tick judges it. Each run key is
+    launched once per process (Dagster dedupes run keys anyway).
     """
     by_pk: dict[str, list[StepEvaluation]] = {}
     for ev in evaluations:
@@ -79,7 +79,9 @@ def memoise(
     chosen_set, judged_set = set(plan.chosen), set(judged)
     for pk in plan.keys:
         if pk not in chosen_set:
-            new_memos[pk] = memos[pk]
+            kept = memos.get(pk)
+            if kept is not None:  # none: never judged yet, left for later (deferred)
+                new_memos[pk] = kept
             continue
         if pk not in judged_set:
             continue  # over budget: no memo, so the next tick judges it

@@ -105,13 +105,26 @@ def _none_in_flight(partitions: Collection[str]) -> Mapping[str, float | None]:
     return {}
 
 
+# The pace of judging (seconds per partition) is taken from ticks that judged at least
+# this many partitions; a tick continuing a cold start takes what fits in this share of
+# its budget left, and at least this many never-judged partitions.
+_PACE_FROM = 50
+_PACE_MARGIN = 0.8
+_BACKLOG_MIN = 50
+# Partitions per targeted row read: the ledger store filters up to 500 (project, episode)
+# pairs in a query (its _PAIR_FILTER_LIMIT), and reads more partitions' projects whole.
+_ROWS_PER_READ = 500
+
+
 @dataclass(frozen=True)
 class TickConfig:
     """Knobs of the incremental tick."""
 
     full_refresh_seconds: float = 600.0
     skew_seconds: float = 300.0
-    max_targeted: int = 2000  # more changed partitions than this → one full row read
+    # More changed partitions than this (or than a quarter of all, if that is more): one
+    # full row read instead of reading theirs.
+    max_targeted: int = 2000
     workers: int | None = None  # judge processes; None = parallel.default_workers()
     parallel_from: int = 2000  # judge in workers from this many partitions on
     # Stop judging after this long; the rest is judged on the next ticks (Dagster gives a
@@ -206,6 +219,7 @@ class ResumeTicker:
         # Partitions whose launches wait for a run of theirs in flight (judged again once
         # it has ended); process memory, like the memos.
         self._held: set[str] = set()
+        self._pace: float | None = None  # seconds per partition judged, last measured
         self._lock = threading.Lock()
         self.last_stats: TickStats | None = None
 
@@ -254,13 +268,14 @@ class ResumeTicker:
         if state is not None and state.scope != self.scope:
             state = state.rescoped()  # other steps/stores: re-judge all
 
-        plan = self._plan(keys, now, state, stats, in_flight)
+        plan = self._plan(keys, now, state, stats, in_flight, started)
         blocked = dict(state.blocked) if state is not None else {}
         if plan.mode == "unchanged":
             stats.blocked = len(blocked)
             stats.seconds = time.perf_counter() - started
             return TickResult(str(cursor), [], [], [], stats)
 
+        judging = time.perf_counter()
         evaluations, stats.judged, judged = self.dispatch.judge_batch(
             plan.chosen,
             now,
@@ -271,8 +286,10 @@ class ResumeTicker:
             started + self.config.budget_seconds,
             grouped=plan.by_partition(),
         )
+        if len(judged) >= _PACE_FROM:
+            self._pace = (time.perf_counter() - judging) / len(judged)
         stats.evaluated_partitions = len(judged)
-        stats.pending = len(plan.chosen) - len(judged)
+        stats.pending = len(plan.chosen) - len(judged) + plan.deferred
 
         launches, memos = memoise(
             plan,
@@ -328,6 +345,7 @@ class ResumeTicker:
         state: CursorState | None,
         stats: TickStats,
         in_flight: InFlight = _none_in_flight,
+        started: float | None = None,
     ) -> TickPlan:
         """What this tick must judge, and the rows and scans to judge it with.
 
@@ -380,7 +398,8 @@ class ResumeTicker:
             for pk in keys:
                 if pk in released:
                     targets.setdefault(pk, "run")
-            named = self._incremental_rows(targets, marker, stats)
+            plan.deferred = self._defer_backlog(targets, started)
+            named = self._incremental_rows(targets, marker, stats, len(keys))
             # Too many changes to name them: one full read instead.
             rows = named if named is not None else self._read_rows(keys, None, stats)
             add_ledger_changes(targets, keys, rows, self._memos)
@@ -391,29 +410,72 @@ class ResumeTicker:
         plan.chosen = [pk for pk in keys if pk in targets]
         return plan
 
+    def _defer_backlog(self, targets: dict[str, str], started: float | None) -> int:
+        """Leave to the next ticks the never-judged partitions (``new``) this tick could
+        not judge within its budget anyway; how many were left.
+
+        A cold start over many partitions takes several ticks (budget). Each of them
+        scanned everything and, with more than ``max_targeted`` partitions to judge, read
+        every ledger row, before judging as many as the rest of its budget allowed: at
+        100,000 unsealed episodes that read alone was most of a tick (BENCHMARKS.md,
+        "Sensor tick"). With the pace of the last tick that judged (seconds per partition),
+        a tick now takes only what fits, and reads only those partitions' rows. Changes to
+        partitions judged before (``disk``, ``ledger``, ``time``, ``run``) are never left.
+        """
+        if self._pace is None or started is None:
+            return 0
+        left = self.config.budget_seconds - (time.perf_counter() - started)
+        fits = max(_BACKLOG_MIN, int(left * _PACE_MARGIN / self._pace))
+        backlog = [pk for pk, why in targets.items() if why == "new"]
+        if len(backlog) <= fits:
+            return 0
+        for pk in backlog[fits:]:
+            del targets[pk]
+        return len(backlog) - fits
+
     def _read_rows(
-        self, keys: Sequence[str], changed_since: tuple[int, str] | None, stats: TickStats
+        self,
+        keys: Sequence[str],
+        changed_since: tuple[int, str] | None,
+        stats: TickStats,
+        *,
+        targeted: bool = False,
     ) -> dict[StepKey, LedgerRow]:
+        """The rows of ``keys`` (and those changed since), in one read; ``targeted``: some
+        of the partitions only, read in slices the ledger store filters by (project,
+        episode) pairs (one read of more pairs reads their projects' rows whole)."""
         episodes = [e for e in (episode_of(pk) for pk in keys) if e is not None]
         if not episodes and changed_since is None:
             return {}
-        stats.row_queries += 1
-        rows = self.stores.ledger.get_many(
-            episodes=episodes,
-            step_ids=self.judge.step_ids,
-            changed_since=changed_since,
-            columns=JUDGED_COLUMNS,
+        slices = (
+            [episodes[i : i + _ROWS_PER_READ] for i in range(0, len(episodes), _ROWS_PER_READ)]
+            if targeted and changed_since is None
+            else [episodes]
         )
+        rows: dict[StepKey, LedgerRow] = {}
+        for part in slices:
+            stats.row_queries += 1
+            rows.update(
+                self.stores.ledger.get_many(
+                    episodes=part,
+                    step_ids=self.judge.step_ids,
+                    changed_since=changed_since,
+                    columns=JUDGED_COLUMNS,
+                )
+            )
         stats.rows_fetched += len(rows)
         return rows
 
     def _incremental_rows(
-        self, targets: Mapping[str, str], marker: tuple[int, str], stats: TickStats
+        self, targets: Mapping[str, str], marker: tuple[int, str], stats: TickStats, total: int
     ) -> dict[StepKey, LedgerRow] | None:
-        if len(targets) > self.config.max_targeted:
+        """The rows of ``targets`` and of the partitions touched in the ledger since the
+        last tick; None when there are too many to name (one full read is cheaper): more
+        than ``max_targeted`` and than a quarter of all ``total`` partitions."""
+        if len(targets) > max(self.config.max_targeted, total // 4):
             return None
         if self._marker == marker:
-            return self._read_rows(list(targets), None, stats) if targets else {}
+            return self._read_rows(list(targets), None, stats, targeted=True) if targets else {}
         assert self._marker is not None
         seq, updated = self._marker
         since = parse_timestamp(updated)
@@ -427,7 +489,7 @@ class ResumeTicker:
         # PostgreSQL from using either index: it scanned the whole table, 0.1 s per 20,000
         # rows of server time while the tick waited (benchmarks/sensor_tick.py, 1 % tick).
         rows = self._read_rows([], (seq, back), stats)
-        rows.update(self._read_rows(list(targets), None, stats))
+        rows.update(self._read_rows(list(targets), None, stats, targeted=True))
         return rows
 
     # ------------------------------------------------------------------ subdirs

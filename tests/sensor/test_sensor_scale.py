@@ -84,3 +84,52 @@ def test_a_tick_over_budget_leaves_the_rest_for_the_next_ticks(
         cursor = result.cursor
     assert sorted(launched) == keys
     assert ticker.tick(keys, now, cursor).stats.mode == "unchanged"
+
+
+def test_a_cold_start_over_budget_takes_what_fits_and_reads_only_those_rows(
+    sqlite_url: str, pipeline_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tick continuing a cold start judges the never-judged partitions its budget fits,
+    at the pace of the last tick, and reads only their ledger rows (not the whole ledger);
+    a change to a partition judged before is never left for later. Every partition is
+    judged once, and each launch is requested once."""
+    import dataclasses
+
+    import pipeline_defs.judging.tick as tick_module
+
+    monkeypatch.setattr(dispatch_module, "_BUDGET_SLICE", 1)
+    monkeypatch.setattr(tick_module, "_BACKLOG_MIN", 1)
+    stores = stores_for(pipeline_home, sqlite_url)
+    keys = [f"p/e{n}" for n in range(7)]
+    for pk in keys:
+        seed(stores, pk)
+    key = StepKey("p", "e4", "src")
+    assert stores.ledger.claim(key, "r:0") and stores.ledger.transition(key, "r:0", "failed")
+    steps = len(SENSOR_STEPS)
+    # More than max_targeted partitions to judge read the whole ledger before this change.
+    config = TickConfig(workers=1, budget_seconds=0, max_targeted=3)
+    ticker = ResumeTicker(SENSOR_STEPS, stores, config)
+    now = datetime.now(UTC)
+    first = ticker.tick(keys, now, None)  # a cold tick out of budget at once: one judged
+    assert (first.stats.mode, first.stats.evaluated_partitions) == ("cold", 1)
+    assert first.stats.pending == 6 and first.stats.rows_fetched == 7 * steps
+    # From now on a budget of 100 s at 30 s a partition: 80 % of it fits two.
+    ticker.config = dataclasses.replace(config, budget_seconds=100)
+    ticker._pace = 30.0
+
+    cursor, launched, seen = first.cursor, [], {"p/e0"}
+    for n, pending in enumerate((4, 2, 0)):
+        if n == 1:  # a picture of e0 (judged by the cold tick) deleted meanwhile
+            (stores.checkpoints.step_dir(StepKey("p", "e0", "mid")) / "frames" / "f0.png").unlink()
+        result = ticker.tick(keys, now, cursor)
+        judged = {ev.partition_key for ev in result.evaluations} | {
+            r[0].partition_key for r in result.runs
+        }
+        extra = 1 if n == 1 else 0  # e0 again: a change, never deferred
+        assert (result.stats.evaluated_partitions, result.stats.pending) == (2 + extra, pending)
+        assert result.stats.rows_fetched == (2 + extra) * steps  # those rows only
+        launched += [run[0].partition_key for run in result.runs]
+        seen |= judged
+        cursor = result.cursor
+    assert sorted(launched) == ["p/e0", "p/e4"]  # each once
+    assert ticker.tick(keys, now, cursor).stats.mode == "unchanged"

@@ -18,6 +18,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from pipeline_defs.resume.partition import StepKey
+from pipeline_defs.resume.status import StepStatus
 from resources.ledger.tables import checkpoint_archive, step_run
 
 
@@ -123,7 +124,7 @@ def swap_pointer(
     only while the row is not running and still names ``expected``; False otherwise."""
     locked = conn.execute(
         sa.select(step_run.c.checkpoint_pointer)
-        .where(sa.and_(_where(key), step_run.c.status != "running"))
+        .where(sa.and_(_where(key), step_run.c.status != StepStatus.RUNNING.value))
         .with_for_update()
     ).first()
     if locked is None or locked[0] != expected:
@@ -140,7 +141,7 @@ def adopt_pointer(conn: Connection, key: StepKey, pointer: str, *, now: str) -> 
     files of the old home, is cleared in the same statement: judged the long way next."""
     locked = conn.execute(
         sa.select(step_run.c.checkpoint_pointer)
-        .where(sa.and_(_where(key), step_run.c.status != "running"))
+        .where(sa.and_(_where(key), step_run.c.status != StepStatus.RUNNING.value))
         .with_for_update()
     ).first()
     if locked is None or locked[0] is not None:
@@ -205,7 +206,7 @@ def referenced(conn: Connection) -> References:
     )
     running = conn.execute(
         sa.select(step_run.c.project_id, step_run.c.episode_id, step_run.c.step_id).where(
-            step_run.c.status == "running"
+            step_run.c.status == StepStatus.RUNNING.value
         )
     )
     return References(

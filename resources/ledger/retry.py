@@ -24,11 +24,9 @@ from typing import Any, Generic, TypeVar
 import sqlalchemy as sa
 
 from pipeline_defs.resume.causes import LEDGER_PERMANENT_MARKERS, one_line
-from pipeline_defs.resume.errors import PipelineError
+from pipeline_defs.resume.errors import ErrorCode, PipelineError
 
 T = TypeVar("T")
-
-LEDGER_UNAVAILABLE = "ledger.unavailable"
 
 # Pauses before the 2nd, 3rd, ... attempt after a dropped connection: 8 attempts, 5.0 s of
 # waiting in all. The first retry is immediate: after a blip long past, the pool's
@@ -95,7 +93,7 @@ def ledger_unavailable(
         text = text.replace(str(parsed.password), "***")
     server = server_name(url)
     return PipelineError(
-        LEDGER_UNAVAILABLE,
+        ErrorCode.LEDGER_UNAVAILABLE,
         f"the ledger database {server} is unreachable: {what} failed {attempts} times over "
         f"{elapsed:.1f}s ({type(driver).__name__}: {text}); the step's lease lapses on its "
         "own, resume once the server is back",

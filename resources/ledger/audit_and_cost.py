@@ -1,0 +1,108 @@
+"""History lines written on their own (no status change of theirs) and provider-call rows,
+the ledger's record of what each step paid for.
+
+A change of status writes its history line in its own transaction instead
+(:mod:`resources.ledger.audit`, docs/DESIGN.md#audit).
+"""
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+
+from pipeline_defs.resume.errors import ErrorCode, PipelineError
+from pipeline_defs.resume.partition import StepKey
+from resources.ledger.audit import Audit, write_audit
+from resources.ledger.session import LedgerSession, now_text
+from resources.ledger.tables import provider_call
+
+# The next provider_call id on PostgreSQL (drawn before the insert: see start_provider_call).
+_NEXT_CALL_ID = sa.select(
+    sa.func.nextval(sa.func.pg_get_serial_sequence(provider_call.name, provider_call.c.id.name))
+)
+
+
+class AuditAndCost(LedgerSession):
+    """Audit appends and provider-call (cost) rows."""
+
+    def append_transition(
+        self,
+        key: StepKey,
+        *,
+        action: str,
+        from_status: str | None,
+        to_status: str | None,
+        origin: str | None = None,
+        reason: str | None = None,
+        run_id: str | None = None,
+        launch_path: str | None = None,
+        now: str | None = None,
+    ) -> int:
+        """A history line with no status change of its own (a SKIP, a block, an edit's
+        note); a change of status takes its ``audit=`` in the same transaction instead."""
+        audit = Audit(action, from_status, to_status, origin, reason, run_id, launch_path)
+        return self.append_audit(key, audit, now=now)
+
+    def append_audit(self, key: StepKey, audit: Audit, *, now: str | None = None) -> int:
+        """``audit`` as a transaction of its own; its ``transition_seq``."""
+        at = now or now_text()
+
+        def body(attempt: int) -> int:
+            with self._single() as conn:
+                return write_audit(conn, key, audit, at, attempt=attempt)
+
+        return self._retry("append transition", body)
+
+    def start_provider_call(self, key: StepKey, run_id: str | None, *, kind: str) -> int:
+        """Record a call before it is sent (a kill during it leaves it unfinished)."""
+        if kind not in ("text", "image"):
+            raise PipelineError(
+                ErrorCode.INPUT_INVALID, f"provider call kind must be text or image, not {kind!r}"
+            )
+        values = {
+            "project_id": key.project_id,
+            "episode_id": key.episode_id,
+            "step_id": key.step_id,
+            "run_id": run_id,
+            "kind": kind,
+            "units": 0,
+            "at": now_text(),
+        }
+        if self.is_sqlite:  # never retried (see _retry): the id comes back with the insert
+            with self._single() as conn:
+                inserted = conn.execute(
+                    sa.insert(provider_call).values(values).returning(provider_call.c.id)
+                ).scalar_one()
+            return int(inserted)
+        # PostgreSQL: the row's id is drawn from its sequence before the insert is sent, so
+        # an insert retried after a lost answer names the same row (ON CONFLICT DO NOTHING)
+        # and a paid call is never counted twice. One more round trip per provider call.
+        allocated: list[int] = []
+
+        def body(_attempt: int) -> int:
+            with self._single() as conn:
+                if not allocated:
+                    allocated.append(int(conn.execute(_NEXT_CALL_ID).scalar_one()))
+                conn.execute(
+                    postgresql.insert(provider_call)
+                    .values(id=allocated[0], **values)
+                    .on_conflict_do_nothing(index_elements=[provider_call.c.id])
+                )
+            return allocated[0]
+
+        return self._retry("record a provider call", body)
+
+    def finish_provider_call(self, call_id: int, *, units: int, model: str | None) -> None:
+        # Fixed values by primary key: run twice after a lost answer, the same row results.
+        statement = (
+            sa.update(provider_call)
+            .where(provider_call.c.id == call_id)
+            .values(units=units, model=model, finished_at=now_text())
+        )
+        self._in_single("finish a provider call", lambda conn: conn.execute(statement))
+
+    def record_provider_call(
+        self, key: StepKey, run_id: str | None, *, kind: str, units: int, model: str | None
+    ) -> None:
+        """A finished call in one go (for callers that learn of a call afterwards)."""
+        self.finish_provider_call(
+            self.start_provider_call(key, run_id, kind=kind), units=units, model=model
+        )

@@ -1,0 +1,262 @@
+"""Writes of a step row's status: the owner's transition (docs/DESIGN.md#owner-aware), with
+its checkpoint published under the row lock; the owner's lease and recovery bookkeeping; an
+explicit force's invalidation and the operator's reset of a stuck row.
+"""
+
+import functools
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import sqlalchemy as sa
+
+from pipeline_defs.resume.errors import ErrorCode, PipelineError
+from pipeline_defs.resume.partition import StepKey
+from pipeline_defs.resume.status import TERMINAL_STATUSES, StepStatus
+from resources.ledger import pointers
+from resources.ledger.audit import Audit, write_audit
+from resources.ledger.retry import Once
+from resources.ledger.session import B as _B
+from resources.ledger.session import LedgerSession, key_params, now_text
+from resources.ledger.tables import step_run
+from resources.ledger.transitions import status_guard
+
+_STATUS_TEXTS = tuple(s.value for s in StepStatus)
+
+# Prebuilt once per shape (see "prebuilt statements" in resources.ledger.session).
+_KEY_WHERE = sa.and_(
+    step_run.c.project_id == _B("k_project"),
+    step_run.c.episode_id == _B("k_episode"),
+    step_run.c.step_id == _B("k_step"),
+)
+_OWNED_WHERE = sa.and_(_KEY_WHERE, step_run.c.run_id == _B("k_mine"))
+
+
+@functools.cache
+def _transition_statement(columns: tuple[str, ...], owned: bool) -> Any:
+    """UPDATE of ``columns`` (bound as ``v_<column>``) on the key's row (owner-aware)."""
+    return (
+        sa.update(step_run)
+        .where(_OWNED_WHERE if owned else _KEY_WHERE)
+        .values({column: _B(f"v_{column}") for column in columns})
+    )
+
+
+@functools.cache
+def _lock_statement(owned: bool) -> Any:
+    return sa.select(step_run.c.id).where(_OWNED_WHERE if owned else _KEY_WHERE).with_for_update()
+
+
+class StatusWrites(LedgerSession):
+    """Owner-aware status writes, and the few that are guarded by the status instead."""
+
+    def transition(
+        self,
+        key: StepKey,
+        run_id: str,
+        status: StepStatus | str,
+        *,
+        require_owner: bool = True,
+        applicable_count: int | None = None,
+        completed_count: int | None = None,
+        failed_count: int | None = None,
+        error: str | None = None,
+        summary: str | None = None,
+        resolved_model: str | None = None,
+        input_hash: str | None = None,
+        publish: Callable[[], Any] | None = None,
+        seal: str | None = None,
+        pointer: str | None = None,
+        keep_archives: int = 5,
+        now: str | None = None,
+        audit: Audit | None = None,
+        refused: Audit | None = None,
+    ) -> bool:
+        """Move the row to ``status`` if this run still owns it.
+
+        ``audit``: the history line of the change, committed with it; ``refused``: the line
+        recorded instead when the row no longer names this owner (docs/DESIGN.md#audit).
+
+        ``pointer`` (object storage): the manifest of the checkpoint this transition
+        publishes, stored on the locked row in the same transaction as the status; the
+        pointer it replaces goes to ``checkpoint_archive`` (newest ``keep_archives`` kept).
+        A worker that lost the row publishes nothing: its objects stay in its own attempt.
+
+        ``seal`` (resources.checkpoints.seal) describes the clean checkpoint this transition
+        publishes or keeps; every transition writes it, so any other status clears it.
+
+        With ``publish`` the owner's row is locked first, the status written, ``publish``
+        run (the checkpoint rename) and everything committed together, so a worker whose
+        lease was stolen can neither record a status nor replace the newer checkpoint.
+        Returns False (and runs nothing) when the row no longer names this owner.
+        """
+        if status not in _STATUS_TEXTS:  # the CHECK constraint would refuse it mid-transaction
+            raise PipelineError(
+                ErrorCode.INPUT_INVALID,
+                f"{key}: {status!r} is not a step status (one of {', '.join(_STATUS_TEXTS)})",
+            )
+        status = StepStatus(status)
+        ts = now or now_text()
+        values: dict[str, Any] = {
+            "status": status.value,
+            "updated_at": ts,
+            "error_message": error,
+            "checkpoint_seal": seal,
+        }
+        for column, value in (
+            ("applicable_count", applicable_count),
+            ("completed_count", completed_count),
+            ("failed_count", failed_count),
+            ("result_summary", summary),
+            ("resolved_model", resolved_model),
+            ("input_hash", input_hash),
+        ):
+            if value is not None:
+                values[column] = value
+        if status in TERMINAL_STATUSES:
+            values["completed_at"] = ts
+        params: dict[str, Any] = {**key_params(key), "k_mine": run_id}
+        params.update({f"v_{column}": value for column, value in values.items()})
+        statement = _transition_statement(tuple(sorted(values)), require_owner)
+        # Retried after a dropped connection, the unit writes the same values (``ts``
+        # included) where the row still names this owner: a commit that did land is
+        # simply confirmed. ``publish`` (the checkpoint rename) runs at most once: a retry
+        # after it ran re-takes the row lock, re-checks the owner and commits. A rename
+        # cannot be taken back; a session lost while it ran leaves the window that a lost
+        # commit always left (another run could only take the row after our lease lapsed).
+        once = Once(publish) if publish is not None else None
+
+        def body(attempt: int) -> bool:
+            with self._write() as conn:
+                if once is not None or pointer is not None:
+                    locked = conn.execute(_lock_statement(require_owner), params).first()
+                    if locked is None:
+                        if refused is not None:
+                            write_audit(conn, key, refused, ts, attempt=attempt)
+                        return False
+                previous = pointers.current_pointer(conn, key) if pointer is not None else None
+                changed = conn.execute(statement, params).rowcount
+                if changed != 1:
+                    if refused is not None:
+                        write_audit(conn, key, refused, ts, attempt=attempt)
+                    return False
+                if audit is not None:
+                    write_audit(conn, key, audit, ts, attempt=attempt)
+                if pointer is not None:  # a retry finds its own pointer: nothing archived
+                    pointers.set_pointer(
+                        conn,
+                        key,
+                        pointer,
+                        previous=previous,
+                        reason="replaced",
+                        run_id=run_id,
+                        keep=keep_archives,
+                        now=ts,
+                    )
+                if once is not None:
+                    once()
+            return True
+
+        return self._retry("transition", body, callbacks=(once,) if once else ())
+
+    # The three owner-aware updates below write fixed values (timestamps taken once, before
+    # the first attempt): run twice, they match the same row and leave it the same.
+    def reset_recovery(self, key: StepKey, run_id: str) -> bool:
+        statement = (
+            sa.update(step_run)
+            .where(self._owned(key, run_id))
+            .values(
+                recovery_count=0,
+                last_recovery_reason=None,
+                retry_not_before=None,
+                updated_at=now_text(),
+            )
+        )
+        return self._in_single("reset recovery", lambda c: c.execute(statement).rowcount == 1)
+
+    def set_retry_not_before(self, key: StepKey, run_id: str, when: str) -> bool:
+        statement = (
+            sa.update(step_run)
+            .where(self._owned(key, run_id))
+            .values(retry_not_before=when, updated_at=now_text())
+        )
+        return self._in_single("set retry_not_before", lambda c: c.execute(statement).rowcount == 1)
+
+    def heartbeat(self, key: StepKey, run_id: str, now: str | None = None) -> bool:
+        """Renew the owner's lease; False when the row no longer names ``run_id``."""
+        statement = (
+            sa.update(step_run)
+            .where(self._owned(key, run_id))
+            .values(heartbeat_at=now or now_text())
+        )
+        return self._in_single("heartbeat", lambda c: c.execute(statement).rowcount == 1)
+
+    def invalidate(
+        self, keys: Iterable[StepKey], reason: str, now: str | None = None
+    ) -> list[StepKey]:
+        """Mark rows stale (explicit force only). Running rows are left to their owner."""
+        ts = now or now_text()
+        wanted = list(keys)  # a retry walks them again
+
+        # Run again after a lost commit, each update finds its row stale (not running) and
+        # writes the same values: the same keys come back.
+        def body(_attempt: int) -> list[StepKey]:
+            done: list[StepKey] = []
+            with self._write() as conn:
+                for key in wanted:
+                    result = conn.execute(
+                        sa.update(step_run)
+                        .where(self._key_clause(key), status_guard("invalidate"))
+                        .values(
+                            status=StepStatus.STALE.value,
+                            updated_at=ts,
+                            result_summary=reason,
+                            checkpoint_seal=None,
+                        )
+                    )
+                    if result.rowcount == 1:
+                        done.append(key)
+                        # On object storage the checkpoint leaves service with its row (the
+                        # local store moves the file to archive/): its pointer is archived.
+                        pointers.replace_pointer(
+                            conn, key, None, reason="force", run_id=None, keep=5, now=ts
+                        )
+            return done
+
+        return self._retry("invalidate", body)
+
+    def reset_running(self, key: StepKey, expected_started_at: str | None, reason: str) -> bool:
+        """Operator reset of a stuck row to failed; refuses unless it is unchanged."""
+        started = (
+            step_run.c.started_at.is_(None)
+            if expected_started_at is None
+            else step_run.c.started_at == expected_started_at
+        )
+        ts = now_text()
+        statement = (
+            sa.update(step_run)
+            .where(self._key_clause(key), status_guard("reset_running"), started)
+            .values(
+                status=StepStatus.FAILED.value,
+                error_message=reason,
+                updated_at=ts,
+                completed_at=ts,
+                checkpoint_seal=None,
+            )
+        )
+
+        def body(attempt: int) -> bool:
+            with self._single() as conn:
+                if conn.execute(statement).rowcount == 1:
+                    return True
+                # After a lost answer the row is no longer running: ours if it is the reset
+                # this call wrote (same reason, same timestamp).
+                return attempt > 1 and self._row_is(
+                    conn,
+                    key,
+                    status=StepStatus.FAILED,
+                    error_message=reason,
+                    updated_at=ts,
+                    completed_at=ts,
+                )
+
+        return self._retry("reset running", body)

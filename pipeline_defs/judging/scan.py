@@ -23,7 +23,14 @@ from array import array
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple, Protocol
 
-from pipeline_defs.judging.evaluation import ABSENT, Identity, directory_identity, file_identity
+from pipeline_defs.resume.identity import (
+    ABSENT,
+    NOT_A_LINK,
+    Identity,
+    directory_identity,
+    file_identity_or_absent,
+    link_identity,
+)
 from pipeline_defs.resume.layout import DataLayout
 from pipeline_defs.resume.partition import Episode
 
@@ -120,24 +127,25 @@ def scan_partitions(
     projects: dict[str, Identity] = {}
     # lstat, never stat (docs/DESIGN.md#no-escape): the two roots here, the project dirs below,
     # each episode directory in one().
-    roots = (*node(layout.checkpoints), *node(layout.projects))
+    roots = (*link_identity(layout.checkpoints), *link_identity(layout.projects))
     for pk in keys:
         episode = episode_of(pk)
         if episode is not None and episode.project_id not in projects:
             p = episode.project_id
             projects[p] = (
-                *file_identity(layout.project_file(p)),
-                *node(layout.project_dir(p)),
-                *node(layout.episodes_dir(p)),
-                *node(layout.checkpoint_project_dir(p)),
+                *file_identity_or_absent(layout.project_file(p)),
+                *link_identity(layout.project_dir(p)),
+                *link_identity(layout.episodes_dir(p)),
+                *link_identity(layout.checkpoint_project_dir(p)),
                 *roots,
             )
 
     lstat, is_link = os.lstat, stat.S_ISLNK
     scans: dict[str, Scan] = {}
     # One flat loop, the stat calls inlined (this is all a warm tick does per partition):
-    # the same identities as directory_identity / file_identity / node, without a call
-    # and a tuple per directory. Threads do not help: the GIL, not the syscalls.
+    # the same identities as directory_identity / file_identity_or_absent / link_identity
+    # (pipeline_defs.resume.identity), without a call and a tuple per directory. Threads do
+    # not help: the GIL, not the syscalls.
     for pk in keys:
         episode = episode_of(pk)
         if episode is None:
@@ -157,12 +165,12 @@ def scan_partitions(
                 add(st.st_mtime_ns)
                 add(st.st_ino)
         ints.extend(projects.get(p, ABSENT))
-        try:  # the episode's checkpoint directory, for links only (see node())
+        try:  # the episode's checkpoint directory, for links only (see link_identity())
             st = lstat(base)
         except OSError:
-            ints.extend(_NOT_A_LINK)
+            ints.extend(NOT_A_LINK)
         else:
-            ints.extend((st.st_ino, 1) if is_link(st.st_mode) else _NOT_A_LINK)
+            ints.extend((st.st_ino, 1) if is_link(st.st_mode) else NOT_A_LINK)
         input_dir = layout.episode_dir(p, e)
         try:
             st = lstat(input_dir)
@@ -199,23 +207,6 @@ def tree_digest(keys: Sequence[str], scanned: Mapping[str, Scan]) -> str:
         h.update(array("q", scan.ints).tobytes())
         h.update("\0".join(scan.inputs).encode("utf-8"))
     return h.hexdigest()
-
-
-_NOT_A_LINK: Identity = (0, 0)
-
-
-def node(path: str) -> Identity:
-    """A directory on the way: (inode, 1) when it is a link, else one constant.
-
-    Only a link matters here: whatever it points to would be seen through it unchanged.
-    Real directories appearing or changing are not a change of their own (a new episode
-    must not re-judge every partition of the project): the entries below are watched.
-    """
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return _NOT_A_LINK
-    return (st.st_ino, 1) if stat.S_ISLNK(st.st_mode) else _NOT_A_LINK
 
 
 def list_files(path: str) -> tuple[str, ...]:

@@ -1,4 +1,4 @@
-"""Where everything lives under ``PIPELINE_HOME``, and how a file's identity is taken.
+"""Where everything lives under ``PIPELINE_HOME``.
 
 The one owner of the data layout::
 
@@ -6,20 +6,56 @@ The one owner of the data layout::
     <home>/projects/<p>/project.yaml                   a project's config
     <home>/projects/<p>/episodes/<e>/story.md, ...     an episode's inputs
     <home>/checkpoints/<p>/<e>/<step>/checkpoint.json  a step's checkpoint and artifacts
+    <home>/checkpoints/<p>/<e>/<step>/archive/         replaced and force-cleared versions
+    <home>/checkpoints/<p>/<e>/<step>/pending/<v>.json a mutator's write-ahead edit of <v>
+    <home>/checkpoints/<p>/<e>/<step>/.force_cleared   the force marker
+    <home>/checkpoints/<p>/<e>/<step>/.staging/        a run's drawn files before publishing
+    <home>/checkpoints/<p>/<e>/<step>/.published       (object storage) the pointer a copy holds
+    <home>/.scratch/<process>/checkpoints/...          (object storage) a process's copy
 
 Pure and string-based: the sensor builds these paths for thousands of partitions a tick,
 where pathlib joins cost more than the ``lstat`` calls they feed. Lexical, never resolved
 (resolving would follow the links docs/DESIGN.md#no-escape refuses). Ids are not validated here:
 callers pass ids already checked (``Episode``, ``StepKey``, ``validate_id``).
 
-The identity helpers are the only definition of "this file or directory is unchanged",
-so what the checkpoint store seals and caches and what the sensor watches cannot drift.
-Always ``lstat``: a link has its own identity and is noticed, never followed.
+Stat identities live in :mod:`pipeline_defs.resume.identity`; their names are re-exported
+here for the callers that took them from this module.
 """
 
-import os
 from dataclasses import dataclass, field
 from pathlib import PurePath
+
+from pipeline_defs.resume.identity import (  # re-exported: callers import them from here
+    DirIdentity,
+    FileIdentity,
+    dir_identity,
+    dir_stat_identity,
+    file_identity,
+    stat_identity,
+)
+
+__all__ = [
+    "ARCHIVE_DIR",
+    "CHECKPOINTS",
+    "CHECKPOINT_FILE",
+    "EPISODES",
+    "FORCE_MARKER",
+    "LEDGER_FILE",
+    "PENDING_DIR",
+    "PROJECTS",
+    "PROJECT_FILE",
+    "PUBLISHED_MARKER",
+    "SCRATCH_DIR",
+    "STAGING_DIR",
+    "STORY_FILE",
+    "DataLayout",
+    "DirIdentity",
+    "FileIdentity",
+    "dir_identity",
+    "dir_stat_identity",
+    "file_identity",
+    "stat_identity",
+]
 
 PROJECTS = "projects"
 EPISODES = "episodes"
@@ -27,9 +63,14 @@ CHECKPOINTS = "checkpoints"
 PROJECT_FILE = "project.yaml"
 STORY_FILE = "story.md"
 LEDGER_FILE = "ledger.sqlite3"
-
-FileIdentity = tuple[int, int, int]  # (st_mtime_ns, st_size, st_ino)
-DirIdentity = tuple[int, int]  # (st_mtime_ns, st_ino): moves when an entry is added/removed
+SCRATCH_DIR = ".scratch"  # per-process copies of published checkpoints, never the truth
+# In a step directory:
+CHECKPOINT_FILE = "checkpoint.json"
+ARCHIVE_DIR = "archive"
+PENDING_DIR = "pending"  # a mutator's write-ahead edits of its victims (steps.mutations)
+FORCE_MARKER = ".force_cleared"
+STAGING_DIR = ".staging"  # a run's drawn files before they are fenced into place
+PUBLISHED_MARKER = ".published"  # names the pointer a scratch step directory holds a copy of
 
 
 @dataclass(frozen=True)
@@ -58,6 +99,19 @@ class DataLayout:
     def ledger_file(self) -> str:
         return str(PurePath(self.home, LEDGER_FILE))
 
+    @property
+    def scratch_dir(self) -> str:
+        """Where processes keep their copies of checkpoints published on object storage."""
+        return str(PurePath(self.home, SCRATCH_DIR))
+
+    def process_scratch(self, process: str) -> str:
+        """One process's own scratch tree (``process`` names it: host, pid, a nonce)."""
+        return f"{self.scratch_dir}/{process}"
+
+    def scratch_checkpoints(self, process: str) -> str:
+        """The checkpoint tree of one process's scratch: its ``checkpoints_root``."""
+        return f"{self.process_scratch(process)}/{CHECKPOINTS}"
+
     # ------------------------------------------------------------------ inputs
     def project_dir(self, project_id: str) -> str:
         return f"{self.projects}/{project_id}"
@@ -85,31 +139,25 @@ class DataLayout:
     def step_dir(self, project_id: str, episode_id: str, step_id: str) -> str:
         return f"{self.checkpoints}/{project_id}/{episode_id}/{step_id}"
 
+    # ------------------------------------------------------------------ in a step directory
+    def checkpoint_file(self, project_id: str, episode_id: str, step_id: str) -> str:
+        return f"{self.checkpoints}/{project_id}/{episode_id}/{step_id}/{CHECKPOINT_FILE}"
 
-# ----------------------------------------------------------------------------- identities
-def stat_identity(st: os.stat_result) -> FileIdentity:
-    """(mtime_ns, size, inode) of a stat result: what seals, caches and scans compare."""
-    return (st.st_mtime_ns, st.st_size, st.st_ino)
+    def archive_dir(self, project_id: str, episode_id: str, step_id: str) -> str:
+        return f"{self.checkpoints}/{project_id}/{episode_id}/{step_id}/{ARCHIVE_DIR}"
 
+    def pending_dir(self, project_id: str, episode_id: str, step_id: str) -> str:
+        return f"{self.checkpoints}/{project_id}/{episode_id}/{step_id}/{PENDING_DIR}"
 
-def dir_stat_identity(st: os.stat_result) -> DirIdentity:
-    """(mtime_ns, inode) of a directory's stat result (its size says nothing useful)."""
-    return (st.st_mtime_ns, st.st_ino)
+    def pending_file(self, project_id: str, episode_id: str, step_id: str, victim: str) -> str:
+        """The write-ahead edit of ``victim`` by the mutator step ``step_id``."""
+        return f"{self.pending_dir(project_id, episode_id, step_id)}/{victim}.json"
 
+    def force_marker(self, project_id: str, episode_id: str, step_id: str) -> str:
+        return f"{self.checkpoints}/{project_id}/{episode_id}/{step_id}/{FORCE_MARKER}"
 
-def file_identity(path: str | os.PathLike[str]) -> FileIdentity | None:
-    """(mtime_ns, size, inode) of the entry at ``path`` (``lstat``), or None when absent."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return None
-    return (st.st_mtime_ns, st.st_size, st.st_ino)
+    def staging_dir(self, project_id: str, episode_id: str, step_id: str) -> str:
+        return f"{self.checkpoints}/{project_id}/{episode_id}/{step_id}/{STAGING_DIR}"
 
-
-def dir_identity(path: str | os.PathLike[str]) -> DirIdentity | None:
-    """(mtime_ns, inode) of the entry at ``path`` (``lstat``), or None when absent."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return None
-    return (st.st_mtime_ns, st.st_ino)
+    def published_marker(self, project_id: str, episode_id: str, step_id: str) -> str:
+        return f"{self.checkpoints}/{project_id}/{episode_id}/{step_id}/{PUBLISHED_MARKER}"

@@ -45,7 +45,10 @@ from uuid import uuid4
 from pipeline_defs.resume.completion import Origin
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.files import file_sha256, read_nofollow, write_file_under
-from pipeline_defs.resume.layout import DataLayout, FileIdentity
+from pipeline_defs.resume.identity import FileIdentity
+from pipeline_defs.resume.layout import PUBLISHED_MARKER as PUBLISHED_MARKER
+from pipeline_defs.resume.layout import SCRATCH_DIR as SCRATCH_DIR
+from pipeline_defs.resume.layout import DataLayout
 from pipeline_defs.resume.partition import StepKey
 from resources.checkpoints.bucket import ENVELOPE_WHAT, BucketCheckpoints
 from resources.checkpoints.envelope import Checkpoint
@@ -55,12 +58,12 @@ from resources.checkpoints.seal import Seal, identity_of
 from resources.checkpoints.store import CheckpointStore, StagedCheckpoint, atomic_write_bytes
 from resources.storage import ObjectMeta, Storage
 
-# Names the pointer a scratch step directory holds a verified copy of (sha256 of its text).
-PUBLISHED_MARKER = ".published"
+# PUBLISHED_MARKER (DataLayout.published_marker) names the pointer a scratch step directory
+# holds a verified copy of (sha256 of its text); SCRATCH_DIR (DataLayout.scratch_dir) holds
+# the per-process copies, never the truth. Both re-exported above for their callers.
 PENDING_ROOT = "pending"
 # How long a process trusts its copy of an episode's inputs before asking the storage again.
 INPUTS_MAX_AGE_SECONDS = 5.0
-SCRATCH_DIR = ".scratch"  # under PIPELINE_HOME: per-process copies, never the truth
 UNSCANNED = "unscanned"  # under a scratch: never created, so the tick's stats never move
 
 
@@ -93,11 +96,13 @@ class PublishedCheckpoints(CheckpointStore):
         # sensor brings up to date never meet, and each run verifies what it reads in full
         # (it fetches it). Removed when the process exits; any left behind (a kill) is
         # only a cache.
-        scratch = (
-            Path(home) / SCRATCH_DIR / f"{socket.gethostname()}-{os.getpid()}-{uuid4().hex[:8]}"
-        )
+        process = f"{socket.gethostname()}-{os.getpid()}-{uuid4().hex[:8]}"
+        home_layout = DataLayout(str(home))
+        scratch = Path(home_layout.process_scratch(process))
         super().__init__(
-            home, keep_archives=keep_archives, checkpoints_root=str(scratch / "checkpoints")
+            home,
+            keep_archives=keep_archives,
+            checkpoints_root=home_layout.scratch_checkpoints(process),
         )
         self.scratch = scratch
         self._home_prefix = f"{self.layout.home}/"
@@ -172,8 +177,7 @@ class PublishedCheckpoints(CheckpointStore):
     def _hydrate(self, key: StepKey, text: str, manifest: Manifest) -> bool:
         """Bring the scratch copy of ``key`` to ``manifest``; False if its envelope is gone."""
         self.refuse_links_in_tree(key)
-        step_dir = self.step_dir(key)
-        marker = step_dir / PUBLISHED_MARKER
+        marker = self._published_marker(key)
         digest = _digest(text)
         drifted = key in self._drifted  # a scrub saw the storage differ: fetch, do not trust
         with contextlib.suppress(FileNotFoundError, NotADirectoryError):
@@ -191,6 +195,10 @@ class PublishedCheckpoints(CheckpointStore):
         atomic_write_bytes(self.path_for(key), envelope)
         atomic_write_bytes(marker, digest.encode("utf-8"))
         return True
+
+    def _published_marker(self, key: StepKey) -> Path:
+        """The marker naming the pointer ``key``'s scratch copy holds."""
+        return Path(self.layout.published_marker(key.project_id, key.episode_id, key.step_id))
 
     def checkout_edit(self, key: StepKey) -> None:
         """Bring the copy of ``key`` to its pointer with the envelope as the storage holds
@@ -214,7 +222,7 @@ class PublishedCheckpoints(CheckpointStore):
         """The copy's artifacts brought to ``manifest``, its marker dropped first: a copy half
         brought up to date is never taken as the published one."""
         with contextlib.suppress(FileNotFoundError):
-            (self.step_dir(key) / PUBLISHED_MARKER).unlink()
+            self._published_marker(key).unlink()
         for relative, ref in sorted(manifest.artifacts.items()):
             self._fetch(key, relative, ref)
 
@@ -257,7 +265,7 @@ class PublishedCheckpoints(CheckpointStore):
             staged.discard()
             raise
         pointer = manifest.encode()
-        marker = staged.target.parent / PUBLISHED_MARKER
+        marker = self._published_marker(checkpoint.key)
         inner = staged
 
         class _Published(StagedCheckpoint):

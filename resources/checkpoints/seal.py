@@ -36,8 +36,6 @@ seal still SKIPs; the long way and every writer refuse it (``checkpoint.symlink`
 import functools
 import hashlib
 import json
-import os
-import stat
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,7 +43,13 @@ from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from pipeline_defs.resume.decision import CheckpointSummary
-from pipeline_defs.resume.layout import FileIdentity, file_identity, stat_identity
+from pipeline_defs.resume.identity import (
+    ABSENT_FILE,
+    FileIdentity,
+    file_identity,
+    is_link,
+    own_file_identity,
+)
 
 SEAL_VERSION = 1
 _loads = json.loads
@@ -63,44 +67,19 @@ RACY_NS = 20_000_000  # two 100 Hz timestamp ticks: a file younger than this at 
 COARSE_RACY_NS = 2_000_000_000  # filesystems with whole-second timestamps
 BACKDATE_NS = 1_000_000_000  # how far a staged checkpoint's mtime is set into the past
 
-ABSENT: FileIdentity = (-1, -1, -1)  # a read that did not exist: its appearance voids the seal
-
-
-def identity_of(path: str | os.PathLike[str]) -> FileIdentity | None:
-    """(mtime_ns, size, inode) of a file or directory, or None when absent.
-
-    A directory's mtime moves whenever an entry is added, removed or renamed in it. Taken
-    with lstat (docs/DESIGN.md#no-escape): an input or read replaced by a link, even to the file
-    moved elsewhere, has the link's own identity, so the seal no longer holds and the long
-    way reports the link. For regular files and directories it is the ``stat`` identity,
-    so seals written before this change stay valid.
-    """
-    return file_identity(path)
-
-
-def own_identity_of(path: str | os.PathLike[str]) -> FileIdentity | None:
-    """Like :func:`identity_of` but of the entry itself (``lstat``): a symlink has its own
-    identity, never the one of the file it points to. Used for the files of ours a seal
-    covers (the envelope, the artifacts), where a link is never legitimate.
-
-    None for a link too (as if absent): a link forged with a reused inode and the original
-    mtime still never matches a sealed file, so a holding seal proves every file it
-    covers is a regular file in place, and readers need not scan for links beside them.
-    """
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return None
-    if stat.S_ISLNK(st.st_mode):
-        return None
-    return stat_identity(st)
-
-
-def _is_link(path: Path) -> bool:
-    try:
-        return stat.S_ISLNK(os.lstat(path).st_mode)
-    except OSError:
-        return False
+# The identities and the seal's absent-read sentinel are the core's
+# (pipeline_defs.resume.identity); these names are kept for the modules that import them.
+ABSENT: FileIdentity = ABSENT_FILE  # a read that did not exist: its appearance voids the seal
+# (mtime_ns, size, inode) of a file or directory, or None when absent. Taken with lstat
+# (docs/DESIGN.md#no-escape): an input or read replaced by a link, even to the file moved
+# elsewhere, has the link's own identity, so the seal no longer holds and the long way
+# reports the link. For regular files and directories it is the ``stat`` identity, so seals
+# written before stay valid.
+identity_of = file_identity
+# Of the entry itself, and None for a link (as if absent): for the files of ours a seal
+# covers (the envelope, the artifacts), where a link is never legitimate.
+own_identity_of = own_file_identity
+_is_link = is_link
 
 
 def is_racy(identity: FileIdentity, sealed_ns: int) -> bool:

@@ -142,14 +142,15 @@ def _op_timer(*targets: tuple[Any, tuple[str, ...]]) -> Iterator[dict[str, list[
 def bench_runtime(home: Path, url: str, runs: int) -> dict[str, Any]:
     pipeline = PipelineResource(home=str(home), db_url=url)
     step = NoOp()
+    ledger, checkpoints = pipeline.ledger(), pipeline.checkpoints()
     judge = StepJudge(
         step,
         graph=StepGraph([step]),
         settings=pipeline.settings(),
-        ledger=pipeline.ledger(),
-        checkpoints=pipeline.checkpoints(),
+        ledger=ledger,
+        checkpoints=checkpoints,
     )
-    runtime = StepRunner(judge)
+    runtime = StepRunner(judge, ledger=ledger, checkpoints=checkpoints)
     runtime.ledger.migrate()
     tag = uuid.uuid4().hex[:6]
     keys = [f"bench/rt{tag}e{i}" for i in range(runs)]

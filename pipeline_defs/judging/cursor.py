@@ -13,7 +13,7 @@ import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from pipeline_defs.judging.evaluation import Stores
+from pipeline_defs.judging.evaluation import ReadStores
 from pipeline_defs.steps.spec import Step
 
 CURSOR_VERSION = 1
@@ -109,7 +109,7 @@ def digest(parts: Iterable[str]) -> str:
     return h.hexdigest()
 
 
-def scope_of(steps: Sequence[Step], stores: Stores) -> str:
+def scope_of(steps: Sequence[Step], stores: ReadStores) -> str:
     """What a cursor belongs to: the data root, the ledger and the step graph."""
     return digest(
         [

@@ -15,8 +15,8 @@ from pipeline_defs.judging.evaluation import (
     BatchJudge,
     Identity,
     PartitionRows,
+    ReadStores,
     StepEvaluation,
-    Stores,
     rows_by_partition,
 )
 from pipeline_defs.judging.parallel import JudgePool, JudgeSpec, default_workers
@@ -32,7 +32,7 @@ class JudgeDispatch:
     def __init__(
         self,
         judge: BatchJudge,
-        stores: Stores,
+        stores: ReadStores,
         *,
         workers: int | None,
         parallel_from: int,

@@ -6,7 +6,9 @@ every step of every given partition is judged by ``StepJudge.judge`` in resume m
 (resources.checkpoints.seal: every file its run verified keeps its stat identity) is judged
 from the seal; any other is read through the checkpoint store's identity cache and
 verified only where the decision table needs it (``decide`` calls ``verify`` lazily).
-Nothing here writes anywhere.
+Nothing here writes anywhere, by type: :class:`BatchJudge` takes :class:`ReadStores`, the
+stores' readers (``steps.readers``); :class:`Stores` adds the full stores for the sensor's
+writers (the scrub clears seals) and is a ``ReadStores`` for judging.
 
 On top of the decision it says whether the sensor would launch now, and if not, why:
 
@@ -69,6 +71,7 @@ from pipeline_defs.resume.settings import ResumeSettings
 from pipeline_defs.resume.status import LedgerRow, StepStatus
 from pipeline_defs.steps.graph import StepGraph, order_steps
 from pipeline_defs.steps.judge import ProjectConfigs, StepJudge, recovery_way_out
+from pipeline_defs.steps.readers import CheckpointReader, LedgerReader
 from pipeline_defs.steps.spec import Step
 from resources.checkpoints.envelope import EDITED_OUTSIDE
 from resources.checkpoints.seal import Seal, identity_of
@@ -121,10 +124,20 @@ class PipelineLike(Protocol):
 
 
 @dataclass(frozen=True)
-class Stores:
-    """Settings, ledger and checkpoint store of one code location."""
+class ReadStores:
+    """Settings and the ledger and checkpoint readers of one code location: what judging
+    (``BatchJudge``, the tick) may use. A :class:`Stores` is one."""
 
     settings: ResumeSettings
+    ledger: LedgerReader
+    checkpoints: CheckpointReader
+
+
+@dataclass(frozen=True)
+class Stores(ReadStores):
+    """Settings, ledger and checkpoint store of one code location, in full: for the code
+    that writes (the sensor's scrub clears seals); judging takes it as its ``ReadStores``."""
+
     ledger: LedgerStore
     checkpoints: CheckpointStore
 
@@ -448,7 +461,9 @@ class BatchJudge:
     owner (the sensor) pays for unchanged project files and envelopes only once.
     """
 
-    def __init__(self, steps: Sequence[Step], stores: Stores, *, trust_seals: bool = True) -> None:
+    def __init__(
+        self, steps: Sequence[Step], stores: ReadStores, *, trust_seals: bool = True
+    ) -> None:
         self.steps = order_steps(steps)
         # Seals let a clean, unchanged checkpoint be judged from stat calls alone; off, every
         # envelope is read and verified (resources.checkpoints.seal).
@@ -796,7 +811,7 @@ def next_wake(
 # ----------------------------------------------------------------------------- public API
 def evaluate_partitions(
     steps: Sequence[Step],
-    pipeline_resource_or_stores: "Stores | PipelineLike",
+    pipeline_resource_or_stores: "ReadStores | PipelineLike",
     partition_keys: Iterable[str],
     now: datetime,
     *,
@@ -807,7 +822,9 @@ def evaluate_partitions(
     One ledger query (unless ``rows`` is given), reads only, resume mode only. Results are
     ordered by partition (as given) then by step in dependency order.
     """
-    judge = BatchJudge(steps, Stores.of(pipeline_resource_or_stores))
+    source = pipeline_resource_or_stores
+    stores = source if isinstance(source, ReadStores) else Stores.of(source)
+    judge = BatchJudge(steps, stores)
     keys = list(dict.fromkeys(partition_keys))
     loaded = judge.load_rows(keys) if rows is None else rows
     return judge.evaluate(keys, now, loaded)

@@ -21,7 +21,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from pipeline_defs.judging.evaluation import ABSENT, BatchJudge, Identity, StepEvaluation, Stores
+from pipeline_defs.judging.evaluation import (
+    ABSENT,
+    BatchJudge,
+    Identity,
+    ReadStores,
+    StepEvaluation,
+)
 from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.resume.settings import ResumeSettings
 from pipeline_defs.steps.spec import Step
@@ -76,7 +82,7 @@ def judge_chunk(
     """
     spec = _SPEC
     assert spec is not None, "worker not initialised"
-    stores = Stores(
+    stores = ReadStores(  # judging only: the stores as their readers
         settings=spec.settings,
         ledger=LedgerStore(spec.ledger_url),
         checkpoints=CheckpointStore(Path(spec.home)),

@@ -8,7 +8,7 @@ import threading
 from collections.abc import Sequence
 
 from pipeline_defs.judging.cursor import scope_of
-from pipeline_defs.judging.evaluation import Stores
+from pipeline_defs.judging.evaluation import ReadStores
 from pipeline_defs.judging.tick import ResumeTicker, TickConfig
 from pipeline_defs.steps.graph import order_steps
 from pipeline_defs.steps.spec import Step
@@ -19,7 +19,7 @@ _MAX_TICKERS = 16
 
 
 def ticker_for(
-    name: str, steps: Sequence[Step], stores: Stores, config: TickConfig
+    name: str, steps: Sequence[Step], stores: ReadStores, config: TickConfig
 ) -> ResumeTicker:
     """The process-wide ticker of one sensor over one set of stores and steps."""
     key = (name, scope_of(order_steps(steps), stores))

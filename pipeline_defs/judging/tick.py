@@ -74,8 +74,8 @@ from pipeline_defs.judging.dispatch import JudgeDispatch
 from pipeline_defs.judging.evaluation import (
     JUDGED_COLUMNS,
     BatchJudge,
+    ReadStores,
     StepEvaluation,
-    Stores,
     gc_paused,
 )
 from pipeline_defs.judging.memo import Memo, memoise
@@ -201,7 +201,7 @@ class TickResult:
 class ResumeTicker:
     """One sensor's evaluation state across ticks (kept in process memory)."""
 
-    def __init__(self, steps: Sequence[Step], stores: Stores, config: TickConfig) -> None:
+    def __init__(self, steps: Sequence[Step], stores: ReadStores, config: TickConfig) -> None:
         self.judge = BatchJudge(steps, stores, trust_seals=config.trust_seals)
         self.stores = stores
         self.config = config

@@ -33,6 +33,7 @@ from pipeline_defs.steps.judge import StepJudge
 from resources.checkpoints.envelope import Checkpoint
 from resources.checkpoints.store import ARCHIVE_DIR, CheckpointStore
 from resources.ledger.audit import AuditAction
+from resources.ledger.store import LedgerStore
 
 MANUAL = "manual"  # the origin (audit) and ``by_step`` (mutations) of an accepted edit
 ACCEPTED = AuditAction.ACCEPTED.value  # the decision a tagged run's metadata names (text)
@@ -78,6 +79,23 @@ def changed_paths(before: Any, after: Any, where: str = "data") -> list[str]:
     return [] if before == after else [where]
 
 
+def _writers(
+    judge: StepJudge, ledger: LedgerStore | None, checkpoints: CheckpointStore | None
+) -> tuple[LedgerStore, CheckpointStore]:
+    """The full stores an accept writes through: those given, else the stores behind
+    ``judge``'s readers when they are the full ones (a caller that does not pass them yet:
+    ``operations/accept.py`` hands over ``ws.judge(step)``). A judge built on readers alone
+    cannot accept: it is refused here, before anything is read or written."""
+    rows: object = judge.ledger if ledger is None else ledger
+    files: object = judge.checkpoints if checkpoints is None else checkpoints
+    if not isinstance(rows, LedgerStore) or not isinstance(files, CheckpointStore):
+        raise TypeError(
+            "accept_hand_edit writes: pass ledger= and checkpoints= (the full stores); "
+            "a judge holds only their readers"
+        )
+    return rows, files
+
+
 def hand_edited(checkpoints: CheckpointStore, key: StepKey) -> bool:
     """Whether ``key``'s checkpoint file carries an edit made by hand: its stored content
     hash is not the one its content gives, or it no longer parses as an envelope.
@@ -106,6 +124,8 @@ def accept_hand_edit(
     judge: StepJudge,
     key: StepKey,
     *,
+    ledger: LedgerStore | None = None,
+    checkpoints: CheckpointStore | None = None,
     run_id: str | None = None,
     launch_path: str = "cli",
     now: datetime | None = None,
@@ -117,11 +137,14 @@ def accept_hand_edit(
     ``accept.nothing_published`` when there is no published checkpoint to edit and
     ``accept.refused`` when the edit cannot be made valid, in both cases changing nothing;
     an unedited checkpoint is no error here (``accepted`` False): the caller decides.
+
+    ``judge`` reads and verifies; ``ledger`` and ``checkpoints`` are the full stores the
+    accept writes through (the ones the judge reads; see ``_writers`` when omitted).
     """
     step = judge.step
-    checkpoints = judge.checkpoints
+    ledger, checkpoints = _writers(judge, ledger, checkpoints)
     checkpoints.refuse_links_in_tree(key)  # nothing read or written through a link
-    row = judge.ledger.get(key)
+    row = ledger.get(key)
     if row is None or row.status not in SETTLED_RESULT:
         status = "absent" if row is None else str(row.status)
         raise PipelineError(
@@ -179,14 +202,14 @@ def accept_hand_edit(
             if row.status == StepStatus.COMPLETED
             else None
         )
-        judge.ledger.with_settled_row(
+        ledger.with_settled_row(
             key, staged.commit, reseal=True, seal=seal, pointer=staged.pointer, reason=ACCEPTED
         )
     finally:
         staged.discard()
     # The audit row is written after the commit, never inside the row lock
     # (docs/DESIGN.md#audit): history never lengthens a lock.
-    judge.ledger.append_transition(
+    ledger.append_transition(
         key,
         action=AuditAction.ACCEPTED,
         from_status=str(row.status),

@@ -19,6 +19,8 @@ from pipeline_defs.steps.redraw import REDRAW_TAG, parse_redraw
 from pipeline_defs.steps.runner import RunInfo, StepOutcome, StepRunner
 from pipeline_defs.steps.spec import Markdown, Step, step_import_path
 from resources.checkpoints.envelope import Checkpoint
+from resources.checkpoints.store import CheckpointStore
+from resources.ledger.store import LedgerStore
 
 episodes = dg.DynamicPartitionsDefinition(name="episodes")
 
@@ -170,7 +172,10 @@ def _failure(
 
 
 def _accepts(
-    context: dg.AssetExecutionContext, judge: StepJudge, key: StepKey, mode: LaunchMode
+    context: dg.AssetExecutionContext,
+    checkpoints: CheckpointStore,
+    key: StepKey,
+    mode: LaunchMode,
 ) -> bool:
     """Whether this step of a ``resume/mode=accept`` run accepts instead of running.
 
@@ -187,7 +192,7 @@ def _accepts(
     # empty: the job's own assets then say what the run selected.
     selected = context.run.asset_selection or context.job_def.asset_layer.executable_asset_keys
     alone = set(selected) == {context.asset_key}
-    return alone or hand_edited(judge.checkpoints, key)
+    return alone or hand_edited(checkpoints, key)
 
 
 def _accepted_metadata(step: Step, done: Accepted, path: str) -> dict[str, Any]:
@@ -271,6 +276,7 @@ def build_step_asset(step: Step, graph: StepGraph) -> dg.AssetsDefinition:
         pipeline = context.resources.pipeline
         tags = context.run.tags
         judge: StepJudge | None = None
+        ledger: LedgerStore | None = None
         accepted: Accepted | None = None
         outcome: StepOutcome | None = None
         try:  # settings and redraw tags are read here too: invalid ones fail typed
@@ -283,19 +289,27 @@ def build_step_asset(step: Step, graph: StepGraph) -> dg.AssetsDefinition:
                 launch_path(tags),
                 parse_redraw(tags),
             )
+            # The full stores: the runner and an accept write through them; the judge gets
+            # them as its readers (``steps.readers``) and cannot write through them.
+            ledger, checkpoints = pipeline.ledger(), pipeline.checkpoints()
             judge = StepJudge(
                 step,
                 graph=graph,
                 settings=pipeline.settings(),
-                ledger=pipeline.ledger(),
-                checkpoints=pipeline.checkpoints(),
+                ledger=ledger,
+                checkpoints=checkpoints,
                 log=context.log,
                 owner_ended=owner_ended_in(context.instance),
             )
             key = judge.key(context.partition_key)
-            if _accepts(context, judge, key, mode):
+            if _accepts(context, checkpoints, key, mode):
                 accepted = accept_hand_edit(
-                    judge, key, run_id=run.run_id, launch_path=run.launch_path
+                    judge,
+                    key,
+                    ledger=ledger,
+                    checkpoints=checkpoints,
+                    run_id=run.run_id,
+                    launch_path=run.launch_path,
                 )
                 if not accepted.accepted:  # the run asked this step to accept: it cannot
                     raise PipelineError(
@@ -306,6 +320,8 @@ def build_step_asset(step: Step, graph: StepGraph) -> dg.AssetsDefinition:
             else:
                 runner = StepRunner(
                     judge,
+                    ledger=ledger,
+                    checkpoints=checkpoints,
                     text_model=context.resources.text_model,
                     image_model=context.resources.image_model,
                     on_takeover=lambda owner, reason: _log_ended(
@@ -327,8 +343,8 @@ def build_step_asset(step: Step, graph: StepGraph) -> dg.AssetsDefinition:
             # failure's first line names it: a storage fault by its code, anything else as
             # ``internal`` with its type and message. The traceback stays (raised from it),
             # and so does any retry policy, as for the bare exception.
-            ledger = judge.ledger.engine.url.render_as_string() if judge else None
-            cause = root_cause(exc, ledger=ledger)
+            where = ledger.engine.url.render_as_string() if judge and ledger else None
+            cause = root_cause(exc, ledger=where)
             raise _failure(cause, judge, context.partition_key, allow_retries=True) from exc
         path = str(judge.checkpoints.path_for(judge.key(context.partition_key)))
         if accepted is not None:

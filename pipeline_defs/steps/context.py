@@ -1,4 +1,10 @@
-"""What a step body and its verifier see: its key, config, files and metered providers."""
+"""What a step body and its verifier see: its key, config, files and metered providers.
+
+Two types: :class:`VerifyContext`, what a verifier (and ``is_applicable``, ``verify_reads``)
+gets from the read-only judge, holds the stores' readers only (``steps.readers``) and has no
+method that writes; :class:`StepContext` extends it with the full stores, the owner's
+metered providers, ``write_artifact`` and ``fenced``, for ``execute`` inside a claimed run.
+"""
 
 import logging
 from collections.abc import Callable
@@ -9,6 +15,7 @@ from typing import TypeVar
 from pipeline_defs.project import ProjectConfig
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.partition import StepKey
+from pipeline_defs.steps.readers import CheckpointReader, LedgerReader
 from resources.checkpoints.envelope import Artifact, Checkpoint
 from resources.checkpoints.store import CheckpointStore
 from resources.ledger.store import LedgerStore
@@ -95,18 +102,20 @@ class ProviderMeter:
 
 
 @dataclass
-class StepContext:
-    """Dagster-free context, so verifiers and bodies are testable on plain files."""
+class VerifyContext:
+    """What a verifier sees: its key, config and files, through the stores' readers.
+
+    Dagster-free, so verifiers are testable on plain files. No provider, no writer: a
+    verifier (and ``is_applicable``, ``verify_reads``) only reads, by type.
+    """
 
     key: StepKey
     project: ProjectConfig
-    checkpoints: CheckpointStore
-    ledger: LedgerStore
+    checkpoints: CheckpointReader
+    ledger: LedgerReader
+    # The owner verifying: None for a judge (entry), the run's token at its exit verify.
     run_id: str | None = None
-    meter: ProviderMeter | None = None
     log: logging.Logger = field(default_factory=lambda: logging.getLogger("storyboard"))
-    # Items this run was asked to draw again although valid (tag resume/redraw).
-    redraw: frozenset[str] = frozenset()
 
     @property
     def home(self) -> Path:
@@ -126,6 +135,41 @@ class StepContext:
 
     def artifact_path(self, relative: str) -> Path:
         return self.checkpoints.artifact_path(self.key, relative)
+
+
+@dataclass
+class StepContext(VerifyContext):
+    """A claimed run's context: the verifier's, plus the full stores, the metered providers
+    and the writes (``write_artifact``, ``fenced``) a step body makes."""
+
+    checkpoints: CheckpointStore
+    ledger: LedgerStore
+    meter: ProviderMeter | None = None
+    # Items this run was asked to draw again although valid (tag resume/redraw).
+    redraw: frozenset[str] = frozenset()
+
+    @classmethod
+    def owned(
+        cls,
+        read: VerifyContext,
+        *,
+        checkpoints: CheckpointStore,
+        ledger: LedgerStore,
+        run_id: str,
+        meter: ProviderMeter | None = None,
+        redraw: frozenset[str] = frozenset(),
+    ) -> "StepContext":
+        """The judge's context ``read``, owned by run ``run_id`` on the writing stores."""
+        return cls(
+            key=read.key,
+            project=read.project,
+            checkpoints=checkpoints,
+            ledger=ledger,
+            run_id=run_id,
+            log=read.log,
+            meter=meter,
+            redraw=redraw,
+        )
 
     def write_artifact(self, relative: str, payload: bytes) -> Artifact:
         return self.checkpoints.write_artifact(self.key, relative, payload)

@@ -2,9 +2,11 @@
 
 It gathers the inputs of the pure table (``resume.decision.decide``): the project's scoped
 config, the checkpoint (loaded and validated, or a seal that still holds), the step's
-verifier (lazily), whether a dead owner's run has ended, and calls it. It has no method
-that writes: claiming, publishing and invalidating live in ``steps.runner``, which uses a
-judge. Dagster-free.
+verifier (lazily), whether a dead owner's run has ended, and calls it. Read-only by type:
+it holds the stores' readers (``steps.readers``: ``LedgerReader``, ``CheckpointReader``)
+and hands verifiers a ``VerifyContext``, so it cannot call a writing method; claiming,
+publishing and invalidating live in ``steps.runner``, which holds the full stores and uses
+a judge. Dagster-free.
 """
 
 import logging
@@ -33,14 +35,14 @@ from pipeline_defs.resume.files import SYMLINK_CODE, file_sha256
 from pipeline_defs.resume.partition import Episode, StepKey
 from pipeline_defs.resume.settings import ResumeSettings
 from pipeline_defs.resume.status import LedgerRow, StepStatus
-from pipeline_defs.steps.context import StepContext
+from pipeline_defs.steps.context import VerifyContext
 from pipeline_defs.steps.graph import StepGraph
 from pipeline_defs.steps.mutations import intent_report
+from pipeline_defs.steps.readers import CheckpointReader, LedgerReader
 from pipeline_defs.steps.spec import Step
 from resources.checkpoints.envelope import Checkpoint
 from resources.checkpoints.seal import Seal
-from resources.checkpoints.store import ARCHIVE_DIR, CheckpointStore
-from resources.ledger.store import LedgerStore
+from resources.checkpoints.store import ARCHIVE_DIR
 
 Loaded = tuple[Checkpoint | None, PipelineError | None]  # a checkpoint, or why it is unusable
 
@@ -77,7 +79,7 @@ def not_a_file_error(path: str | os.PathLike[str], mode: int, what: str) -> Pipe
 
 
 def not_a_file(
-    checkpoints: CheckpointStore, key: StepKey, relatives: Iterable[str], what: str
+    checkpoints: CheckpointReader, key: StepKey, relatives: Iterable[str], what: str
 ) -> PipelineError | None:
     """The refusal for the first of ``relatives`` (paths in ``key``'s step directory) that
     exists and is not a regular file; None when each is a regular file or absent.
@@ -129,7 +131,7 @@ def recovery_way_out(
 
 
 def _with_companions(
-    checkpoints: CheckpointStore, key: StepKey, artifacts: Iterable[str]
+    checkpoints: CheckpointReader, key: StepKey, artifacts: Iterable[str]
 ) -> list[str]:
     """Each artifact and the files beside it named after it (``C01.png.receipt.json``):
     what a re-run reads or replaces along with it."""
@@ -188,7 +190,7 @@ class ProjectConfigs:
 
 
 class StepJudge:
-    """One step bound to its stores, judged for a partition. Reads only."""
+    """One step bound to its stores' readers, judged for a partition. Reads only, by type."""
 
     def __init__(
         self,
@@ -196,8 +198,8 @@ class StepJudge:
         *,
         graph: StepGraph,
         settings: ResumeSettings,
-        ledger: LedgerStore,
-        checkpoints: CheckpointStore,
+        ledger: LedgerReader,
+        checkpoints: CheckpointReader,
         projects: ProjectConfigs | None = None,
         log: logging.Logger | None = None,
         clock: Callable[[], datetime] = utc_now,
@@ -206,9 +208,10 @@ class StepJudge:
         self.step = step
         self.graph = graph
         self.settings = settings
-        # Only handed to the step's context (its verifier may read rows); never written here.
-        self.ledger = ledger
-        self.checkpoints = checkpoints
+        # Readers only: handed to the verifier's context (it may read rows). A run's writes
+        # go through the full stores its ``StepRunner`` holds, never through a judge.
+        self.ledger: LedgerReader = ledger
+        self.checkpoints: CheckpointReader = checkpoints
         self.projects = projects or ProjectConfigs(checkpoints.home)
         self.log = log or logging.getLogger(f"storyboard.{step.step_id}")
         self.clock = clock
@@ -238,9 +241,9 @@ class StepJudge:
         self.checkpoints.sync_inputs(key.project_id)
         return self.projects.get(key.project_id)
 
-    def context(self, key: StepKey) -> StepContext:
-        """The context a verifier sees: no owner, no providers."""
-        return StepContext(
+    def context(self, key: StepKey) -> VerifyContext:
+        """The context a verifier sees: readers only, no owner, no providers, no writer."""
+        return VerifyContext(
             key=key,
             project=self.project(key),
             checkpoints=self.checkpoints,
@@ -265,7 +268,7 @@ class StepJudge:
             return None, exc
 
     # ------------------------------------------------------------------ verifying
-    def verify(self, ctx: StepContext, checkpoint: Checkpoint) -> CompletionReport:
+    def verify(self, ctx: VerifyContext, checkpoint: Checkpoint) -> CompletionReport:
         """Envelope artifacts + sentinels + the step's own verifier, merged by priority."""
         reports: list[CompletionReport] = []
         missing, changed = self.checkpoints.artifact_problems(checkpoint)
@@ -290,7 +293,7 @@ class StepJudge:
         reports.append(self.step.verify_completion(ctx, checkpoint))
         return merge_reports(*reports)
 
-    def verifier_reads(self, ctx: StepContext) -> tuple[Path, ...]:
+    def verifier_reads(self, ctx: VerifyContext) -> tuple[Path, ...]:
         """What a verdict of this step may depend on besides its checkpoint and artifacts:
         the episode's input directory and files, and ``Step.verify_reads``.
 
@@ -461,7 +464,7 @@ class StepJudge:
 
     def _evidence(
         self,
-        ctx: StepContext,
+        ctx: VerifyContext,
         config: ScopedConfig,
         loaded: Loaded | None,
         sealed: Seal | None,

@@ -39,8 +39,9 @@ from pipeline_defs.resume.decision import ScopedConfig
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.resume.status import StepStatus
-from pipeline_defs.steps.context import StepContext
+from pipeline_defs.steps.context import StepContext, VerifyContext
 from pipeline_defs.steps.faults import crash_point
+from pipeline_defs.steps.readers import CheckpointReader
 from pipeline_defs.steps.spec import Mutation, Step
 from resources.checkpoints.envelope import Checkpoint
 from resources.checkpoints.store import CheckpointStore, StagedCheckpoint
@@ -125,7 +126,7 @@ def _blocked_victim(victim: str, mutator: str, exc: PipelineError) -> str:
 
 
 def intent_report(
-    checkpoints: CheckpointStore, mutator: StepKey, checkpoint: Checkpoint
+    checkpoints: CheckpointReader, mutator: StepKey, checkpoint: Checkpoint
 ) -> CompletionReport:
     """Whether every victim holds the version the published mutator left it at."""
     problems: list[str] = []
@@ -258,11 +259,11 @@ class Verifier(Protocol):
 
     step: Step
 
-    def context(self, key: StepKey) -> StepContext: ...
+    def context(self, key: StepKey) -> VerifyContext: ...
 
-    def verify(self, ctx: StepContext, checkpoint: Checkpoint) -> CompletionReport: ...
+    def verify(self, ctx: VerifyContext, checkpoint: Checkpoint) -> CompletionReport: ...
 
-    def verifier_reads(self, ctx: StepContext) -> tuple[Path, ...]: ...
+    def verifier_reads(self, ctx: VerifyContext) -> tuple[Path, ...]: ...
 
     def project(self, key: StepKey) -> ProjectConfig: ...
 

@@ -14,7 +14,7 @@ from pipeline_defs.resume.completion import CompletionReport, Origin
 from pipeline_defs.resume.status import StepStatus
 
 if TYPE_CHECKING:
-    from pipeline_defs.steps.context import StepContext
+    from pipeline_defs.steps.context import StepContext, VerifyContext
     from resources.checkpoints.envelope import Artifact, Checkpoint
 
 
@@ -105,14 +105,16 @@ class Step:
     # Whether a launch may redraw chosen items (tag resume/redraw, steps.redraw).
     redrawable: ClassVar[bool] = False
 
-    def is_applicable(self, ctx: "StepContext") -> bool:
+    # ``is_applicable``, ``verify_completion`` and ``verify_reads`` are asked by the
+    # read-only judge: their context holds the stores' readers only (``VerifyContext``).
+    def is_applicable(self, ctx: "VerifyContext") -> bool:
         return True
 
-    def verify_completion(self, ctx: "StepContext", checkpoint: "Checkpoint") -> CompletionReport:
+    def verify_completion(self, ctx: "VerifyContext", checkpoint: "Checkpoint") -> CompletionReport:
         """Default: a present checkpoint is clean. Override to check files, rows, sentinels."""
         return CompletionReport.clean()
 
-    def verify_reads(self, ctx: "StepContext") -> tuple[Path, ...]:
+    def verify_reads(self, ctx: "VerifyContext") -> tuple[Path, ...]:
         """Files ``verify_completion`` reads beyond its usual inputs.
 
         Part of the verifier's contract: the seal of a published checkpoint covers the

@@ -27,7 +27,7 @@ from pipeline_defs.resume.completion import CompletionReport, Origin, Severity
 from pipeline_defs.resume.errors import PipelineError
 from pipeline_defs.resume.files import SYMLINK_CODE, file_sha256, fsync_dir, read_nofollow
 from pipeline_defs.resume.partition import StepKey
-from pipeline_defs.steps.context import StepContext
+from pipeline_defs.steps.context import StepContext, VerifyContext
 from pipeline_defs.steps.judge import not_a_file
 from pipeline_defs.steps.spec import CleanupReport, ItemSource, Markdown, Step, StepResult
 from pipeline_defs.storyboard.contact_sheet import (
@@ -406,7 +406,7 @@ class ImageStep(Step):
             },
         )
 
-    def verify_completion(self, ctx: StepContext, checkpoint: Checkpoint) -> CompletionReport:
+    def verify_completion(self, ctx: VerifyContext, checkpoint: Checkpoint) -> CompletionReport:
         """Expected set vs files present with matching sha256: an absent one is missing (a
         re-run draws it), one with other bytes is drift (a block naming it, see
         ``changed_artifact_origin``)."""

@@ -20,7 +20,7 @@ from typing import Any
 from pipeline_defs.project import TEXT_MODEL_KEYS
 from pipeline_defs.resume.completion import ORIGIN_PRIORITY, CompletionReport, Origin, Severity
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
-from pipeline_defs.steps.context import StepContext
+from pipeline_defs.steps.context import StepContext, VerifyContext
 from pipeline_defs.steps.spec import Step, StepResult
 from pipeline_defs.storyboard.cards import build_render_prompt_card, compute_card_hash
 from pipeline_defs.storyboard.entity_canon import mentions, outlook_for_scene
@@ -361,6 +361,6 @@ class SceneDetail(Step):
                 details={"path": source},
             )
 
-    def verify_completion(self, ctx: StepContext, checkpoint: Checkpoint) -> CompletionReport:
+    def verify_completion(self, ctx: VerifyContext, checkpoint: Checkpoint) -> CompletionReport:
         findings, total = inspect_scene_detail(checkpoint.data)
         return report_for(findings, total)

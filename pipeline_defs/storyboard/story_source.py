@@ -16,7 +16,7 @@ from pipeline_defs.project import StoryKnobs, refuse_input_links
 from pipeline_defs.resume.completion import CompletionReport, Origin
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.files import read_nofollow
-from pipeline_defs.steps.context import StepContext
+from pipeline_defs.steps.context import StepContext, VerifyContext
 from pipeline_defs.steps.spec import Step, StepResult
 from resources.checkpoints.envelope import Checkpoint, sha256_text
 
@@ -26,7 +26,7 @@ INVALID_INPUT = ErrorCode.STORY_SOURCE_INVALID_INPUT
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
 
-def story_path(ctx: StepContext) -> Path:
+def story_path(ctx: VerifyContext) -> Path:
     return ctx.episode_dir / STORY_FILE
 
 
@@ -174,7 +174,7 @@ class StorySource(Step):
             metadata={"scenes": len(parsed["scenes"]), "words": data["word_count"]},
         )
 
-    def verify_completion(self, ctx: StepContext, checkpoint: Checkpoint) -> CompletionReport:
+    def verify_completion(self, ctx: VerifyContext, checkpoint: Checkpoint) -> CompletionReport:
         """The story on disk must still be the story this checkpoint was made from."""
         path = story_path(ctx)
         try:

@@ -16,7 +16,7 @@ from typing import Any
 
 from pipeline_defs.project import TEXT_MODEL_KEYS
 from pipeline_defs.resume.errors import PipelineError
-from pipeline_defs.steps.context import StepContext
+from pipeline_defs.steps.context import StepContext, VerifyContext
 from pipeline_defs.steps.mutations import held_intents
 from pipeline_defs.steps.spec import Mutation, Step, StepResult
 from pipeline_defs.storyboard.replies import reply_list, reply_object, reply_text
@@ -147,7 +147,7 @@ class T2IReview(Step):
     modifies_checkpoints = ("scene_detail", "entity_t2i")
     description = "Editorial review of all t2i prompts; fixes scene_detail/entity_t2i in place."
 
-    def is_applicable(self, ctx: StepContext) -> bool:
+    def is_applicable(self, ctx: VerifyContext) -> bool:
         return ctx.project.review.enabled
 
     def _previous(self, ctx: StepContext) -> Checkpoint | None:

@@ -161,6 +161,8 @@ class Deployment:
         )
         runtime = StepRunner(
             judge,
+            ledger=self.ws.ledger,
+            checkpoints=self.ws.checkpoints,
             text_model=resources["text_model"],  # type: ignore[arg-type]
             image_model=resources["image_model"],  # type: ignore[arg-type]
         )

@@ -2,7 +2,9 @@
 
 The import layers keep ``steps.judge`` from importing the runner or the lease; this keeps
 the judge's own methods from calling a store's writing method (a claim, a publish, an
-archive) directly, so what the sensor, ``status`` and ``decide`` run cannot write.
+archive) directly, so what the sensor, ``status`` and ``decide`` run cannot write. mypy
+proves the same from the types (the judge holds ``steps.readers`` protocols only, pinned by
+``test_readers_by_type.py``); this scan keeps the list of calls it makes short.
 """
 
 import ast

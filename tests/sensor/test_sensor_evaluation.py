@@ -442,7 +442,8 @@ def test_a_not_applicable_step_is_recorded_by_the_run_that_needs_it(
             checkpoints=stores.checkpoints,
         )
         inputs = {d: stores.checkpoints.load(Episode.parse("p/e1").step(d)) for d in step.deps}
-        StepRunner(judge).run("p/e1", RunInfo("the-run:0", launch_path="test"), inputs)
+        runner = StepRunner(judge, ledger=stores.ledger, checkpoints=stores.checkpoints)
+        runner.run("p/e1", RunInfo("the-run:0", launch_path="test"), inputs)
     rows = stores.ledger.get_many(episodes=[Episode.parse("p/e1")])
     assert {k.step_id: str(r.status) for k, r in rows.items()} == {
         "src": "completed",

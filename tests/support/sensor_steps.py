@@ -160,7 +160,9 @@ def step_judge(stores: Stores, step_id: str) -> StepJudge:
 
 
 def runtime(stores: Stores, step_id: str) -> StepRunner:
-    return StepRunner(step_judge(stores, step_id))
+    return StepRunner(
+        step_judge(stores, step_id), ledger=stores.ledger, checkpoints=stores.checkpoints
+    )
 
 
 def seed(stores: Stores, partition_key: str, *step_ids: str, run_id: str = "seed") -> None:

@@ -230,6 +230,8 @@ class Env:
         resources = build_resources(self.pipeline)
         return StepRunner(
             self.step_judge(step_id),
+            ledger=self.ledger,
+            checkpoints=self.checkpoints,
             text_model=text_model or resources["text_model"],  # type: ignore[arg-type]
             image_model=image_model or resources["image_model"],  # type: ignore[arg-type]
         )

@@ -9,6 +9,8 @@ owner-aware ``failed`` and re-raises. Dagster-free: the asset factory adapts it.
 :class:`StepRunner` holds the sequence and the writes that need the row's lock (the claim
 and the fenced publish); each other concern is a module of this package:
 
+- ``writers``: the full stores a run writes with (:class:`Writers`; the judge holds only
+  their readers);
 - ``run_info``: who runs (:class:`RunInfo`) and the history line of its judgement;
 - ``outcome``: what a run ends with (:class:`StepOutcome`, :class:`Published`);
 - ``gate``: upstream settled before anything is judged;
@@ -21,7 +23,6 @@ and the fenced publish); each other concern is a module of this package:
 - ``bookkeeping``: failures recorded, retries scheduled, recovery reset, victims settled.
 """
 
-import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -46,20 +47,29 @@ from pipeline_defs.steps.runner.outcome import OutcomeStatus, Published, StepOut
 from pipeline_defs.steps.runner.redraw_scope import report_dependents, resolve_redraw
 from pipeline_defs.steps.runner.run_info import RunInfo, audit_line
 from pipeline_defs.steps.runner.settlement import settle_written_ahead
+from pipeline_defs.steps.runner.writers import Writers
 from resources.checkpoints.envelope import Checkpoint
+from resources.checkpoints.store import CheckpointStore
 from resources.ledger.audit import AuditAction
+from resources.ledger.store import LedgerStore
 from resources.providers import ImageModel, TextModel
 
-__all__ = ["OutcomeStatus", "Published", "RunInfo", "StepOutcome", "StepRunner"]
+__all__ = ["OutcomeStatus", "Published", "RunInfo", "StepOutcome", "StepRunner", "Writers"]
 
 
 class StepRunner:
-    """Runs one step for a partition: the only writer of its row, checkpoint and audit."""
+    """Runs one step for a partition: the only writer of its row, checkpoint and audit.
+
+    ``judge`` reads (it holds the stores' readers only); ``ledger`` and ``checkpoints`` are
+    the full stores this run writes with, the same ones the judge reads.
+    """
 
     def __init__(
         self,
         judge: StepJudge,
         *,
+        ledger: LedgerStore,
+        checkpoints: CheckpointStore,
         text_model: TextModel | None = None,
         image_model: ImageModel | None = None,
         on_takeover: Callable[[str, str], None] | None = None,
@@ -72,8 +82,9 @@ class StepRunner:
         self.judge = judge
         self.step = judge.step
         self.settings = judge.settings
-        self.ledger = judge.ledger
-        self.checkpoints = judge.checkpoints
+        self.writers = Writers(ledger, checkpoints)
+        self.ledger = ledger
+        self.checkpoints = checkpoints
         self.log = judge.log
         self.clock = judge.clock
         self.text_model = text_model
@@ -81,7 +92,7 @@ class StepRunner:
         self.mutations = MutatorEdits(
             judge, ledger=self.ledger, checkpoints=self.checkpoints, clock=self.clock
         )
-        self.bookkeeping = Bookkeeping(judge, self.mutations)
+        self.bookkeeping = Bookkeeping(judge, self.mutations, self.writers)
 
     # ------------------------------------------------------------------ helpers
     def context(
@@ -93,9 +104,7 @@ class StepRunner:
         redraw: frozenset[str] = frozenset(),
     ) -> StepContext:
         """The judge's context, owned by this run (and its providers, when metered)."""
-        return dataclasses.replace(
-            self.judge.context(key), run_id=run_id, meter=meter, redraw=redraw
-        )
+        return self.writers.context(self.judge, key, run_id=run_id, meter=meter, redraw=redraw)
 
     def models(self, project: ProjectConfig) -> tuple[TextModel | None, ImageModel | None]:
         """The models this project's ``provider:`` section asks for, checked ready to call
@@ -131,11 +140,12 @@ class StepRunner:
         prior = row.status if row is not None else None
 
         if decision.action is ResumeAction.NOT_APPLICABLE:
-            return verdicts.not_applicable(self.judge, key, run, decision, prior)
+            return verdicts.not_applicable(self.judge, self.writers, key, run, decision, prior)
         if decision.action is ResumeAction.SKIP:
-            return verdicts.skip(self.judge, key, run, decision, prior, judgement.checkpoint)
+            checkpoint = judgement.checkpoint
+            return verdicts.skip(self.judge, self.writers, key, run, decision, prior, checkpoint)
         if decision.action is ResumeAction.BLOCK:
-            raise verdicts.block(self.judge, key, run, decision, row)
+            raise verdicts.block(self.writers, key, run, decision, row)
         # no key or a bad provider fails here, before the claim and any call,
         # and only for a step that will run (a SKIP or a BLOCK calls no model).
         self.models(self.judge.project(key))
@@ -208,7 +218,7 @@ class StepRunner:
                 force = decision.action is ResumeAction.FORCE_EXPLICIT
                 if force:
                     force_cleanup(self.judge, key, self.context(key, run_id=run.run_id))
-                    invalidate_downstream(self.judge, key, run)
+                    invalidate_downstream(self.judge, self.writers, key, run)
                 # a mutator whose published edits were cut short settles them, no provider call
                 published = (
                     self._settle_published(key, run, decision)
@@ -228,7 +238,9 @@ class StepRunner:
         lease: Lease,
     ) -> Published:
         models = self.models(self.judge.project(key))
-        done = execute(self.judge, self.mutations, key, run, inputs, lease=lease, models=models)
+        done = execute(
+            self.judge, self.writers, self.mutations, key, run, inputs, lease=lease, models=models
+        )
         # (4)+(5) owner-aware status and fenced publish, one transaction
         lease.check()  # a lost lease publishes nothing (the owner-aware update would refuse)
         if done.edits and done.status != StepStatus.FAILED:
@@ -343,4 +355,4 @@ class StepRunner:
     # ------------------------------------------------------------------ force
     def invalidate_downstream(self, key: StepKey, run: RunInfo) -> list[StepKey]:
         """Explicit force only: downstream rows → stale, their checkpoints archived + marked."""
-        return invalidate_downstream(self.judge, key, run)
+        return invalidate_downstream(self.judge, self.writers, key, run)

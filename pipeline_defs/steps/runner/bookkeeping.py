@@ -15,17 +15,18 @@ from pipeline_defs.steps.judge import StepJudge
 from pipeline_defs.steps.mutations import MutatorEdits, drop_written_ahead
 from pipeline_defs.steps.runner.outcome import OutcomeStatus, Published, StepOutcome
 from pipeline_defs.steps.runner.run_info import RunInfo, audit_line
+from pipeline_defs.steps.runner.writers import Writers
 from resources.ledger.audit import AuditAction
 
 
 class Bookkeeping:
     """The ledger bookkeeping of a run that holds its step's claim."""
 
-    def __init__(self, judge: StepJudge, mutations: MutatorEdits) -> None:
+    def __init__(self, judge: StepJudge, mutations: MutatorEdits, writers: Writers) -> None:
         self.judge = judge
         self.step = judge.step
-        self.ledger = judge.ledger
-        self.checkpoints = judge.checkpoints
+        self.ledger = writers.ledger
+        self.checkpoints = writers.checkpoints
         self.settings = judge.settings
         self.clock = judge.clock
         self.mutations = mutations

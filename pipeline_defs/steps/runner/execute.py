@@ -19,6 +19,7 @@ from pipeline_defs.steps.mutations import MutatorEdits, PreparedEdit, intents_da
 from pipeline_defs.steps.runner.envelope import envelope
 from pipeline_defs.steps.runner.exit_verify import exit_verify
 from pipeline_defs.steps.runner.run_info import RunInfo
+from pipeline_defs.steps.runner.writers import Writers
 from resources.checkpoints.envelope import Checkpoint
 from resources.providers import ImageModel, TextModel
 
@@ -41,6 +42,7 @@ class Execution:
 
 def execute(
     judge: StepJudge,
+    writers: Writers,
     mutations: MutatorEdits,
     key: StepKey,
     run: RunInfo,
@@ -52,10 +54,10 @@ def execute(
     step, clock = judge.step, judge.clock
     # (1) execute with metered providers: the models of the project, resolved now
     text_model, image_model = models
-    meter = ProviderMeter(judge.ledger, key, run.run_id, text_model, image_model, guard=lease.check)
-    ctx = dataclasses.replace(
-        judge.context(key), run_id=run.run_id, meter=meter, redraw=run.redraw_items
+    meter = ProviderMeter(
+        writers.ledger, key, run.run_id, text_model, image_model, guard=lease.check
     )
+    ctx = writers.context(judge, key, run_id=run.run_id, meter=meter, redraw=run.redraw_items)
     started = clock()
     result = step.execute(ctx, {dep: cp for dep, cp in inputs.items() if cp is not None})
     crash_point("executed", key.step_id)
@@ -68,7 +70,7 @@ def execute(
         )
     # (2) final status from the counts
     checkpoint = envelope(step, key, result, result.status, run, ctx.project, clock, started)
-    step.validate_data(checkpoint.data, source=str(judge.checkpoints.path_for(key)))
+    step.validate_data(checkpoint.data, source=str(writers.checkpoints.path_for(key)))
     # (3) exit verify of what we are about to publish
     verified = exit_verify(judge, key, ctx, result.status, checkpoint)
     counts = {

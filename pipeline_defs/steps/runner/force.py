@@ -6,6 +6,7 @@ from pipeline_defs.resume.status import StepStatus
 from pipeline_defs.steps.context import StepContext
 from pipeline_defs.steps.judge import StepJudge
 from pipeline_defs.steps.runner.run_info import RunInfo
+from pipeline_defs.steps.runner.writers import Writers
 from resources.ledger.audit import AuditAction
 
 
@@ -15,9 +16,11 @@ def force_cleanup(judge: StepJudge, key: StepKey, ctx: StepContext) -> None:
     judge.log.info("%s: force cleanup: %s", key, cleanup.note)
 
 
-def invalidate_downstream(judge: StepJudge, key: StepKey, run: RunInfo) -> list[StepKey]:
+def invalidate_downstream(
+    judge: StepJudge, writers: Writers, key: StepKey, run: RunInfo
+) -> list[StepKey]:
     """Explicit force only: downstream rows → stale, their checkpoints archived + marked."""
-    ledger, checkpoints = judge.ledger, judge.checkpoints
+    ledger, checkpoints = writers.ledger, writers.checkpoints
     targets = judge.downstream_keys(key)
     if not targets:
         return []

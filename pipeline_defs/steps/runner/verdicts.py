@@ -9,6 +9,7 @@ from pipeline_defs.steps.judge import StepJudge, recovery_way_out
 from pipeline_defs.steps.runner.envelope import envelope
 from pipeline_defs.steps.runner.outcome import OutcomeStatus, StepOutcome
 from pipeline_defs.steps.runner.run_info import RunInfo, audit_line
+from pipeline_defs.steps.runner.writers import Writers
 from pipeline_defs.steps.spec import StepResult
 from resources.checkpoints.envelope import Checkpoint
 from resources.ledger.audit import AuditAction
@@ -16,6 +17,7 @@ from resources.ledger.audit import AuditAction
 
 def skip(
     judge: StepJudge,
+    writers: Writers,
     key: StepKey,
     run: RunInfo,
     decision: ResumeDecision,
@@ -23,16 +25,17 @@ def skip(
     checkpoint: Checkpoint | None,
 ) -> StepOutcome:
     """Row 4 adopts a verified orphan checkpoint; any other SKIP leaves a history line."""
-    if not (decision.adopt and adopt(judge, key, run, decision, checkpoint)):
+    if not (decision.adopt and adopt(judge, writers, key, run, decision, checkpoint)):
         skipped = audit_line(
             run, decision, action=AuditAction.SKIP, from_status=prior, to_status=prior
         )
-        judge.ledger.append_audit(key, skipped)
+        writers.ledger.append_audit(key, skipped)
     return StepOutcome(decision, OutcomeStatus.SKIP, checkpoint)
 
 
 def adopt(
     judge: StepJudge,
+    writers: Writers,
     key: StepKey,
     run: RunInfo,
     decision: ResumeDecision,
@@ -40,7 +43,7 @@ def adopt(
 ) -> bool:
     """Row 4: the orphan checkpoint was just verified clean; record it, sealed."""
     seal = (
-        judge.checkpoints.seal(
+        writers.checkpoints.seal(
             checkpoint,
             judge.verifier_reads(judge.context(key)),
             revision=judge.step.verify_revision,
@@ -51,11 +54,11 @@ def adopt(
     line = audit_line(
         run, decision, action=AuditAction.ADOPT, from_status=None, to_status=StepStatus.COMPLETED
     )
-    return judge.ledger.adopt(key, run.run_id, summary=decision.reason, seal=seal, audit=line)
+    return writers.ledger.adopt(key, run.run_id, summary=decision.reason, seal=seal, audit=line)
 
 
 def block(
-    judge: StepJudge,
+    writers: Writers,
     key: StepKey,
     run: RunInfo,
     decision: ResumeDecision,
@@ -66,7 +69,7 @@ def block(
     blocked = audit_line(
         run, decision, action=AuditAction.BLOCK, from_status=prior, to_status=prior
     )
-    judge.ledger.append_audit(key, blocked)
+    writers.ledger.append_audit(key, blocked)
     message = f"{key}: {decision.reason}"
     if decision.code == CODE_RECOVERY_EXHAUSTED and row is not None:
         # The commands that get past it, as ``decide`` prints them; first, so that a
@@ -83,6 +86,7 @@ def block(
 
 def not_applicable(
     judge: StepJudge,
+    writers: Writers,
     key: StepKey,
     run: RunInfo,
     decision: ResumeDecision,
@@ -93,15 +97,15 @@ def not_applicable(
         run, decision, action=AuditAction.NOT_APPLICABLE, from_status=prior,
         to_status=StepStatus.NOT_APPLICABLE,
     )  # fmt: skip
-    if not judge.ledger.mark_not_applicable(key, run.run_id, decision.reason, audit=line):
+    if not writers.ledger.mark_not_applicable(key, run.run_id, decision.reason, audit=line):
         raise PipelineError(ErrorCode.STEP_ALREADY_RUNNING, f"{key}: another run owns this step")
     result = StepResult(data={}, applicable_count=0)
     project = judge.project(key)
     status = StepStatus.NOT_APPLICABLE
     checkpoint = envelope(judge.step, key, result, status, run, project, judge.clock)
-    judge.checkpoints.save(
+    writers.checkpoints.save(
         checkpoint,
-        fence=lambda staged: judge.ledger.publish(
+        fence=lambda staged: writers.ledger.publish(
             key, run.run_id, staged.commit, pointer=staged.pointer
         ),
     )

@@ -13,7 +13,6 @@ from typing import Any
 
 from pipeline_defs.judging.evaluation import (
     BatchJudge,
-    Identity,
     PartitionRows,
     ReadStores,
     StepEvaluation,
@@ -21,6 +20,7 @@ from pipeline_defs.judging.evaluation import (
 )
 from pipeline_defs.judging.parallel import JudgePool, JudgeSpec, default_workers
 from pipeline_defs.judging.scan import NO_SCAN, PartitionScan, Scan
+from pipeline_defs.resume.identity import Identity
 from pipeline_defs.resume.partition import StepKey
 
 _BUDGET_SLICE = 100  # partitions judged between two looks at the clock

@@ -64,8 +64,14 @@ from pipeline_defs.resume.decision import (
     config_hash,
 )
 from pipeline_defs.resume.errors import PipelineError
-from pipeline_defs.resume.layout import FileIdentity, dir_identity
-from pipeline_defs.resume.layout import file_identity as layout_file_identity
+from pipeline_defs.resume.identity import (
+    ABSENT,
+    REFUSED,
+    FileIdentity,
+    Identity,
+    directory_identity,
+    file_identity_or_absent,
+)
 from pipeline_defs.resume.partition import Episode, StepKey
 from pipeline_defs.resume.settings import ResumeSettings
 from pipeline_defs.resume.status import LedgerRow, StepStatus
@@ -94,9 +100,6 @@ JUDGED_COLUMNS = (
 LAUNCH_ACTIONS = frozenset({ResumeAction.RERUN_SELF, ResumeAction.STALE_RUNNING_RECOVERY})
 RUN_KEY_PREFIX = "resume"
 
-# A (stat) identity: (st_mtime_ns, st_ino) of a directory, or (-1, -1) when it is absent.
-Identity = tuple[int, ...]
-ABSENT: Identity = (-1, -1)
 
 # One partition's ledger rows by step id, each with its key as the ledger store built it.
 PartitionRows = Mapping[str, tuple[StepKey, Mapping[str, Any]]]
@@ -351,18 +354,8 @@ class StepEvaluation:
         }
 
 
-# ----------------------------------------------------------------------------- identities
-def directory_identity(path: str) -> Identity:
-    """(mtime_ns, inode) of a directory; a file deleted or renamed inside changes it.
-
-    ``lstat``: a directory replaced by a link (even to itself, moved) changes identity.
-    """
-    return dir_identity(path) or ABSENT
-
-
 # ----------------------------------------------------------------------------- the judge
 _NOTED_LIMIT = 4096  # distinct sealed artifact tuples remembered (then forgotten at once)
-_REFUSED: Identity = (-2, -2, -2)  # no file has it: a refused project is read again
 
 
 class _ProjectCache(ProjectConfigs):
@@ -382,7 +375,7 @@ class _ProjectCache(ProjectConfigs):
     def get(self, project_id: str) -> ProjectConfig:
         entry = self._entries.get(project_id)
         if entry is None or project_id not in self._checked:
-            identity = file_identity(str(project_config_path(self.home, project_id)))
+            identity = file_identity_or_absent(str(project_config_path(self.home, project_id)))
             refused: PipelineError | None = None
             try:
                 # A link planted above the file leaves its identity as it was: check the
@@ -391,7 +384,7 @@ class _ProjectCache(ProjectConfigs):
             except PipelineError as exc:
                 refused = exc
             if refused is not None:
-                entry = (_REFUSED, refused)  # read again once the link is gone
+                entry = (REFUSED, refused)  # read again once the link is gone
                 self._entries[project_id] = entry
             elif entry is None or entry[0] != identity:
                 value: ProjectConfig | PipelineError
@@ -414,12 +407,6 @@ class _ProjectCache(ProjectConfigs):
         scoped = _HashedScopedConfig(super().scoped(project, keys).fingerprints)
         self._scoped[slot] = (project, scoped)
         return scoped
-
-
-def file_identity(path: str) -> Identity:
-    """(mtime_ns, size, inode) of a file, or ABSENT (``lstat``: a link is noticed, not
-    followed)."""
-    return layout_file_identity(path) or ABSENT
 
 
 class _HashedScopedConfig(ScopedConfig):

@@ -15,12 +15,12 @@ from typing import Any, Protocol
 
 from pipeline_defs.judging.evaluation import (
     JUDGED_COLUMNS,
-    Identity,
     StepEvaluation,
     Verdict,
     next_wake,
 )
 from pipeline_defs.judging.scan import Scan
+from pipeline_defs.resume.identity import Identity
 from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.resume.settings import ResumeSettings
 

@@ -22,12 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from pipeline_defs.judging.evaluation import (
-    ABSENT,
     BatchJudge,
-    Identity,
     ReadStores,
     StepEvaluation,
 )
+from pipeline_defs.resume.identity import ABSENT, Identity
 from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.resume.settings import ResumeSettings
 from pipeline_defs.steps.spec import Step

@@ -88,13 +88,16 @@ class Reads(LedgerSession):
             return list(result.keys()), list(result.all())
 
         labels, fetched = self._in_read("read step rows", fetch)
+        # Per row (a cold sensor tick reads every row of the ledger): no dict, no defaults
+        # copy, no frozen __init__ (LedgerRow.builder, StepKey.of: the same rows and keys).
+        build = LedgerRow.builder(labels)
+        project, episode, step = (labels.index(c) for c in ("project_id", "episode_id", "step_id"))
+        key_of = StepKey.of
         out: dict[StepKey, LedgerRow] = {}
         for values in fetched:
-            row = dict(zip(labels, values, strict=True))
-            if wanted is not None and (row["project_id"], row["episode_id"]) not in wanted:
+            if wanted is not None and (values[project], values[episode]) not in wanted:
                 continue
-            key = StepKey(row["project_id"], row["episode_id"], row["step_id"])
-            out[key] = LedgerRow.from_row(row)
+            out[key_of(values[project], values[episode], values[step])] = build(values)
         return out
 
     def running_rows(self) -> list[LedgerRow]:

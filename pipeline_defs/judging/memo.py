@@ -66,9 +66,9 @@ def memoise(
 ) -> tuple[list[StepEvaluation], dict[str, Memo]]:
     """(fresh launches, the memos of every partition after this tick).
 
-    A partition not chosen keeps its memo (a never-judged one deferred has none yet); a
-    chosen one left over (budget) gets none, so the next tick judges it. Each run key is
-    launched once per process (Dagster dedupes run keys anyway).
+    A partition not chosen, or chosen and left over (budget), keeps the memo it had (a
+    never-judged one has none yet). Each run key is launched once per process (Dagster
+    dedupes run keys anyway).
     """
     by_pk: dict[str, list[StepEvaluation]] = {}
     for ev in evaluations:
@@ -84,7 +84,13 @@ def memoise(
                 new_memos[pk] = kept
             continue
         if pk not in judged_set:
-            continue  # over budget: no memo, so the next tick judges it
+            # Over budget: the next ticks judge it (ResumeTicker._unfinished). A memo it had
+            # is kept: what it saw still tells a change from none, and a run key it launched
+            # is not launched again.
+            kept = memos.get(pk)
+            if kept is not None:
+                new_memos[pk] = kept
+            continue
         evs = by_pk.get(pk, [])  # workers leave out SKIPs
         previous_memo = memos.get(pk)
         already = previous_memo.launched if previous_memo else frozenset()

@@ -40,9 +40,9 @@ class TickPlan:
     full_at: float
     rows: Mapping[StepKey, Mapping[str, Any]] = field(default_factory=dict)
     chosen: list[str] = field(default_factory=list)
-    # Partitions never judged yet that this tick leaves to the next ones (budget): they
-    # count as pending in the cursor, so the next tick is not idle.
-    deferred: int = 0
+    # Partitions due (never judged, or not yet reached by a refresh) that this tick leaves
+    # to the next ones (budget): pending in the cursor, so the next tick is not idle.
+    deferred: list[str] = field(default_factory=list)
     _grouped: tuple[object, dict[str, dict[str, tuple[StepKey, Mapping[str, Any]]]]] | None = None
 
     def by_partition(self) -> dict[str, dict[str, tuple[StepKey, Mapping[str, Any]]]]:

@@ -133,3 +133,50 @@ def test_a_cold_start_over_budget_takes_what_fits_and_reads_only_those_rows(
         cursor = result.cursor
     assert sorted(launched) == ["p/e0", "p/e4"]  # each once
     assert ticker.tick(keys, now, cursor).stats.mode == "unchanged"
+
+
+def test_a_refresh_over_budget_keeps_what_it_knew_and_goes_on_where_it_stopped(
+    sqlite_url: str, pipeline_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The periodic full refresh of a big ledger takes several ticks: the partitions it
+    has not reached keep their memos (before, it threw them away and the next ticks judged
+    them as new, reading the whole ledger), and the next ticks take them in budget-sized
+    slices until the refresh is through; nothing settled is launched."""
+    import dataclasses
+    from datetime import timedelta
+
+    import pipeline_defs.judging.tick as tick_module
+
+    monkeypatch.setattr(tick_module, "_BACKLOG_MIN", 1)
+    stores = stores_for(pipeline_home, sqlite_url)
+    keys = [f"p/e{n}" for n in range(7)]
+    for pk in keys:
+        seed(stores, pk)
+    steps = len(SENSOR_STEPS)
+    config = TickConfig(workers=1, max_targeted=3)
+    ticker = ResumeTicker(SENSOR_STEPS, stores, config)
+    now = datetime.now(UTC)
+    cold = ticker.tick(keys, now, None)
+    assert (cold.stats.evaluated_partitions, cold.stats.pending) == (7, 0)
+
+    monkeypatch.setattr(dispatch_module, "_BUDGET_SLICE", 1)
+    ticker.config = dataclasses.replace(config, budget_seconds=0)
+    later = now + timedelta(seconds=config.full_refresh_seconds + 1)
+    full = ticker.tick(keys, later, cold.cursor)
+    assert (full.stats.mode, full.stats.evaluated_partitions) == ("full", 1)
+    assert full.stats.pending == 6
+    assert set(ticker._memos) == set(keys)  # what it did not reach is still known
+
+    ticker.config = dataclasses.replace(config, budget_seconds=100)
+    ticker._pace = 30.0  # 80 % of 100 s at 30 s a partition: two a tick
+    cursor, refreshed = full.cursor, 1
+    for pending in (4, 2, 0):
+        result = ticker.tick(keys, later, cursor)
+        assert result.stats.changed == {"refresh": 2}
+        assert (result.stats.evaluated_partitions, result.stats.pending) == (2, pending)
+        assert result.stats.rows_fetched == 2 * steps  # theirs only, not the ledger
+        assert result.runs == []
+        refreshed += result.stats.evaluated_partitions
+        cursor = result.cursor
+    assert refreshed == len(keys)
+    assert ticker.tick(keys, later, cursor).stats.mode == "unchanged"

@@ -182,6 +182,11 @@ def test_memoise_launches_once_and_keeps_unjudged_memos(
     assert launches == [run]
     assert memos["p/e1"] == "memo of e1"  # untouched
     assert "p/e2" not in memos  # no memo: judged first next tick
+    # Left over with a memo (a refresh that ran out of budget): it keeps what it knew.
+    kept, memos2 = memoise(
+        plan, _evs(run), ["p/e3"], old | {"p/e2": cast(Any, "e2")}, ResumeSettings(), NOW
+    )
+    assert memos2["p/e2"] == "e2" and kept == [run]
     assert memos["p/e3"].launched == frozenset({"k1"})
     assert memos["p/e3"].tree == plan.scanned["p/e3"].ints
     again, _ = memoise(plan, _evs(run), ["p/e3"], old | memos, ResumeSettings(), NOW)

@@ -29,6 +29,7 @@ Creates (and drops, unless ``--keep``) two databases on that server,
 import argparse
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -108,6 +109,15 @@ def _ticks(url: str) -> list[dict[str, Any]]:
     return sorted(ticks, key=lambda t: t["timestamp"])
 
 
+# The sensor's own line per tick (its log, or the skip reason of a tick that requested
+# nothing): mode, partitions judged, what is left, rows read.
+TICK_LINE = re.compile(
+    r"resume tick \[(?P<mode>\w+)\]: \d+ partitions(?:, (?P<judged>\d+) re-judged "
+    r"\((?P<why>[^)]*)\), \d+ judge calls, (?P<left>\d+) left for the next tick "
+    r"\((?P<unjudged>\d+) never judged\), (?P<queries>\d+) row queries \((?P<rows>\d+) rows\))?"
+)
+
+
 def _row(tick: dict[str, Any]) -> dict[str, Any]:
     state = CursorState.decode(tick["cursor"])
     return {
@@ -117,6 +127,22 @@ def _row(tick: dict[str, Any]) -> dict[str, Any]:
         "pending": None if state is None else state.pending,
         "note": (tick["error"] or {}).get("message", "")[:300] or (tick["skipReason"] or ""),
     }
+
+
+def _tick_lines(log: Path) -> list[dict[str, Any]]:
+    found = []
+    for match in TICK_LINE.finditer(log.read_text(errors="replace")):
+        line = {"mode": match["mode"]}
+        if match["judged"] is not None:
+            line |= {
+                "judged": int(match["judged"]),
+                "why": match["why"],
+                "unjudged": int(match["unjudged"]),
+                "row_queries": int(match["queries"]),
+                "rows": int(match["rows"]),
+            }
+        found.append(line)
+    return found
 
 
 def run(episodes: int, server_url: str, every: int, timeout_s: float, keep: bool) -> dict[str, Any]:
@@ -175,13 +201,33 @@ def run(episodes: int, server_url: str, every: int, timeout_s: float, keep: bool
                 done = [i for i, r in enumerate(rows) if r["pending"] == 0]
                 if done and len(rows) > done[0] + 1:  # converged, plus one tick after it
                     break
+            # The sensor logs its line for every tick that judged something; an unchanged
+            # tick's line is its skip reason.
+            lines = _tick_lines(work / "dagster_dev.log")
+            judged_lines = iter(lines)
+            for row in rows:
+                if "resume tick [unchanged]" in row["note"]:
+                    row["tick"] = {"mode": "unchanged"}
+                else:
+                    row["tick"] = next(judged_lines, None)
             with dg.DagsterInstance.from_config(str(dagster_home)) as instance:
                 runs = instance.get_runs(dg.RunsFilter(job_name=STEPS_JOB))
                 per_partition = Counter(r.tags.get("dagster/partition") for r in runs)
         out["ticks"] = rows
+        # Every partition judged once (the cold start through), and nothing left at all (a
+        # refresh that fell due meanwhile through as well: at 100,000 unsealed episodes the
+        # cold start outlasts the 10-minute refresh).
+        through = [
+            i for i, r in enumerate(rows) if r.get("tick") and r["tick"].get("unjudged") == 0
+        ]
+        out["judged_once_after_ticks"] = through[0] + 1 if through else None
+        out["judged_once_after_s"] = rows[through[0]]["since_first_s"] if through else None
         done = [i for i, r in enumerate(rows) if r["pending"] == 0]
         out["converged_after_ticks"] = done[0] + 1 if done else None
         out["converged_after_s"] = rows[done[0]]["since_first_s"] if done else None
+        out["max_rows_per_tick"] = max(
+            (r["tick"]["rows"] for r in rows if r.get("tick") and "rows" in r["tick"]), default=None
+        )
         out["failed_ticks"] = sum(r["status"] == "FAILURE" for r in rows)
         out["max_tick_s"] = max((r["seconds"] for r in rows), default=None)
         out["runs"] = sum(per_partition.values())

@@ -149,6 +149,7 @@ class TickStats:
     rows_fetched: int = 0
     changed: dict[str, int] = field(default_factory=dict)  # why partitions were re-judged
     pending: int = 0  # changed partitions left for the next tick (over budget)
+    unjudged: int = 0  # of those, never judged by this process yet (a cold start's rest)
     launches: int = 0  # steps launched
     runs: int = 0  # the runs they go in: at most one per partition
     held: int = 0  # partitions whose run waits for a run of theirs in flight
@@ -167,7 +168,7 @@ class TickStats:
         return (
             f"resume tick [{self.mode}]: {self.partitions} partitions, "
             f"{self.evaluated_partitions} re-judged ({why}), {self.judged} judge calls, "
-            f"{self.pending} left for the next tick, "
+            f"{self.pending} left for the next tick ({self.unjudged} never judged), "
             f"{self.row_queries} row queries ({self.rows_fetched} rows); {self.launches} "
             f"launches in {self.runs} runs ({self.held} partitions held behind runs in "
             f"flight), {self.blocked} blocked, {self.waiting} waiting, {self.deferred} "
@@ -319,6 +320,7 @@ class ResumeTicker:
         shape, tree = self._settle_subdirs(plan, memos)
 
         self._memos = memos
+        stats.unjudged = sum(pk not in memos for pk in self._unfinished)
         self._token = uuid.uuid4().hex
         self._marker = plan.marker
         wakes = [m.wake for m in memos.values() if m.wake is not None]

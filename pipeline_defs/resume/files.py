@@ -15,7 +15,7 @@ import uuid
 from pathlib import Path
 
 from pipeline_defs.resume.completion import Origin
-from pipeline_defs.resume.errors import PipelineError
+from pipeline_defs.resume.errors import ErrorCode, PipelineError
 
 SYMLINK_CODE = "checkpoint.symlink"
 # Not on every platform (Windows): there a link is still caught by the lstat before opening.
@@ -83,7 +83,7 @@ def _open_dir_nofollow(name: str, parent_fd: int, shown: Path) -> int:
         if exc.errno == errno.ENOTDIR:
             mode = os.stat(name, dir_fd=parent_fd, follow_symlinks=False).st_mode
             raise PipelineError(
-                "input.invalid",
+                ErrorCode.INPUT_INVALID,
                 f"{shown} is {describe_mode(mode)}, where a directory of the pipeline should "
                 "be: nothing is written through it; remove it to go on",
                 details={"path": str(shown)},
@@ -130,7 +130,7 @@ def write_file_under(root: Path, path: Path, payload: bytes) -> None:
             raise symlink_error(target, "a file")
         if found is not None and not stat_module.S_ISREG(found.st_mode):
             raise PipelineError(
-                "input.invalid",
+                ErrorCode.INPUT_INVALID,
                 f"{target} is {describe_mode(found.st_mode)}, where a file of the pipeline "
                 "should be: nothing is written over it; remove it to go on",
                 details={"path": str(target)},

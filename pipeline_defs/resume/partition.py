@@ -3,7 +3,7 @@
 import re
 from dataclasses import dataclass
 
-from pipeline_defs.resume.errors import PipelineError
+from pipeline_defs.resume.errors import ErrorCode, PipelineError
 
 ID_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
@@ -18,7 +18,7 @@ def validate_id(value: object, what: str) -> str:
         return value
     if not isinstance(value, str) or not ID_PATTERN.fullmatch(value):
         raise PipelineError(
-            "input.invalid_id",
+            ErrorCode.INPUT_INVALID_ID,
             f"invalid {what} {value!r}: ids must match [A-Za-z0-9_-]{{1,64}}",
             details={"field": what},
         )
@@ -27,7 +27,7 @@ def validate_id(value: object, what: str) -> str:
     # `rm -r <e>`). A word that starts with "-" reads as an option there (`-rf`).
     if value.startswith("-"):
         raise PipelineError(
-            "input.invalid_id",
+            ErrorCode.INPUT_INVALID_ID,
             f"invalid {what} {value!r}: an id must not start with '-' (it would read as an "
             "option in the commands that name it)",
             details={"field": what},
@@ -59,7 +59,7 @@ class Episode:
         parts = partition_key.split("/") if isinstance(partition_key, str) else []
         if len(parts) != 2:
             raise PipelineError(
-                "input.invalid_id",
+                ErrorCode.INPUT_INVALID_ID,
                 f"invalid partition key {partition_key!r}: expected <project_id>/<episode_id>",
                 details={"field": "partition_key"},
             )

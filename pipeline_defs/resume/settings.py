@@ -16,7 +16,7 @@ from pydantic import (
     model_validator,
 )
 
-from pipeline_defs.resume.errors import PipelineError
+from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.layout import DataLayout
 from pipeline_defs.resume.partition import ID_PATTERN
 
@@ -180,7 +180,7 @@ class ResumeSettings(BaseModel):
                     for n in pair
                 )
                 raise PipelineError(
-                    "settings.invalid",
+                    ErrorCode.SETTINGS_INVALID,
                     f"invalid setting lease_seconds ({where}): {first['msg']}",
                     details={"setting": "lease_seconds"},
                 ) from None
@@ -237,7 +237,7 @@ def _why(error: Mapping[str, Any]) -> str:
 
 def _invalid(name: str, source: str, value: object, why: str) -> PipelineError:
     return PipelineError(
-        "settings.invalid",
+        ErrorCode.SETTINGS_INVALID,
         f"invalid setting {name} ({_where(name, source, value)}): {why}",
         details={"setting": name},
     )
@@ -313,7 +313,7 @@ def validate_ledger_values(values: Mapping[str, str]) -> dict[str, str]:
     for key in values:
         if key not in LEDGER_KEYS:
             raise PipelineError(
-                "settings.invalid",
+                ErrorCode.SETTINGS_INVALID,
                 f"{key!r} is no ledger setting; the ledger holds: {', '.join(LEDGER_KEYS)}",
                 details={"setting": key},
             )
@@ -414,7 +414,7 @@ def check_crash_point(env: Mapping[str, str] | None = None) -> None:
     if stage in CRASH_STAGES and (not colon or ID_PATTERN.fullmatch(step) is not None):
         return
     raise PipelineError(
-        "settings.invalid",
+        ErrorCode.SETTINGS_INVALID,
         f"invalid {CRASH_ENV}={value!r}: expected <step>:<stage> or <stage>, the stage one "
         f"of {', '.join(CRASH_STAGES)}",
         details={"setting": CRASH_ENV},

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline_defs.project import TEXT_MODEL_KEYS
-from pipeline_defs.resume.errors import PipelineError
+from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.steps.context import StepContext, VerifyContext
 from pipeline_defs.steps.mutations import held_intents
 from pipeline_defs.steps.spec import Mutation, Step, StepResult
@@ -42,8 +42,8 @@ class Fix:
     reason: str
 
 
-def review_error(code: str, message: str) -> PipelineError:
-    return PipelineError(f"t2i_review.{code}", message, status=422)
+def review_error(code: ErrorCode, message: str) -> PipelineError:
+    return PipelineError(code, message)
 
 
 def scene_item_map(scenes: Sequence[Mapping[str, Any]]) -> dict[str, tuple[int, int]]:
@@ -72,7 +72,7 @@ def parse_fixes(reply_data: Mapping[str, Any], known: set[str]) -> list[Fix]:
         )
         if fix.item_id not in known:
             raise review_error(
-                "unknown_item_id",
+                ErrorCode.T2I_REVIEW_UNKNOWN_ITEM_ID,
                 f"the reviewer answered item_id {fix.item_id!r}, which is not one of the "
                 f"{len(known)} items it was given",
             )
@@ -89,7 +89,10 @@ def apply_fixes(
     applied: list[tuple[int, int]] = []
     for fix in fixes:
         if fix.item_id not in item_map:
-            raise review_error("unknown_item_id", f"no shot variation has item_id {fix.item_id!r}")
+            raise review_error(
+                ErrorCode.T2I_REVIEW_UNKNOWN_ITEM_ID,
+                f"no shot variation has item_id {fix.item_id!r}",
+            )
         list_index, v = item_map[fix.item_id]
         variation = scenes[list_index]["t2i_variations"][v]
         if variation["t2i_prompt"] == fix.t2i_prompt:
@@ -119,7 +122,7 @@ def refresh_prompt_hashes(
                 exc.message if isinstance(exc, PipelineError) else f"{type(exc).__name__}: {exc}"
             )
             raise review_error(
-                "sentinel_refresh_failed",
+                ErrorCode.T2I_REVIEW_SENTINEL_REFRESH_FAILED,
                 f"cannot refresh t2i_prompt_hash of L{list_index}_V{v}: {message}; "
                 "scene_detail left unchanged",
             ) from exc
@@ -194,7 +197,7 @@ class T2IReview(Step):
         changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
         if changed:
             raise review_error(
-                "card_hash_unexpected_change",
+                ErrorCode.T2I_REVIEW_CARD_HASH_UNEXPECTED_CHANGE,
                 f"render_prompt_card_hash changed during the review for {changed[:5]}; "
                 "a prompt fix must never touch a card",
             )

@@ -62,7 +62,7 @@ def sha256_bytes(data: bytes) -> str:
 
 def _integrity(storage: Storage, key: str, problem: str, origin: Origin) -> PipelineError:
     return PipelineError(
-        "io.integrity_violation",
+        ErrorCode.IO_INTEGRITY_VIOLATION,
         f"object {key} in {storage.url}: {problem}",
         origin=origin.value,
         details={"key": key, "storage": storage.url},

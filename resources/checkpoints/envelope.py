@@ -9,7 +9,7 @@ from urllib.parse import unquote_plus, urlsplit, urlunsplit
 
 from pipeline_defs.resume.completion import Origin
 from pipeline_defs.resume.decision import CheckpointSummary
-from pipeline_defs.resume.errors import PipelineError
+from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.partition import StepKey
 
 SECRET_MARKERS = ("api_key", "password", "secret", "token", "credential")
@@ -258,7 +258,7 @@ class Checkpoint:
 
         def broken(problem: str) -> PipelineError:
             return PipelineError(
-                "io.integrity_violation",
+                ErrorCode.IO_INTEGRITY_VIOLATION,
                 f"checkpoint {source}: {problem}",
                 origin=Origin.CONTRACT_DRIFT.value,
                 details={"path": source},
@@ -326,7 +326,7 @@ class Checkpoint:
         # content hash is recomputed, not trusted, once the step has validated the edit.
         if stored != checkpoint.content_hash and not edited:
             raise PipelineError(
-                "io.integrity_violation",
+                ErrorCode.IO_INTEGRITY_VIOLATION,
                 f"checkpoint {source}: content hash {stored} does not match the content "
                 f"({checkpoint.content_hash}); the file was {EDITED_OUTSIDE}",
                 origin=Origin.INVARIANT_DRIFT.value,

@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from pipeline_defs.resume.errors import PipelineError
+from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.files import symlink_error
 from pipeline_defs.resume.identity import dir_stat_identity
 from pipeline_defs.resume.partition import StepKey
@@ -57,7 +57,7 @@ class LinkPolicy(StorePaths):
             or os.path.isabs(relative)
         ):
             raise PipelineError(
-                "input.invalid", f"artifact path {relative!r} escapes {self.step_dir(key)}"
+                ErrorCode.INPUT_INVALID, f"artifact path {relative!r} escapes {self.step_dir(key)}"
             )
         path = self.step_dir(key) / normal
         self._refuse_links_to(key, normal)

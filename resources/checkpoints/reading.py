@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pipeline_defs.resume.completion import Origin
 from pipeline_defs.resume.decision import CheckpointSummary
-from pipeline_defs.resume.errors import PipelineError
+from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.files import file_sha256, read_nofollow, symlink_error
 from pipeline_defs.resume.identity import FileIdentity, stat_identity
 from pipeline_defs.resume.partition import StepKey
@@ -36,7 +36,7 @@ class CheckpointReader(LinkPolicy):
         self, path: Path, problem: str, origin: Origin = Origin.CONTRACT_DRIFT
     ) -> PipelineError:
         return PipelineError(
-            "io.integrity_violation",
+            ErrorCode.IO_INTEGRITY_VIOLATION,
             f"checkpoint {path}: {problem}",
             origin=origin.value,
             details={"path": str(path)},

@@ -156,6 +156,6 @@ def simulated_latency_ms(configured: int | None) -> int:
         value = -1
     if value < 0:
         raise PipelineError(
-            "settings.invalid", f"{LATENCY_ENV} must be a non-negative integer, got {raw!r}"
+            ErrorCode.SETTINGS_INVALID, f"{LATENCY_ENV} must be a non-negative integer, got {raw!r}"
         )
     return value

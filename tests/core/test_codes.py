@@ -9,6 +9,7 @@ with the member's.
 
 import ast
 import re
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,7 @@ PRODUCT = ("pipeline_defs", "resources", "sensors")
 WRAPPERS: dict[str, tuple[str, int | None, str | None]] = {
     "PipelineError": ("", 0, None),
     "provider_error": ("", 0, None),
-    "review_error": ("t2i_review.", 0, None),
+    "review_error": ("", 0, None),
     "sentinel_error": ("", None, "scene_detail.sentinel_malformed"),
 }
 # Attributes that hold the code of an error raised (and scanned) elsewhere, or a decision's
@@ -194,6 +195,48 @@ def test_the_scan_is_not_blind(tmp_path: Path) -> None:
     call = next(n for n in ast.walk(module.tree) if isinstance(n, ast.Call))
     assert _codes_in(call.args[0], module, None) == {"made.up"}
     assert "made.up" not in STATUS_BY_CODE
+
+
+def _codes_given_as_text(modules: Iterable[_Module]) -> list[str]:
+    """Raise sites whose code is a string literal or an f-string instead of a member."""
+    found: list[str] = []
+    for module in modules:
+        for call in ast.walk(module.tree):
+            if not isinstance(call, ast.Call):
+                continue
+            func = call.func
+            name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
+            if name not in WRAPPERS:
+                continue
+            index = WRAPPERS[name][1]
+            given = [call.args[index]] if index is not None and len(call.args) > index else []
+            given += [k.value for k in call.keywords if k.arg == "code"]
+            for expr in given:
+                if isinstance(expr, ast.JoinedStr) or (
+                    isinstance(expr, ast.Constant) and isinstance(expr.value, str)
+                ):
+                    found.append(f"{module.path.name}:{call.lineno} {ast.unparse(expr)}")
+    return found
+
+
+def test_every_raise_site_names_its_code_by_member() -> None:
+    """``PipelineError(ErrorCode.X, ...)``, never ``PipelineError("x.y", ...)``: a typo in
+    text is a new code nobody handles; a typo in a member name fails at import."""
+    assert _codes_given_as_text(MODULES.values()) == []
+
+
+def test_the_text_scan_is_not_blind() -> None:
+    module = _Module.__new__(_Module)
+    module.path = ROOT / "planted.py"
+    module.tree = ast.parse(
+        'def f(x):\n    raise PipelineError("made.up", "x")\n'
+        'def g(x):\n    raise review_error(f"t2i_review.{x}", "x")\n'
+        "def h(x):\n    raise PipelineError(ErrorCode.INTERNAL, x)\n"
+    )
+    assert _codes_given_as_text([module]) == [
+        "planted.py:2 'made.up'",
+        "planted.py:4 f't2i_review.{x}'",
+    ]
 
 
 def test_status_map_covers_every_member_and_strings_still_work() -> None:

@@ -83,8 +83,8 @@ from pipeline_defs.judging.registry import ticker_for  # noqa: E402
 from pipeline_defs.judging.scrub import scrub_for  # noqa: E402
 from pipeline_defs.judging.tick import TickConfig  # noqa: E402
 from pipeline_defs.resume.partition import StepKey  # noqa: E402
-from pipeline_defs.steps.assets import build_step_assets  # noqa: E402
 from pipeline_defs.storyboard import STORYBOARD_STEPS  # noqa: E402
+from pipeline_defs.wiring.assets import build_step_assets  # noqa: E402
 from resources.checkpoints.bucket import BucketCheckpoints, sha256_bytes  # noqa: E402
 from resources.checkpoints.envelope import Artifact, Checkpoint  # noqa: E402
 from resources.checkpoints.manifest import ENVELOPE_NAME, Manifest, ObjectRef  # noqa: E402

@@ -101,10 +101,10 @@ from pipeline_defs.project import load_project_config  # noqa: E402
 from pipeline_defs.resume.clock import parse_timestamp  # noqa: E402
 from pipeline_defs.resume.decision import LaunchMode, ResumeAction  # noqa: E402
 from pipeline_defs.resume.partition import Episode, StepKey  # noqa: E402
-from pipeline_defs.steps.assets import MODE_TAG, build_step_assets  # noqa: E402
 from pipeline_defs.steps.graph import StepGraph  # noqa: E402
 from pipeline_defs.steps.judge import StepJudge  # noqa: E402
 from pipeline_defs.storyboard import STORYBOARD_STEPS, sample_stories  # noqa: E402
+from pipeline_defs.wiring.assets import MODE_TAG, build_step_assets  # noqa: E402
 from resources.checkpoints.envelope import mask_secrets  # noqa: E402
 from resources.checkpoints.store import file_sha256  # noqa: E402
 from resources.ledger.store import engine_for  # noqa: E402

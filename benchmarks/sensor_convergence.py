@@ -47,7 +47,7 @@ import sqlalchemy as sa  # noqa: E402
 import yaml  # noqa: E402
 
 from pipeline_defs.judging.cursor import CursorState  # noqa: E402
-from pipeline_defs.steps.assets import episodes as episodes_partitions  # noqa: E402
+from pipeline_defs.wiring.assets import episodes as episodes_partitions  # noqa: E402
 from resources.pipeline import PipelineResource  # noqa: E402
 from sensors.resume_sensor import SENSOR_NAME, STEPS_JOB  # noqa: E402
 from tests.support.dagster_dev import dagster_dev, graphql, write_workspace  # noqa: E402

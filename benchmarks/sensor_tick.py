@@ -71,11 +71,11 @@ from pipeline_defs.resume.decision import config_hash  # noqa: E402
 from pipeline_defs.resume.errors import PipelineError  # noqa: E402
 from pipeline_defs.resume.partition import StepKey  # noqa: E402
 from pipeline_defs.resume.settings import ResumeSettings  # noqa: E402
-from pipeline_defs.steps.assets import build_step_assets  # noqa: E402
 from pipeline_defs.steps.context import StepContext  # noqa: E402
 from pipeline_defs.steps.graph import StepGraph  # noqa: E402
 from pipeline_defs.steps.judge import StepJudge  # noqa: E402
 from pipeline_defs.steps.spec import Step  # noqa: E402
+from pipeline_defs.wiring.assets import build_step_assets  # noqa: E402
 from resources.checkpoints.envelope import Artifact, Checkpoint, mask_secrets  # noqa: E402
 from resources.checkpoints.seal import Seal, SealedEntry  # noqa: E402
 from resources.checkpoints.store import CheckpointStore  # noqa: E402

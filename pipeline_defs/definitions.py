@@ -5,10 +5,10 @@ from collections.abc import Sequence
 import dagster as dg
 
 from pipeline_defs.resume.settings import check_environment
-from pipeline_defs.steps.assets import build_step_assets
-from pipeline_defs.steps.io_manager import CheckpointIOManager
 from pipeline_defs.steps.spec import Step
 from pipeline_defs.storyboard import STORYBOARD_STEPS, ProjectImageModel, ProjectTextModel
+from pipeline_defs.wiring.assets import build_step_assets
+from pipeline_defs.wiring.io_manager import CheckpointIOManager
 from resources.pipeline import PipelineResource
 from sensors.resume_sensor import DEFAULT_INTERVAL_SECONDS, build_resume_sensor
 from sensors.storage_gc import storage_gc, storage_gc_daily

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 
 import dagster as dg
 
-from pipeline_defs.steps.assets import RESUME_CHECK
+from pipeline_defs.wiring.assets import RESUME_CHECK
 
 REPORT_JOB = "resume_report"
 REPORT_OP = "publish_resume_checks"

@@ -39,9 +39,9 @@ from pipeline_defs.judging.scan import episode_of
 from pipeline_defs.judging.scrub import scrub_for
 from pipeline_defs.judging.tick import InFlight, TickConfig, TickResult
 from pipeline_defs.resume.decision import ResumeAction
-from pipeline_defs.steps.assets import episodes, owner_ended_in
 from pipeline_defs.steps.graph import order_steps
 from pipeline_defs.steps.spec import Step
+from pipeline_defs.wiring.assets import episodes, owner_ended_in
 from resources.ledger.store import LedgerStore
 from resources.pipeline import PipelineResource
 from sensors.report import report_requests, resume_report

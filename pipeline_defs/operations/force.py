@@ -7,8 +7,8 @@ from pipeline_defs.operations.run_report import RunReport
 from pipeline_defs.operations.runs import CLI_TAGS, run_assets
 from pipeline_defs.operations.workspace import Workspace
 from pipeline_defs.resume.partition import Episode
-from pipeline_defs.steps.assets import MODE_TAG
 from pipeline_defs.steps.graph import downstream_of
+from pipeline_defs.wiring.assets import MODE_TAG
 
 FORCE_TAGS: Mapping[str, str] = {**CLI_TAGS, MODE_TAG: "force"}
 

@@ -8,7 +8,7 @@ from typing import Any
 from pipeline_defs.operations.run_report import WATCHED, RunReport, Timeline, summarize_run
 from pipeline_defs.operations.workspace import Workspace
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
-from pipeline_defs.steps.assets import LAUNCH_PATH_TAG
+from pipeline_defs.wiring.assets import LAUNCH_PATH_TAG
 
 ASSET_JOB = "__ASSET_JOB"
 TERMINAL_RUN_STATUSES = frozenset({"SUCCESS", "FAILURE", "CANCELED"})

@@ -13,8 +13,8 @@ from pipeline_defs.operations.watcher import RunWatcher
 from pipeline_defs.operations.workspace import Workspace
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.partition import Episode
-from pipeline_defs.steps.assets import LAUNCH_PATH_TAG
 from pipeline_defs.steps.graph import StepGraph
+from pipeline_defs.wiring.assets import LAUNCH_PATH_TAG
 
 CLI_TAGS: Mapping[str, str] = {LAUNCH_PATH_TAG: "cli"}
 QUIET_RUN_CONFIG: Mapping[str, Any] = {

@@ -29,7 +29,7 @@ def judge_now(ws: Workspace, episodes: Sequence[Episode], now: datetime) -> list
 
 def owner_ended_rule(ws: Workspace) -> Callable[[str], str | None] | None:
     """The sensor's dead-owner rule (``owner_ended_in``) on this workspace's instance."""
-    from pipeline_defs.steps.assets import owner_ended_in
+    from pipeline_defs.wiring.assets import owner_ended_in
 
     instance = ws.instance(required=False)
     return None if instance is None else owner_ended_in(instance)

@@ -23,11 +23,11 @@ from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.layout import EPISODES, STORY_FILE, DataLayout
 from pipeline_defs.resume.partition import Episode, validate_id
 from pipeline_defs.resume.settings import ENV_NAMES, EffectiveSettings, ResumeSettings
-from pipeline_defs.steps.assets import episodes
 from pipeline_defs.steps.graph import StepGraph, order_steps
-from pipeline_defs.steps.io_manager import STEP_METADATA_KEY
 from pipeline_defs.steps.judge import StepJudge
 from pipeline_defs.steps.spec import Step, load_step
+from pipeline_defs.wiring.assets import episodes
+from pipeline_defs.wiring.io_manager import STEP_METADATA_KEY
 from resources.checkpoints.store import CheckpointStore
 from resources.ledger.store import MIGRATIONS_DIR, LedgerStore
 from resources.pipeline import PipelineResource

@@ -14,7 +14,7 @@ review): nothing is invalidated.
 
 Dagster-free and below the asset factory, so that both ways of asking share this one core:
 ``storyboard accept`` (``pipeline_defs/operations/accept.py``) and a launch tagged
-``resume/mode=accept`` (``pipeline_defs/steps/assets.py``, docs/DESIGN.md#launch-paths).
+``resume/mode=accept`` (``pipeline_defs/wiring/assets.py``, docs/DESIGN.md#launch-paths).
 """
 
 import json

@@ -98,7 +98,7 @@ def not_a_file(
     return None
 
 
-# The launch path of runs the resume sensor requests (``steps.assets.launch_path``): the
+# The launch path of runs the resume sensor requests (``wiring.assets.launch_path``): the
 # only automatic launcher. Only its recoveries count toward ``max_recovery_attempts``.
 AUTOMATIC_LAUNCH_PATH = "sensor"
 

@@ -18,7 +18,7 @@ from judge_steps import (
 )
 
 from pipeline_defs.resume.errors import PipelineError
-from pipeline_defs.steps.io_manager import STEP_METADATA_KEY, CheckpointIOManager
+from pipeline_defs.wiring.io_manager import STEP_METADATA_KEY, CheckpointIOManager
 from resources.checkpoints.envelope import Checkpoint
 from resources.checkpoints.store import ARCHIVE_DIR
 from resources.pipeline import PipelineResource

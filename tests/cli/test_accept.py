@@ -192,7 +192,7 @@ ACCEPT_TAG = {"resume/mode": "accept"}
 def test_launch_modes_from_tags() -> None:
     from pipeline_defs.resume.decision import LaunchMode
     from pipeline_defs.resume.errors import PipelineError
-    from pipeline_defs.steps.assets import launch_mode
+    from pipeline_defs.wiring.assets import launch_mode
 
     assert launch_mode(ACCEPT_TAG) is LaunchMode.ACCEPT
     assert launch_mode({"resume/mode": " Accept "}) is LaunchMode.ACCEPT

@@ -58,3 +58,14 @@ def test_the_pure_core_imports_no_framework(tmp_path: Path) -> None:
     result = lint_imports(tree)
     assert result.returncode != 0, result.stdout[-4000:]
     assert "pipeline_defs.resume.decision -> dagster" in result.stdout
+
+
+def test_the_batch_judgement_and_the_run_protocol_import_no_dagster(tmp_path: Path) -> None:
+    tree = copy_product(tmp_path)
+    for planted in ("judging/tick.py", "steps/judge.py"):
+        module = tree / "pipeline_defs" / planted
+        module.write_text(module.read_text() + "\nimport dagster  # wrong: Dagster-free\n")
+    result = lint_imports(tree)
+    assert result.returncode != 0, result.stdout[-4000:]
+    assert "pipeline_defs.judging.tick -> dagster" in result.stdout
+    assert "pipeline_defs.steps.judge -> dagster" in result.stdout

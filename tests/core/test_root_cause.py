@@ -24,9 +24,9 @@ from storyboard_fakes import EchoTextModel, Source
 
 from pipeline_defs.definitions import build_resources
 from pipeline_defs.resume.partition import StepKey
-from pipeline_defs.steps.assets import build_step_assets
 from pipeline_defs.steps.context import StepContext
 from pipeline_defs.steps.spec import Step, StepResult
+from pipeline_defs.wiring.assets import build_step_assets
 from resources.checkpoints.envelope import Checkpoint
 
 

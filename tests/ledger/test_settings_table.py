@@ -29,7 +29,7 @@ from pipeline_defs.resume.settings import (
     check_environment,
     resolve_settings,
 )
-from pipeline_defs.steps.assets import build_step_assets
+from pipeline_defs.wiring.assets import build_step_assets
 from resources.ledger.store import LedgerStore
 from resources.pipeline import PipelineResource
 from sensors.resume_sensor import build_resume_sensor

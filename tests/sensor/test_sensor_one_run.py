@@ -26,9 +26,9 @@ from storyboard_support import (
 
 from pipeline_defs.definitions import build_resources
 from pipeline_defs.judging.registry import forget_tickers
-from pipeline_defs.steps.assets import build_step_assets
 from pipeline_defs.steps.graph import StepGraph
 from pipeline_defs.storyboard import STORYBOARD_STEPS
+from pipeline_defs.wiring.assets import build_step_assets
 from resources.providers import TextCall, TextModel, TextReply
 from sensors.report import REPORT_JOB, reported
 from sensors.resume_sensor import build_resume_sensor

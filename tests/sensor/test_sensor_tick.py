@@ -33,7 +33,7 @@ from pipeline_defs.judging.registry import forget_tickers, ticker_for
 from pipeline_defs.judging.tick import TickConfig, TickStats
 from pipeline_defs.resume.clock import format_timestamp
 from pipeline_defs.resume.partition import Episode, StepKey
-from pipeline_defs.steps.assets import RESUME_CHECK, build_step_assets
+from pipeline_defs.wiring.assets import RESUME_CHECK, build_step_assets
 from resources.ledger.store import LedgerStore
 from resources.pipeline import PipelineResource
 from sensors.report import REPORT_JOB, reported

@@ -30,7 +30,7 @@ from pipeline_defs.judging.evaluation import (
 from pipeline_defs.judging.registry import forget_tickers
 from pipeline_defs.judging.tick import ResumeTicker, TickConfig
 from pipeline_defs.resume.partition import StepKey
-from pipeline_defs.steps.assets import build_step_assets
+from pipeline_defs.wiring.assets import build_step_assets
 from resources.pipeline import PipelineResource
 from sensors.report import REPORT_JOB
 from sensors.resume_sensor import build_resume_sensor

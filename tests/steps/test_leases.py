@@ -248,7 +248,7 @@ def test_owner_ended_in_reports_a_deleted_run_as_ended() -> None:
 
     import dagster as dg
 
-    from pipeline_defs.steps.assets import OWNER_RUN_DELETED, owner_ended_in
+    from pipeline_defs.wiring.assets import OWNER_RUN_DELETED, owner_ended_in
 
     @dg.op
     def fine() -> None:

@@ -487,7 +487,7 @@ def test_the_sensor_scrubs_its_share_each_tick_and_relaunches_a_deleted_picture_
 
     from pipeline_defs.definitions import build_resources
     from pipeline_defs.judging.registry import forget_tickers
-    from pipeline_defs.steps.assets import build_step_assets
+    from pipeline_defs.wiring.assets import build_step_assets
     from sensors.report import REPORT_JOB
     from sensors.resume_sensor import build_resume_sensor
 

@@ -39,10 +39,10 @@ import dagster as dg
 from pipeline_defs.resume.completion import CompletionReport, Origin
 from pipeline_defs.resume.errors import PipelineError
 from pipeline_defs.resume.partition import StepKey
-from pipeline_defs.steps.assets import build_step_assets
 from pipeline_defs.steps.context import StepContext
-from pipeline_defs.steps.io_manager import CheckpointIOManager
 from pipeline_defs.steps.spec import CleanupReport, Mutation, Step, StepResult
+from pipeline_defs.wiring.assets import build_step_assets
+from pipeline_defs.wiring.io_manager import CheckpointIOManager
 from resources.checkpoints.envelope import Checkpoint, canonical_json, sha256_text
 from resources.checkpoints.store import CheckpointStore
 from resources.ledger.store import LedgerStore

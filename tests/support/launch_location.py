@@ -11,9 +11,9 @@ import dagster as dg
 from storyboard_fakes import Probe
 
 from pipeline_defs.definitions import build_resources
-from pipeline_defs.steps.assets import build_step_assets
 from pipeline_defs.steps.spec import Step
 from pipeline_defs.storyboard import STORYBOARD_STEPS
+from pipeline_defs.wiring.assets import build_step_assets
 from sensors.resume_sensor import build_resume_sensor
 
 

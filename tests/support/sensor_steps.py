@@ -30,12 +30,12 @@ from pipeline_defs.project import project_config_path
 from pipeline_defs.resume.completion import CompletionReport, Origin
 from pipeline_defs.resume.errors import PipelineError
 from pipeline_defs.resume.partition import StepKey
-from pipeline_defs.steps.assets import build_step_assets, episodes
 from pipeline_defs.steps.context import StepContext
 from pipeline_defs.steps.graph import StepGraph
 from pipeline_defs.steps.judge import StepJudge
 from pipeline_defs.steps.runner import RunInfo, StepRunner
 from pipeline_defs.steps.spec import Step, StepResult
+from pipeline_defs.wiring.assets import build_step_assets, episodes
 from resources.checkpoints.envelope import Checkpoint
 from resources.ledger.tables import step_run
 from resources.pipeline import PipelineResource

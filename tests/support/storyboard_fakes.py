@@ -16,9 +16,9 @@ import dagster as dg
 from pipeline_defs.definitions import build_resources
 from pipeline_defs.resume.completion import CompletionReport, Origin
 from pipeline_defs.resume.errors import PipelineError
-from pipeline_defs.steps.assets import build_step_assets
 from pipeline_defs.steps.context import StepContext
 from pipeline_defs.steps.spec import Step, StepResult
+from pipeline_defs.wiring.assets import build_step_assets
 from resources.checkpoints.envelope import Checkpoint
 from resources.pipeline import PipelineResource
 from resources.providers import ImageCall, TextCall, TextModel, TextReply

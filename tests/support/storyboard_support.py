@@ -23,11 +23,11 @@ from pipeline_defs.definitions import build_resources
 from pipeline_defs.operations.inspect import DECISION_ACTIONS
 from pipeline_defs.resume.decision import LaunchMode, ResumeDecision
 from pipeline_defs.resume.partition import Episode, StepKey
-from pipeline_defs.steps.assets import build_step_assets
 from pipeline_defs.steps.graph import StepGraph
 from pipeline_defs.steps.judge import StepJudge
 from pipeline_defs.steps.runner import RunInfo, StepOutcome, StepRunner
 from pipeline_defs.storyboard import STORYBOARD_STEPS, sample_stories
+from pipeline_defs.wiring.assets import build_step_assets
 from resources.checkpoints.envelope import Checkpoint
 from resources.checkpoints.store import CheckpointStore
 from resources.ledger.store import LedgerStore, engine_for

@@ -13,11 +13,11 @@ from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.steps.accept import ACCEPTED, MANUAL, Accepted, accept_hand_edit, hand_edited
 from pipeline_defs.steps.graph import StepGraph
-from pipeline_defs.steps.io_manager import STEP_METADATA_KEY
 from pipeline_defs.steps.judge import StepJudge
 from pipeline_defs.steps.redraw import REDRAW_TAG, parse_redraw
 from pipeline_defs.steps.runner import RunInfo, StepOutcome, StepRunner
 from pipeline_defs.steps.spec import Markdown, Step, step_import_path
+from pipeline_defs.wiring.io_manager import STEP_METADATA_KEY
 from resources.checkpoints.envelope import Checkpoint
 from resources.checkpoints.store import CheckpointStore
 from resources.ledger.store import LedgerStore

@@ -159,16 +159,16 @@ def dead_owner_requests(
     """
     requests = []
     for row in ledger.running_rows():
-        pk = f"{row['project_id']}/{row['episode_id']}"
-        slot = (str(row["step_id"]), pk)
+        pk = f"{row.project_id}/{row.episode_id}"
+        slot = (str(row.step_id), pk)
         if pk not in partitions or slot in launching:
             continue
-        ended = owner_ended(str(row.get("run_id")))
+        ended = owner_ended(str(row.run_id))
         if ended is None:
             continue
         requests.append(
             dg.RunRequest(
-                run_key=f"resume:{slot[0]}:{pk}:owner-ended:{row.get('run_id')}",
+                run_key=f"resume:{slot[0]}:{pk}:owner-ended:{row.run_id}",
                 job_name=job_name,
                 asset_selection=[dg.AssetKey(slot[0])],
                 partition_key=pk,

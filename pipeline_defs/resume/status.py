@@ -61,8 +61,10 @@ class LedgerRow(Mapping[str, Any]):
     """One ``step_run`` row. Timestamps stay the ISO text the ledger holds: the claim's
     compare-and-set needs the exact text the judge read.
 
-    A column a bulk reader did not fetch (``get_many(columns=...)``) is None. The read-only
-    mapping view (``row["status"]``, ``row.get(...)``) serves callers not yet converted.
+    A column a bulk reader did not fetch (``get_many(columns=...)``) is None. The product
+    reads the typed attributes only; the read-only mapping view (``row["status"]``,
+    ``row.get(...)``) is left for the tests' assertions (about 200 of them) until they are
+    converted.
     """
 
     project_id: str | None = None

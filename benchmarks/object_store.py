@@ -78,10 +78,10 @@ from s3_server import SECRET, S3Server, running_s3_server  # noqa: E402
 from storyboard_support import Env, scratch_dir, write_episode  # noqa: E402
 
 from pipeline_defs.definitions import build_resources  # noqa: E402
-from pipeline_defs.judging.evaluation import Stores  # noqa: E402
 from pipeline_defs.judging.registry import ticker_for  # noqa: E402
 from pipeline_defs.judging.scrub import scrub_for  # noqa: E402
-from pipeline_defs.judging.tick import TickConfig  # noqa: E402
+from pipeline_defs.judging.stores import Stores  # noqa: E402
+from pipeline_defs.judging.tick_result import TickConfig  # noqa: E402
 from pipeline_defs.resume.partition import StepKey  # noqa: E402
 from pipeline_defs.storyboard import STORYBOARD_STEPS  # noqa: E402
 from pipeline_defs.wiring.assets import build_step_assets  # noqa: E402

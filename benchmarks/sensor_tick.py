@@ -63,7 +63,7 @@ import sqlalchemy as sa  # noqa: E402
 from pipeline_defs.definitions import build_resources  # noqa: E402
 from pipeline_defs.judging.parallel import default_workers  # noqa: E402
 from pipeline_defs.judging.registry import ticker_for  # noqa: E402
-from pipeline_defs.judging.tick import TickConfig  # noqa: E402
+from pipeline_defs.judging.tick_result import TickConfig  # noqa: E402
 from pipeline_defs.project import ProjectConfig, scoped_fingerprints  # noqa: E402
 from pipeline_defs.resume.clock import format_timestamp  # noqa: E402
 from pipeline_defs.resume.completion import CompletionReport, Origin  # noqa: E402
@@ -537,7 +537,7 @@ def run_size(
 
 
 def pipeline_stores(pipeline: PipelineResource) -> Any:
-    from pipeline_defs.judging.evaluation import Stores
+    from pipeline_defs.judging.stores import Stores
 
     return Stores.of(pipeline)
 

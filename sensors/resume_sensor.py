@@ -33,11 +33,13 @@ from datetime import UTC, datetime
 import dagster as dg
 
 from pipeline_defs.judging.blocks import CheckChange
-from pipeline_defs.judging.evaluation import LAUNCH_ACTIONS, StepEvaluation, Stores
 from pipeline_defs.judging.registry import ticker_for
 from pipeline_defs.judging.scan import episode_of
 from pipeline_defs.judging.scrub import scrub_for
-from pipeline_defs.judging.tick import InFlight, TickConfig, TickResult
+from pipeline_defs.judging.step_evaluation import LAUNCH_ACTIONS, StepEvaluation
+from pipeline_defs.judging.stores import Stores
+from pipeline_defs.judging.tick import InFlight
+from pipeline_defs.judging.tick_result import TickConfig, TickResult
 from pipeline_defs.resume.decision import ResumeAction
 from pipeline_defs.steps.graph import order_steps
 from pipeline_defs.steps.spec import Step

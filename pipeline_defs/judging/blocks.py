@@ -8,7 +8,7 @@ is reported passed once.
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from pipeline_defs.judging.evaluation import StepEvaluation
+from pipeline_defs.judging.step_evaluation import StepEvaluation
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from pipeline_defs.judging.evaluation import ReadStores
+from pipeline_defs.judging.stores import ReadStores
 from pipeline_defs.steps.spec import Step
 
 CURSOR_VERSION = 1

@@ -11,15 +11,11 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from pipeline_defs.judging.evaluation import (
-    BatchJudge,
-    PartitionRows,
-    ReadStores,
-    StepEvaluation,
-    rows_by_partition,
-)
+from pipeline_defs.judging.evaluation import BatchJudge, rows_by_partition
 from pipeline_defs.judging.parallel import JudgePool, JudgeSpec, default_workers
 from pipeline_defs.judging.scan import NO_SCAN, PartitionScan, Scan
+from pipeline_defs.judging.step_evaluation import PartitionRows, StepEvaluation
+from pipeline_defs.judging.stores import ReadStores
 from pipeline_defs.resume.identity import Identity
 from pipeline_defs.resume.partition import StepKey
 

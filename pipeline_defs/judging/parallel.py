@@ -21,11 +21,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from pipeline_defs.judging.evaluation import (
-    BatchJudge,
-    ReadStores,
-    StepEvaluation,
-)
+from pipeline_defs.judging.evaluation import BatchJudge
+from pipeline_defs.judging.step_evaluation import StepEvaluation
+from pipeline_defs.judging.stores import ReadStores
 from pipeline_defs.resume.identity import ABSENT, Identity
 from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.resume.settings import ResumeSettings

@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline_defs.judging.cursor import CursorState
-from pipeline_defs.judging.evaluation import StepEvaluation, rows_by_partition
+from pipeline_defs.judging.evaluation import rows_by_partition
 from pipeline_defs.judging.memo import Memo, group_rows, row_fingerprint
 from pipeline_defs.judging.scan import PartitionScan, Scan
+from pipeline_defs.judging.step_evaluation import StepEvaluation
 from pipeline_defs.resume.clock import parse_timestamp
 from pipeline_defs.resume.decision import ResumeAction
 from pipeline_defs.resume.partition import StepKey

@@ -8,8 +8,9 @@ import threading
 from collections.abc import Sequence
 
 from pipeline_defs.judging.cursor import scope_of
-from pipeline_defs.judging.evaluation import ReadStores
-from pipeline_defs.judging.tick import ResumeTicker, TickConfig
+from pipeline_defs.judging.stores import ReadStores
+from pipeline_defs.judging.tick import ResumeTicker
+from pipeline_defs.judging.tick_result import TickConfig
 from pipeline_defs.steps.graph import order_steps
 from pipeline_defs.steps.spec import Step
 

@@ -21,8 +21,8 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from pipeline_defs.judging.evaluation import Stores
 from pipeline_defs.judging.scan import episode_of
+from pipeline_defs.judging.stores import Stores
 from pipeline_defs.resume.partition import Episode
 from resources.checkpoints.object_seal import SealDrift
 

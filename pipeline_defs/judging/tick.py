@@ -67,19 +67,12 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from pipeline_defs.judging.blocks import CheckChange, block_diff
+from pipeline_defs.judging.blocks import block_diff
 from pipeline_defs.judging.cursor import CursorState, digest, scope_of
 from pipeline_defs.judging.dispatch import JudgeDispatch
-from pipeline_defs.judging.evaluation import (
-    JUDGED_COLUMNS,
-    BatchJudge,
-    ReadStores,
-    StepEvaluation,
-    gc_paused,
-)
+from pipeline_defs.judging.evaluation import BatchJudge, gc_paused
 from pipeline_defs.judging.memo import Memo, memoise
 from pipeline_defs.judging.plan import (
     TickPlan,
@@ -90,6 +83,9 @@ from pipeline_defs.judging.plan import (
     unchanged,
 )
 from pipeline_defs.judging.scan import PartitionScan, Scan, episode_of, scan_partitions, tree_digest
+from pipeline_defs.judging.step_evaluation import JUDGED_COLUMNS
+from pipeline_defs.judging.stores import ReadStores
+from pipeline_defs.judging.tick_result import TickConfig, TickResult, TickStats
 from pipeline_defs.resume.clock import as_utc, format_timestamp, parse_timestamp
 from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.resume.status import LedgerRow
@@ -121,88 +117,6 @@ _BACKLOG_MIN = 50
 # Partitions per targeted row read: the ledger store filters up to 500 (project, episode)
 # pairs in a query (its _PAIR_FILTER_LIMIT), and reads more partitions' projects whole.
 _ROWS_PER_READ = 500
-
-
-@dataclass(frozen=True)
-class TickConfig:
-    """Knobs of the incremental tick."""
-
-    full_refresh_seconds: float = 600.0
-    skew_seconds: float = 300.0
-    # More changed partitions than this (or than a quarter of all, if that is more): one
-    # full row read instead of reading theirs.
-    max_targeted: int = 2000
-    workers: int | None = None  # judge processes; None = parallel.default_workers()
-    parallel_from: int = 2000  # judge in workers from this many partitions on
-    # Stop judging after this long; the rest is judged on the next ticks (Dagster gives a
-    # sensor evaluation 60 s by default, a cold tick over many partitions can take longer).
-    budget_seconds: float = 40.0
-    # Judge a clean published checkpoint from its seal (stat calls) while its files are
-    # unchanged; False reads and verifies every envelope on every full judgement.
-    trust_seals: bool = True
-
-
-@dataclass
-class TickStats:
-    """Timing-free instrumentation of one tick (logged by the sensor, read by tests)."""
-
-    mode: str = "unchanged"  # unchanged | incremental | full | cold
-    partitions: int = 0
-    evaluated_partitions: int = 0
-    judged: int = 0
-    row_queries: int = 0
-    rows_fetched: int = 0
-    changed: dict[str, int] = field(default_factory=dict)  # why partitions were re-judged
-    pending: int = 0  # changed partitions left for the next tick (over budget)
-    unjudged: int = 0  # of those, never judged by this process yet (a cold start's rest)
-    launches: int = 0  # steps launched
-    runs: int = 0  # the runs they go in: at most one per partition
-    held: int = 0  # partitions whose run waits for a run of theirs in flight
-    blocked: int = 0
-    waiting: int = 0
-    deferred: int = 0
-    seconds: float = 0.0
-
-    def line(self) -> str:
-        if self.mode == "unchanged":
-            return (
-                f"resume tick [unchanged]: {self.partitions} partitions, nothing changed since "
-                f"the last tick, nothing judged; {self.blocked} blocked; {self.seconds:.3f}s"
-            )
-        why = ", ".join(f"{k}={v}" for k, v in sorted(self.changed.items())) or "-"
-        return (
-            f"resume tick [{self.mode}]: {self.partitions} partitions, "
-            f"{self.evaluated_partitions} re-judged ({why}), {self.judged} judge calls, "
-            f"{self.pending} left for the next tick ({self.unjudged} never judged), "
-            f"{self.row_queries} row queries ({self.rows_fetched} rows); {self.launches} "
-            f"launches in {self.runs} runs ({self.held} partitions held behind runs in "
-            f"flight), {self.blocked} blocked, {self.waiting} waiting, {self.deferred} "
-            f"deferred; {self.seconds:.3f}s"
-        )
-
-
-@dataclass
-class TickResult:
-    """What the sensor turns into run requests, check evaluations and its next cursor."""
-
-    cursor: str
-    launches: list[StepEvaluation]
-    checks: list[CheckChange]
-    evaluations: list[StepEvaluation]
-    stats: TickStats
-
-    @property
-    def changed(self) -> bool:
-        return self.stats.mode != "unchanged"
-
-    @property
-    def runs(self) -> list[tuple[StepEvaluation, ...]]:
-        """The launches as the runs to request: one per partition (its launches share one
-        run key, docs/DESIGN.md#sensor), steps in dependency order."""
-        grouped: dict[str | None, list[StepEvaluation]] = {}
-        for ev in self.launches:
-            grouped.setdefault(ev.run_key, []).append(ev)
-        return [tuple(evs) for evs in grouped.values()]
 
 
 # ----------------------------------------------------------------------------- ticker

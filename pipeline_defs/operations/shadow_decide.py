@@ -12,7 +12,7 @@ from pipeline_defs.resume.decision import ResumeAction
 from pipeline_defs.resume.partition import Episode
 
 if TYPE_CHECKING:  # at run time it stays imported where judged (evaluate_now), as it was
-    from pipeline_defs.judging.evaluation import StepEvaluation
+    from pipeline_defs.judging.step_evaluation import StepEvaluation
 
 
 def judge_now(ws: Workspace, episodes: Sequence[Episode], now: datetime) -> list[dict[str, Any]]:
@@ -44,8 +44,9 @@ SCRUBBED_BY_CLI = 50
 def evaluate_now(
     ws: Workspace, episodes: Sequence[Episode], now: datetime
 ) -> list["StepEvaluation"]:
-    from pipeline_defs.judging.evaluation import Stores, evaluate_partitions
+    from pipeline_defs.judging.evaluation import evaluate_partitions
     from pipeline_defs.judging.scrub import scrub_episodes
+    from pipeline_defs.judging.stores import Stores
 
     stores = Stores(ws.settings, ws.ledger, ws.checkpoints)
     if len(episodes) <= SCRUBBED_BY_CLI:

@@ -35,7 +35,7 @@ from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.resume.status import LedgerRow, StepStatus
 
 if TYPE_CHECKING:  # at run time it is imported where judged (shadow_decide.evaluate_now)
-    from pipeline_defs.judging.evaluation import StepEvaluation
+    from pipeline_defs.judging.step_evaluation import StepEvaluation
 
 # Statuses whose run ended (it has a duration) and statuses waiting for a run.
 _FINISHED = frozenset({StepStatus.COMPLETED, StepStatus.PARTIAL, StepStatus.FAILED})

@@ -25,7 +25,8 @@ from judge_steps import (
     tree_digest,
 )
 
-from pipeline_defs.judging.evaluation import Stores, evaluate_partitions
+from pipeline_defs.judging.evaluation import evaluate_partitions
+from pipeline_defs.judging.stores import Stores
 from pipeline_defs.resume.completion import Origin
 from pipeline_defs.resume.decision import LaunchMode, ResumeAction, ResumeDecision
 from pipeline_defs.resume.errors import STATUS_BY_CODE, PipelineError

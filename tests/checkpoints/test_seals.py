@@ -23,7 +23,8 @@ from sensor_steps import (
     write_input,
 )
 
-from pipeline_defs.judging.evaluation import BatchJudge, Stores
+from pipeline_defs.judging.evaluation import BatchJudge
+from pipeline_defs.judging.stores import Stores
 from pipeline_defs.resume.partition import Episode, StepKey
 from resources.checkpoints.seal import ABSENT, Seal, identity_of, make_seal
 from resources.checkpoints.store import CheckpointStore

@@ -33,7 +33,9 @@ from storyboard_support import (
     write_episode,
 )
 
-from pipeline_defs.judging.evaluation import BatchJudge, Stores, Verdict
+from pipeline_defs.judging.evaluation import BatchJudge
+from pipeline_defs.judging.step_evaluation import Verdict
+from pipeline_defs.judging.stores import Stores
 from pipeline_defs.resume.completion import Origin
 from pipeline_defs.resume.decision import ResumeAction
 from pipeline_defs.resume.errors import STATUS_BY_CODE, PipelineError
@@ -506,7 +508,8 @@ def test_the_sensor_tick_notices_a_link_instead_of_following_it(built: Env, wher
     """Gap 3: the tick's change detection stat'ed directories through links, so a step (or
     episode) directory moved outside and linked back looked unchanged: no re-judge, no
     block. With lstat the link has its own identity and the tick re-judges and blocks."""
-    from pipeline_defs.judging.tick import ResumeTicker, TickConfig
+    from pipeline_defs.judging.tick import ResumeTicker
+    from pipeline_defs.judging.tick_result import TickConfig
 
     env = built
     ticker = ResumeTicker(STORYBOARD_STEPS, Stores.of(env.pipeline), TickConfig(workers=1))

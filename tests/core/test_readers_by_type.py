@@ -10,7 +10,8 @@ from typing import Any, get_type_hints
 import pytest
 from typing_extensions import get_protocol_members
 
-from pipeline_defs.judging.evaluation import BatchJudge, ReadStores, Stores
+from pipeline_defs.judging.evaluation import BatchJudge
+from pipeline_defs.judging.stores import ReadStores, Stores
 from pipeline_defs.judging.tick import ResumeTicker
 from pipeline_defs.steps.context import StepContext, VerifyContext
 from pipeline_defs.steps.judge import StepJudge

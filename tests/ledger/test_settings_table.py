@@ -17,8 +17,8 @@ from cli_helpers import CliEnv, make_env
 from sensor_steps import SENSOR_STEPS, seed
 
 from pipeline_defs.definitions import build_resources
-from pipeline_defs.judging.evaluation import Stores
 from pipeline_defs.judging.registry import forget_tickers
+from pipeline_defs.judging.stores import Stores
 from pipeline_defs.resume.clock import format_timestamp
 from pipeline_defs.resume.errors import PipelineError
 from pipeline_defs.resume.partition import StepKey

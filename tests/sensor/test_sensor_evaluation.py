@@ -24,13 +24,9 @@ from sensor_steps import (
     write_input,
 )
 
-from pipeline_defs.judging.evaluation import (
-    LAUNCH_ACTIONS,
-    StepEvaluation,
-    Stores,
-    Verdict,
-    evaluate_partitions,
-)
+from pipeline_defs.judging.evaluation import evaluate_partitions
+from pipeline_defs.judging.step_evaluation import LAUNCH_ACTIONS, StepEvaluation, Verdict
+from pipeline_defs.judging.stores import Stores
 from pipeline_defs.resume.clock import format_timestamp
 from pipeline_defs.resume.decision import LaunchMode, ResumeAction
 from pipeline_defs.resume.partition import Episode, StepKey

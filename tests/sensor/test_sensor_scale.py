@@ -7,8 +7,9 @@ import pytest
 from sensor_steps import SENSOR_STEPS, Src, seed, stores_for, write_input
 
 import pipeline_defs.judging.dispatch as dispatch_module
-from pipeline_defs.judging.evaluation import Verdict
-from pipeline_defs.judging.tick import ResumeTicker, TickConfig, TickResult
+from pipeline_defs.judging.step_evaluation import Verdict
+from pipeline_defs.judging.tick import ResumeTicker
+from pipeline_defs.judging.tick_result import TickConfig, TickResult
 from pipeline_defs.resume.partition import StepKey
 
 

@@ -28,9 +28,9 @@ from sensor_steps import (
 )
 
 from pipeline_defs.definitions import build_defs, build_resources
-from pipeline_defs.judging.evaluation import Stores
 from pipeline_defs.judging.registry import forget_tickers, ticker_for
-from pipeline_defs.judging.tick import TickConfig, TickStats
+from pipeline_defs.judging.stores import Stores
+from pipeline_defs.judging.tick_result import TickConfig, TickStats
 from pipeline_defs.resume.clock import format_timestamp
 from pipeline_defs.resume.partition import Episode, StepKey
 from pipeline_defs.wiring.assets import RESUME_CHECK, build_step_assets

@@ -19,11 +19,12 @@ from sensor_steps import SENSOR_STEPS, seed, stores_for
 
 from pipeline_defs.judging.blocks import block_diff
 from pipeline_defs.judging.cursor import CursorState
-from pipeline_defs.judging.evaluation import StepEvaluation, Verdict
 from pipeline_defs.judging.memo import memoise
 from pipeline_defs.judging.plan import hold_back
 from pipeline_defs.judging.scan import PartitionScan
-from pipeline_defs.judging.tick import ResumeTicker, TickConfig, TickStats
+from pipeline_defs.judging.step_evaluation import StepEvaluation, Verdict
+from pipeline_defs.judging.tick import ResumeTicker
+from pipeline_defs.judging.tick_result import TickConfig, TickStats
 from pipeline_defs.resume.clock import format_timestamp
 from pipeline_defs.resume.decision import ResumeAction, ResumeDecision
 from pipeline_defs.resume.identity import ABSENT

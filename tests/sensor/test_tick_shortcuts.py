@@ -20,15 +20,11 @@ import pytest
 from sensor_steps import SENSOR_STEPS, seed, set_row, stores_for
 
 from pipeline_defs.definitions import build_resources
-from pipeline_defs.judging.evaluation import (
-    BatchJudge,
-    Facts,
-    Verdict,
-    evaluate_partitions,
-    rows_by_partition,
-)
+from pipeline_defs.judging.evaluation import BatchJudge, evaluate_partitions, rows_by_partition
 from pipeline_defs.judging.registry import forget_tickers
-from pipeline_defs.judging.tick import ResumeTicker, TickConfig
+from pipeline_defs.judging.step_evaluation import Facts, Verdict
+from pipeline_defs.judging.tick import ResumeTicker
+from pipeline_defs.judging.tick_result import TickConfig
 from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.wiring.assets import build_step_assets
 from resources.pipeline import PipelineResource

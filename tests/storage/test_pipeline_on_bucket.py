@@ -384,8 +384,8 @@ def test_a_picture_deleted_behind_the_ledger_is_found_by_the_scrub_and_redrawn_s
     ledger, and from then on every machine relaunches that step alone."""
     from storyboard_support import PARTITION
 
-    from pipeline_defs.judging.evaluation import Stores
     from pipeline_defs.judging.scrub import scrub_episodes
+    from pipeline_defs.judging.stores import Stores
     from pipeline_defs.resume.partition import Episode
 
     first = published_machine(machines)

@@ -25,7 +25,7 @@ import sqlalchemy as sa
 from cli_helpers import dump_tables
 
 from pipeline_defs.definitions import build_resources
-from pipeline_defs.judging.evaluation import Stores
+from pipeline_defs.judging.stores import Stores
 from pipeline_defs.project import project_config_path
 from pipeline_defs.resume.completion import CompletionReport, Origin
 from pipeline_defs.resume.errors import PipelineError

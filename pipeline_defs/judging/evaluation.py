@@ -447,9 +447,10 @@ def next_wake(
             if started is not None:
                 with contextlib.suppress(OverflowError):
                     found.append(started - MAX_CLOCK_SKEW)
-        retry = parse_timestamp(row.retry_not_before)
-        if retry is not None:
-            found.append(retry)
+        if row.retry_not_before is not None:  # most rows: no backoff, nothing to parse
+            retry = parse_timestamp(row.retry_not_before)
+            if retry is not None:
+                found.append(retry)
     future = [t for t in found if t > now]
     return min(future) if future else None
 

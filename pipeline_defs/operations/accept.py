@@ -42,7 +42,13 @@ def accept(
     error for the CLI: it says there was nothing to accept.
     """
     step = ws.step(step_id)
-    done = accept_hand_edit(ws.judge(step), episode.step(step_id), launch_path=launch_path)
+    done = accept_hand_edit(
+        ws.judge(step),
+        episode.step(step_id),
+        ledger=ws.ledger,
+        checkpoints=ws.checkpoints,
+        launch_path=launch_path,
+    )
     if not done.accepted:
         return AcceptReport(episode.partition_key, step_id, False, note=done.note)
     assert done.checkpoint is not None  # an accepted edit is always published

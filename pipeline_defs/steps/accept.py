@@ -79,23 +79,6 @@ def changed_paths(before: Any, after: Any, where: str = "data") -> list[str]:
     return [] if before == after else [where]
 
 
-def _writers(
-    judge: StepJudge, ledger: LedgerStore | None, checkpoints: CheckpointStore | None
-) -> tuple[LedgerStore, CheckpointStore]:
-    """The full stores an accept writes through: those given, else the stores behind
-    ``judge``'s readers when they are the full ones (a caller that does not pass them yet:
-    ``operations/accept.py`` hands over ``ws.judge(step)``). A judge built on readers alone
-    cannot accept: it is refused here, before anything is read or written."""
-    rows: object = judge.ledger if ledger is None else ledger
-    files: object = judge.checkpoints if checkpoints is None else checkpoints
-    if not isinstance(rows, LedgerStore) or not isinstance(files, CheckpointStore):
-        raise TypeError(
-            "accept_hand_edit writes: pass ledger= and checkpoints= (the full stores); "
-            "a judge holds only their readers"
-        )
-    return rows, files
-
-
 def hand_edited(checkpoints: CheckpointStore, key: StepKey) -> bool:
     """Whether ``key``'s checkpoint file carries an edit made by hand: its stored content
     hash is not the one its content gives, or it no longer parses as an envelope.
@@ -124,8 +107,8 @@ def accept_hand_edit(
     judge: StepJudge,
     key: StepKey,
     *,
-    ledger: LedgerStore | None = None,
-    checkpoints: CheckpointStore | None = None,
+    ledger: LedgerStore,
+    checkpoints: CheckpointStore,
     run_id: str | None = None,
     launch_path: str = "cli",
     now: datetime | None = None,
@@ -138,11 +121,10 @@ def accept_hand_edit(
     ``accept.refused`` when the edit cannot be made valid, in both cases changing nothing;
     an unedited checkpoint is no error here (``accepted`` False): the caller decides.
 
-    ``judge`` reads and verifies; ``ledger`` and ``checkpoints`` are the full stores the
-    accept writes through (the ones the judge reads; see ``_writers`` when omitted).
+    ``judge`` reads and verifies (its readers, by type); ``ledger`` and ``checkpoints`` are
+    the full stores the accept writes through (the ones the judge reads).
     """
     step = judge.step
-    ledger, checkpoints = _writers(judge, ledger, checkpoints)
     checkpoints.refuse_links_in_tree(key)  # nothing read or written through a link
     row = ledger.get(key)
     if row is None or row.status not in SETTLED_RESULT:

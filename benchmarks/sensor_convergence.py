@@ -23,7 +23,11 @@ over, and the runs per launched partition.
         --pg-url postgresql+psycopg://postgres@127.0.0.1:5432/test
 
 Creates (and drops, unless ``--keep``) two databases on that server,
-``bench_converge_<n>`` (the ledger) and ``bench_converge_dagster_<n>`` (Dagster's).
+``bench_converge_<n>`` (the ledger) and ``bench_converge_dagster_<n>`` (Dagster's). At
+100,000 episodes: ~8 min to generate 2.8 million files and 1,000,000 rows on a 2-core host,
+~20 min of ticks, and ~10 min to delete the tree afterwards (the JSON result is printed
+after that; the per-tick lines go to stderr as they come). Stop it with SIGINT, not
+SIGKILL, so that ``dagster dev`` is stopped with it.
 """
 
 import argparse

@@ -38,7 +38,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from pipeline_defs.judging.projects import ProjectCache as _ProjectCache
+from pipeline_defs.judging.projects import ProjectCache
 from pipeline_defs.judging.step_evaluation import (
     JUDGED_COLUMNS,
     LAUNCH_ACTIONS,
@@ -118,7 +118,7 @@ class BatchJudge:
         self.stores = stores
         graph = StepGraph(self.steps)
         self.upstream = graph.upstream_closure()
-        self.projects = _ProjectCache(stores.checkpoints.home)
+        self.projects = ProjectCache(stores.checkpoints.home)
         # The same judge a run calls (same inputs, same decision), sharing the cache.
         self.judges = {
             s.step_id: StepJudge(

@@ -336,8 +336,7 @@ class Seal:
             fingerprints = raw["fp"]
             if type(fingerprints) is not dict:
                 return None
-            made = object.__new__(cls)
-            made.__dict__.update(
+            return cls._filled(
                 checkpoint=(int(cp[0]), int(cp[1]), int(cp[2])),
                 summary=summary_of(raw["sv"], raw["st"], raw["ch"], fingerprints),
                 version=str(raw["ver"]),
@@ -347,7 +346,6 @@ class Seal:
                 sealed_ns=int(raw["at"]),
                 revision=int(raw["vr"]),
             )
-            return made
         except (ValueError, TypeError, KeyError, IndexError):
             return None
 
@@ -359,8 +357,7 @@ class Seal:
         _, verdict, sealed_ns, version, checkpoint, files, reads = parts
         summary, artifacts, revision = _verdict(verdict)
         mtime_ns, size, ino = checkpoint.split(",")
-        made = object.__new__(cls)
-        made.__dict__.update(
+        return cls._filled(
             checkpoint=(int(mtime_ns), int(size), int(ino)),
             summary=summary,
             version=version,
@@ -370,6 +367,13 @@ class Seal:
             sealed_ns=int(sealed_ns),
             revision=revision,
         )
+
+    @classmethod
+    def _filled(cls, **fields: Any) -> "Seal":
+        # Filled in one go instead of through the frozen __init__ (one __setattr__ per
+        # field): a cold tick decodes one seal per ledger row.
+        made = object.__new__(cls)
+        made.__dict__.update(fields)
         return made
 
     # ------------------------------------------------------------------ checking

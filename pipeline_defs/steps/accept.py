@@ -32,7 +32,7 @@ from pipeline_defs.resume.status import SETTLED_RESULT, StepStatus
 from pipeline_defs.steps.judge import StepJudge
 from resources.checkpoints.envelope import Checkpoint
 from resources.checkpoints.store import ARCHIVE_DIR, CheckpointStore
-from resources.ledger.audit import AuditAction
+from resources.ledger.audit import Audit, AuditAction
 from resources.ledger.store import LedgerStore
 
 MANUAL = "manual"  # the origin (audit) and ``by_step`` (mutations) of an accepted edit
@@ -184,23 +184,26 @@ def accept_hand_edit(
             if row.status == StepStatus.COMPLETED
             else None
         )
+        # The accepted edit and its history line commit together (docs/DESIGN.md#audit).
         ledger.with_settled_row(
-            key, staged.commit, reseal=True, seal=seal, pointer=staged.pointer, reason=ACCEPTED
+            key,
+            staged.commit,
+            reseal=True,
+            seal=seal,
+            pointer=staged.pointer,
+            reason=ACCEPTED,
+            audit=Audit(
+                AuditAction.ACCEPTED,
+                from_status=None,  # the row's own status, filled in under its lock
+                to_status=None,
+                origin=MANUAL,
+                reason=f"hand edit accepted: {', '.join(changed)[:900]}",
+                run_id=run_id,
+                launch_path=launch_path,
+            ),
         )
     finally:
         staged.discard()
-    # The audit row is written after the commit, never inside the row lock
-    # (docs/DESIGN.md#audit): history never lengthens a lock.
-    ledger.append_transition(
-        key,
-        action=AuditAction.ACCEPTED,
-        from_status=str(row.status),
-        to_status=str(row.status),
-        origin=MANUAL,
-        reason=f"hand edit accepted: {', '.join(changed)[:900]}",
-        run_id=run_id,
-        launch_path=launch_path,
-    )
     archived = sorted((checkpoints.step_dir(key) / ARCHIVE_DIR).glob("*-replaced.json"))
     return Accepted(
         key,

@@ -59,7 +59,8 @@ class AuditAction(StrEnum):
     FAILED = "failed"
     OWNERSHIP_LOST = "ownership_lost"
     INVALIDATE = "invalidate"  # a downstream row staled by an explicit force
-    MUTATED = "mutated"  # a mutator's edit of a victim, settled
+    MUTATED = "mutated"  # a mutator's edit of a victim, settled (or rolled back)
+    EDIT_REFUSED = "edit_refused"  # an edit of a victim refused: running, unsettled, changed
     ACCEPTED = "accepted"  # ``storyboard accept``: a hand edit adopted
     RESET_RUNNING = "reset_running"  # ``storyboard reset-running``: a dead owner's row released
 

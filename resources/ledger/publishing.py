@@ -7,6 +7,7 @@ rename, an edit) run at most once (:class:`~resources.ledger.retry.Once`).
 """
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TypeVar
 
 import sqlalchemy as sa
@@ -15,6 +16,7 @@ from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.resume.status import SETTLED_RESULT, StepStatus
 from resources.ledger import pointers
+from resources.ledger.audit import Audit, write_audit
 from resources.ledger.retry import Once
 from resources.ledger.session import LedgerSession, now_text
 from resources.ledger.tables import step_run
@@ -151,60 +153,103 @@ class Publishing(LedgerSession):
         key: StepKey,
         fn: Callable[[], T],
         *,
+        check: Callable[[], None] | None = None,
         reseal: bool = False,
         seal: str | None = None,
         pointer: str | None = None,
         reason: str = "mutation",
         run_id: str | None = None,
         keep_archives: int = 5,
+        audit: Audit | None = None,
+        refused: Audit | None = None,
     ) -> T:
-        """Run ``fn`` under the row lock of a settled (completed/partial) row.
+        """Run ``fn`` under the row lock of a settled (completed/partial) row: one unit of
+        work holding the edit, its seal, its pointer and its history line.
 
         Used by mutators to edit another step's checkpoint: refused while that step is
-        running (its owner would publish over the edit) or has no completed result. With
-        ``reseal`` the row's checkpoint seal becomes ``seal`` in the same transaction (a
-        partial row never keeps one). ``pointer`` (object storage): the edited checkpoint's
-        manifest, stored in the same transaction after ``fn`` (the compare-and-set) passed;
-        the pointer it replaces is archived with ``reason``.
+        running (its owner would publish over the edit) or has no completed result, and
+        when ``check`` (the edit's compare-and-set, run under the lock before anything is
+        written) raises a ``PipelineError``. A refusal writes ``refused`` (its reason
+        extended by why) in the transaction that found it out, commits it and raises.
+
+        Otherwise, in one transaction: with ``reseal`` the row's checkpoint seal becomes
+        ``seal`` (a partial row never keeps one); ``audit`` is written; ``fn`` runs (the
+        rename of the edited checkpoint); ``pointer`` (object storage): the edited
+        checkpoint's manifest, stored with the pointer it replaces archived with ``reason``.
+        The history line goes in before ``fn``: a line the database refuses leaves the
+        checkpoint as it was. Both lines carry the row's status as their from and to
+        status (an edit changes no status).
+
+        Run again after a dropped connection, ``fn`` runs at most once, ``check`` is not
+        asked again once ``fn`` ran (the victim then holds the edit), and each history line
+        is recognised by its fixed timestamp: one line per edit, however many attempts.
         """
-        once = Once(fn)  # retried after a dropped connection: the edit runs at most once
+        once = Once(fn)
         ts = now_text()
 
         def body(attempt: int) -> T:
+            refusal: PipelineError | None = None
             with self._write() as conn:
                 landed = attempt > 1 and pointer is not None
                 if landed and pointers.current_pointer(conn, key) == pointer:
                     return once()  # the commit landed: ``fn`` ran, its result is kept
                 row = conn.execute(
-                    sa.select(step_run.c.status, step_run.c.run_id)
-                    .where(self._key_clause(key))
-                    .with_for_update()
+                    sa.select(step_run.c.status).where(self._key_clause(key)).with_for_update()
                 ).first()
-                if row is None or row.status not in SETTLED_RESULT:
-                    status = "absent" if row is None else row.status
-                    running = status == StepStatus.RUNNING
-                    code = (
-                        ErrorCode.STEP_VICTIM_RUNNING
-                        if running
-                        else ErrorCode.STEP_VICTIM_NOT_SETTLED
-                    )
-                    raise PipelineError(
-                        code,
-                        f"{key}: cannot edit its checkpoint while its ledger row is {status}",
-                        status=409,
-                    )
-                if reseal:
-                    completed = row.status == StepStatus.COMPLETED
-                    conn.execute(
-                        sa.update(step_run)
-                        .where(self._key_clause(key))
-                        .values(checkpoint_seal=seal if completed else None)
-                    )
-                result = once()
-                if pointer is not None:
-                    pointers.replace_pointer(
-                        conn, key, pointer, reason=reason, run_id=run_id, keep=keep_archives, now=ts
-                    )
-                return result
+                status = None if row is None else str(row.status)
+                if status is None or status not in SETTLED_RESULT:
+                    refusal = _not_settled(key, status)
+                elif check is not None and not once.done:
+                    try:
+                        check()
+                    except PipelineError as exc:
+                        refusal = exc
+                if refusal is None:
+                    if reseal:
+                        completed = status == StepStatus.COMPLETED
+                        conn.execute(
+                            sa.update(step_run)
+                            .where(self._key_clause(key))
+                            .values(checkpoint_seal=seal if completed else None)
+                        )
+                    if audit is not None:
+                        write_audit(conn, key, _with_status(audit, status), ts, attempt=attempt)
+                    result = once()
+                    if pointer is not None:
+                        pointers.replace_pointer(
+                            conn,
+                            key,
+                            pointer,
+                            reason=reason,
+                            run_id=run_id,
+                            keep=keep_archives,
+                            now=ts,
+                        )
+                    return result
+                if refused is not None:
+                    line = _with_status(refused, status)
+                    why = refusal.message
+                    line = replace(line, reason=f"{line.reason}: {why}" if line.reason else why)
+                    write_audit(conn, key, line, ts, attempt=attempt)
+            raise refusal  # once the refusal's line is committed
 
         return self._retry("edit a settled row", body, callbacks=(once,))
+
+
+def _not_settled(key: StepKey, status: str | None) -> PipelineError:
+    """Why a row that is running, absent or without a completed result takes no edit."""
+    code = (
+        ErrorCode.STEP_VICTIM_RUNNING
+        if status == StepStatus.RUNNING
+        else ErrorCode.STEP_VICTIM_NOT_SETTLED
+    )
+    return PipelineError(
+        code,
+        f"{key}: cannot edit its checkpoint while its ledger row is {status or 'absent'}",
+        status=409,
+    )
+
+
+def _with_status(audit: Audit, status: str | None) -> Audit:
+    """``audit`` as a line of a row that stays at ``status`` (absent: none)."""
+    return replace(audit, from_status=status, to_status=status)

@@ -116,6 +116,10 @@ class Once(Generic[T]):
         self._value: T | None = None
 
     @property
+    def done(self) -> bool:
+        return self._done
+
+    @property
     def interrupted(self) -> bool:
         return self._started and not self._done
 

@@ -5,6 +5,7 @@ explicit force's invalidation and the operator's reset of a stuck row.
 
 import functools
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import Any
 
 import sqlalchemy as sa
@@ -191,35 +192,58 @@ class StatusWrites(LedgerSession):
         return self._in_single("heartbeat", lambda c: c.execute(statement).rowcount == 1)
 
     def invalidate(
-        self, keys: Iterable[StepKey], reason: str, now: str | None = None
+        self,
+        keys: Iterable[StepKey],
+        reason: str,
+        now: str | None = None,
+        *,
+        audit: Audit | None = None,
     ) -> list[StepKey]:
-        """Mark rows stale (explicit force only). Running rows are left to their owner."""
+        """Mark rows stale (explicit force only). Running rows are left to their owner.
+
+        ``audit``: the history line of each row staled, written in the same transaction
+        with the status it had as ``from_status`` and ``stale`` as ``to_status``.
+        """
         ts = now or now_text()
         wanted = list(keys)  # a retry walks them again
+        stale = StepStatus.STALE.value
 
-        # Run again after a lost commit, each update finds its row stale (not running) and
-        # writes the same values: the same keys come back.
-        def body(_attempt: int) -> list[StepKey]:
+        # Run again after a lost commit, a row already stale with this call's timestamp and
+        # reason is ours: counted, not written (or audited) a second time.
+        def body(attempt: int) -> list[StepKey]:
             done: list[StepKey] = []
             with self._write() as conn:
                 for key in wanted:
+                    row = conn.execute(
+                        sa.select(
+                            step_run.c.status, step_run.c.updated_at, step_run.c.result_summary
+                        )
+                        .where(self._key_clause(key))
+                        .with_for_update()
+                    ).first()
+                    if row is None:
+                        continue
+                    if attempt > 1 and tuple(row) == (stale, ts, reason):
+                        done.append(key)
+                        continue
                     result = conn.execute(
                         sa.update(step_run)
                         .where(self._key_clause(key), status_guard("invalidate"))
                         .values(
-                            status=StepStatus.STALE.value,
-                            updated_at=ts,
-                            result_summary=reason,
-                            checkpoint_seal=None,
+                            status=stale, updated_at=ts, result_summary=reason, checkpoint_seal=None
                         )
                     )
-                    if result.rowcount == 1:
-                        done.append(key)
-                        # On object storage the checkpoint leaves service with its row (the
-                        # local store moves the file to archive/): its pointer is archived.
-                        pointers.replace_pointer(
-                            conn, key, None, reason="force", run_id=None, keep=5, now=ts
-                        )
+                    if result.rowcount != 1:
+                        continue
+                    done.append(key)
+                    if audit is not None:
+                        line = replace(audit, from_status=str(row.status), to_status=stale)
+                        write_audit(conn, key, line, ts, attempt=attempt)
+                    # On object storage the checkpoint leaves service with its row (the local
+                    # store moves the file to archive/): its pointer is archived.
+                    pointers.replace_pointer(
+                        conn, key, None, reason="force", run_id=None, keep=5, now=ts
+                    )
             return done
 
         return self._retry("invalidate", body)

@@ -230,6 +230,12 @@ class Gamma(JudgeTestStep):
     resume_config_keys = ()
     modifies_checkpoints = ("alpha",)
 
+    def verify_completion(self, ctx: StepContext, checkpoint: Checkpoint) -> CompletionReport:
+        # Exit verification runs after the edits were prepared, before they are applied.
+        if ctx.run_id is not None and self._knobs(ctx).get("rebuild_victim"):
+            rebuild_alpha(ctx)
+        return super().verify_completion(ctx, checkpoint)
+
     def mutation(self, ctx: StepContext, how: str) -> Mutation:
         victim = ctx.upstream("alpha")
         assert victim is not None
@@ -291,6 +297,18 @@ def steal(ctx: StepContext, *, publish: bool) -> None:
     )
     store.save(checkpoint, fence=lambda staged: thief.publish(ctx.key, THIEF_RUN_ID, staged.commit))
     assert thief.transition(ctx.key, THIEF_RUN_ID, "completed")
+
+
+def rebuild_alpha(ctx: StepContext) -> None:
+    """alpha is republished (valid, other content) after the mutator built its edit on the
+    version it read: the edit must be refused."""
+    store = CheckpointStore(ctx.home)
+    key = StepKey(ctx.key.project_id, ctx.key.episode_id, "alpha")
+    read = store.load(key)
+    assert read is not None
+    rebuilt = read.with_changes(data=make_data([*read.data["items"], "rebuilt-meanwhile"]))
+    assert store.save(rebuilt)
+    record(ctx.home, "alpha", "rebuilt", by=ctx.key.step_id)
 
 
 # ---------------------------------------------------------------------- providers

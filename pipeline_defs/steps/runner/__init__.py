@@ -36,7 +36,8 @@ from pipeline_defs.steps.context import ProviderMeter, StepContext
 from pipeline_defs.steps.faults import crash_point
 from pipeline_defs.steps.judge import StepJudge
 from pipeline_defs.steps.lease import Lease
-from pipeline_defs.steps.mutations import MutatorEdits, write_ahead
+from pipeline_defs.steps.mutations import write_ahead
+from pipeline_defs.steps.mutator_edits import MutatorEdits
 from pipeline_defs.steps.runner import verdicts
 from pipeline_defs.steps.runner.bookkeeping import Bookkeeping
 from pipeline_defs.steps.runner.claim import attempts_of, lease_hint

@@ -12,7 +12,8 @@ from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.resume.status import StepStatus
 from pipeline_defs.steps.faults import crash_point
 from pipeline_defs.steps.judge import StepJudge
-from pipeline_defs.steps.mutations import MutatorEdits, drop_written_ahead
+from pipeline_defs.steps.mutations import drop_written_ahead
+from pipeline_defs.steps.mutator_edits import MutatorEdits
 from pipeline_defs.steps.runner.outcome import OutcomeStatus, Published, StepOutcome
 from pipeline_defs.steps.runner.run_info import RunInfo, audit_line
 from pipeline_defs.steps.runner.writers import Writers

@@ -15,7 +15,8 @@ from pipeline_defs.steps.context import ProviderMeter, StepContext
 from pipeline_defs.steps.faults import crash_point
 from pipeline_defs.steps.judge import StepJudge
 from pipeline_defs.steps.lease import Lease
-from pipeline_defs.steps.mutations import MutatorEdits, PreparedEdit, intents_data
+from pipeline_defs.steps.mutations import PreparedEdit, intents_data
+from pipeline_defs.steps.mutator_edits import MutatorEdits
 from pipeline_defs.steps.runner.envelope import envelope
 from pipeline_defs.steps.runner.exit_verify import exit_verify
 from pipeline_defs.steps.runner.run_info import RunInfo

@@ -9,7 +9,7 @@ from pipeline_defs.resume.status import StepStatus
 from pipeline_defs.steps.context import StepContext
 from pipeline_defs.steps.faults import crash_point
 from pipeline_defs.steps.judge import StepJudge
-from pipeline_defs.steps.mutations import MutatorEdits
+from pipeline_defs.steps.mutator_edits import MutatorEdits
 from pipeline_defs.steps.runner.outcome import Published
 from pipeline_defs.steps.runner.run_info import RunInfo
 from resources.checkpoints.envelope import Checkpoint

@@ -16,6 +16,7 @@ from pipeline_defs.operations.force import force_step, invalidated_by
 from pipeline_defs.operations.redraw import redraw_step
 from pipeline_defs.operations.run_report import Progress
 from pipeline_defs.operations.runs import run_assets
+from pipeline_defs.resume.partition import Episode
 
 
 @main.command("add-episode")
@@ -176,10 +177,13 @@ def demo(*, project_id: str, stories_dir: Path | None, as_json: bool) -> dict[st
             click.echo(f"\nepisode {run.partition} (run {run.run_id})")
             click.echo(run_table(run))
             images = report.images.get(run.partition, [])
-            folder = ws.checkpoints.root / run.partition
+            episode = Episode.parse(run.partition)
+            folder = Path(
+                ws.checkpoints.layout.checkpoint_episode_dir(episode.project_id, episode.episode_id)
+            )
             per_step: dict[str, int] = {}
-            for image in images:
-                step = Path(image).relative_to(Path("checkpoints") / run.partition).parts[0]
+            for image in images:  # relative to the home
+                step = (ws.home / image).relative_to(folder).parts[0]
                 per_step[step] = per_step.get(step, 0) + 1
             detail = ", ".join(f"{k}/ {v}" for k, v in per_step.items())
             click.echo(f"images: {len(images)} PNG under {folder}/ ({detail or 'none'})")

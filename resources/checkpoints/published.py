@@ -61,7 +61,6 @@ from resources.storage import ObjectMeta, Storage
 # PUBLISHED_MARKER (DataLayout.published_marker) names the pointer a scratch step directory
 # holds a verified copy of (sha256 of its text); SCRATCH_DIR (DataLayout.scratch_dir) holds
 # the per-process copies, never the truth. Both re-exported above for their callers.
-PENDING_ROOT = "pending"
 # How long a process trusts its copy of an episode's inputs before asking the storage again.
 INPUTS_MAX_AGE_SECONDS = 5.0
 UNSCANNED = "unscanned"  # under a scratch: never created, so the tick's stats never move
@@ -97,7 +96,7 @@ class PublishedCheckpoints(CheckpointStore):
         # (it fetches it). Removed when the process exits; any left behind (a kill) is
         # only a cache.
         process = f"{socket.gethostname()}-{os.getpid()}-{uuid4().hex[:8]}"
-        home_layout = DataLayout(str(home))
+        home_layout = DataLayout.of(home)
         scratch = Path(home_layout.process_scratch(process))
         super().__init__(
             home,
@@ -106,7 +105,7 @@ class PublishedCheckpoints(CheckpointStore):
         )
         self.scratch = scratch
         self._home_prefix = f"{self.layout.home}/"
-        self._scan_layout = DataLayout(str(home), checkpoints_root=str(scratch / UNSCANNED))
+        self._scan_layout = DataLayout.of(home, scratch / UNSCANNED)
         self.storage = storage
         self.bucket = BucketCheckpoints(storage)
         self.pointers = pointers
@@ -528,10 +527,8 @@ class PublishedCheckpoints(CheckpointStore):
 
     # ------------------------------------------------------------------ write-ahead edits
     def _pending_key(self, mutator: StepKey, victim: str) -> str:
-        return (
-            f"{PENDING_ROOT}/{mutator.project_id}/{mutator.episode_id}/"
-            f"{mutator.step_id}/{victim}.json"
-        )
+        p, e, s = mutator.project_id, mutator.episode_id, mutator.step_id
+        return DataLayout.pending_object(p, e, s, victim)
 
     def write_pending(self, mutator: StepKey, edited: Checkpoint) -> Path:
         key = self._pending_key(mutator, edited.step_id)

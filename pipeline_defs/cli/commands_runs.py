@@ -8,6 +8,7 @@ import click
 
 from pipeline_defs.cli.app import checked_workspace, main
 from pipeline_defs.cli.errors import CommandFailed, error_payload, operation
+from pipeline_defs.cli.options import partition_option, submission_options
 from pipeline_defs.cli.render import emit_json
 from pipeline_defs.cli.run_output import finish_run, progress_line, run_failure, run_table
 from pipeline_defs.operations import demo as demos
@@ -43,7 +44,7 @@ def add_episode(
 
 
 @main.command()
-@click.option("--partition", "partition_key", required=True, help="PROJECT/EPISODE")
+@partition_option
 @click.option("--step", "step_ids", multiple=True, help="Step(s) to launch (default: all).")
 @operation("materialize")
 def materialize(
@@ -58,13 +59,9 @@ def materialize(
 
 
 @main.command()
-@click.option("--partition", "partition_key", required=True, help="PROJECT/EPISODE")
+@partition_option
 @click.option("--step", "step_id", required=True, help="The one step to rebuild.")
-@click.option(
-    "--graphql", "graphql_url", help="Submit through a webserver, e.g. http://localhost:3000"
-)
-@click.option("--location", help="Code location name (GraphQL only; inferred if unique).")
-@click.option("--wait/--no-wait", default=True, help="Wait for a GraphQL-submitted run to finish.")
+@submission_options
 @operation("force")
 def force(
     *,
@@ -93,7 +90,7 @@ def force(
 
 
 @main.command()
-@click.option("--partition", "partition_key", required=True, help="PROJECT/EPISODE")
+@partition_option
 @click.option("--step", "step_id", required=True, help="The image step to redraw in.")
 @click.option(
     "--item",
@@ -107,11 +104,7 @@ def force(
     is_flag=True,
     help="Also redraw the downstream pictures built from these items (same run).",
 )
-@click.option(
-    "--graphql", "graphql_url", help="Submit through a webserver, e.g. http://localhost:3000"
-)
-@click.option("--location", help="Code location name (GraphQL only; inferred if unique).")
-@click.option("--wait/--no-wait", default=True, help="Wait for a GraphQL-submitted run to finish.")
+@submission_options
 @operation("redraw")
 def redraw(
     *,

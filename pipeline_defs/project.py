@@ -131,11 +131,11 @@ class ProjectConfig(_Strict):
 
 
 def project_dir(home: Path, project_id: str) -> Path:
-    return Path(DataLayout(str(home)).project_dir(validate_id(project_id, "project_id")))
+    return Path(DataLayout.of(home).project_dir(validate_id(project_id, "project_id")))
 
 
 def project_config_path(home: Path, project_id: str) -> Path:
-    return Path(DataLayout(str(home)).project_file(validate_id(project_id, "project_id")))
+    return Path(DataLayout.of(home).project_file(validate_id(project_id, "project_id")))
 
 
 def refuse_input_links(home: Path, path: Path) -> None:
@@ -162,7 +162,7 @@ def refuse_input_links(home: Path, path: Path) -> None:
 def refuse_project_links(home: Path, project_id: str) -> Path:
     """No link from the home down to ``project.yaml`` or to the project's ``episodes/``
     directory (the roots of every input of the project); the project file's path."""
-    episodes = DataLayout(str(home)).episodes_dir(validate_id(project_id, "project_id"))
+    episodes = DataLayout.of(home).episodes_dir(validate_id(project_id, "project_id"))
     refuse_input_links(home, Path(episodes))
     path = project_config_path(home, project_id)
     refuse_input_links(home, path)

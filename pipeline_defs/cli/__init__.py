@@ -5,7 +5,8 @@ Errors exit non-zero with one line naming the culprit and the typed error code:
 
 One concern per module: :mod:`.app` (the command group, the checked workspace),
 :mod:`.errors` (``--json`` and typed errors → exit 1), :mod:`.render` (tables, hints, JSON),
-:mod:`.run_output` (how a run is shown), and the commands by what they act on:
+:mod:`.run_output` (how a run is shown), :mod:`.options` (options several commands
+share), and the commands by what they act on:
 :mod:`.commands_settings`, :mod:`.commands_runs`, :mod:`.commands_status`,
 :mod:`.commands_decide`, :mod:`.commands_checkpoints`, :mod:`.commands_running`.
 Importing this package registers every command on :func:`main` (``storyboard`` in

@@ -9,13 +9,14 @@ import click
 
 from pipeline_defs.cli.app import checked_workspace, main
 from pipeline_defs.cli.errors import operation
+from pipeline_defs.cli.options import partition_option
 from pipeline_defs.operations import accept as accepting
 from pipeline_defs.operations import garbage, storage_migrate
 from pipeline_defs.operations import sheet as sheets
 
 
 @main.command("accept")
-@click.option("--partition", "partition_key", required=True, help="PROJECT/EPISODE.")
+@partition_option
 @click.option("--step", "step_id", required=True, help="The step whose checkpoint was edited.")
 @operation("accept")
 def accept(*, partition_key: str, step_id: str, as_json: bool) -> dict[str, Any] | None:
@@ -41,7 +42,7 @@ def accept(*, partition_key: str, step_id: str, as_json: bool) -> dict[str, Any]
 
 
 @main.command("sheet")
-@click.option("--partition", "partition_key", required=True, help="PROJECT/EPISODE.")
+@partition_option
 @click.option(
     "--out",
     type=click.Path(dir_okay=False, path_type=Path),

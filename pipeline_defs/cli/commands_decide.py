@@ -7,6 +7,7 @@ import click
 
 from pipeline_defs.cli.app import checked_workspace, main, report_invalid_partitions
 from pipeline_defs.cli.errors import operation
+from pipeline_defs.cli.options import partitions_filter
 from pipeline_defs.cli.render import advice, table_lines, terminal_width
 from pipeline_defs.operations import inspect as views
 from pipeline_defs.operations.workspace import Workspace
@@ -15,9 +16,7 @@ from pipeline_defs.steps.redraw import outdated_items
 
 
 @main.command()
-@click.option(
-    "--partition", "partitions", multiple=True, help="Limit to PROJECT/EPISODE (repeatable)."
-)
+@partitions_filter
 @click.option("--all", "show_all", is_flag=True, help="Also list steps the sensor would skip.")
 @operation("decide")
 def decide(*, partitions: tuple[str, ...], show_all: bool, as_json: bool) -> dict[str, Any] | None:

@@ -7,6 +7,7 @@ import click
 
 from pipeline_defs.cli.app import checked_workspace, main
 from pipeline_defs.cli.errors import operation
+from pipeline_defs.cli.options import partition_option
 from pipeline_defs.cli.render import clip, render_table, seconds
 from pipeline_defs.operations import inspect as views
 from pipeline_defs.operations import reset
@@ -57,7 +58,7 @@ def audit_running(*, as_json: bool) -> dict[str, Any] | None:
 
 
 @main.command("reset-running")
-@click.option("--partition", "partition_key", required=True, help="PROJECT/EPISODE")
+@partition_option
 @click.option("--step", "step_id", required=True)
 @click.option("--expected-started-at", help="The started_at text the row must still have.")
 @click.option("--null-started-at", is_flag=True, help="Expect started_at to be NULL instead.")

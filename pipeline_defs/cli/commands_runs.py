@@ -8,6 +8,7 @@ import click
 
 from pipeline_defs.cli.app import checked_workspace, main
 from pipeline_defs.cli.errors import CommandFailed, error_payload, operation
+from pipeline_defs.cli.options import partition_option, submission_options
 from pipeline_defs.cli.render import emit_json
 from pipeline_defs.cli.run_output import finish_run, progress_line, run_failure, run_table
 from pipeline_defs.operations import demo as demos
@@ -16,6 +17,7 @@ from pipeline_defs.operations.force import force_step, invalidated_by
 from pipeline_defs.operations.redraw import redraw_step
 from pipeline_defs.operations.run_report import Progress
 from pipeline_defs.operations.runs import run_assets
+from pipeline_defs.resume.partition import Episode
 
 
 @main.command("add-episode")
@@ -42,7 +44,7 @@ def add_episode(
 
 
 @main.command()
-@click.option("--partition", "partition_key", required=True, help="PROJECT/EPISODE")
+@partition_option
 @click.option("--step", "step_ids", multiple=True, help="Step(s) to launch (default: all).")
 @operation("materialize")
 def materialize(
@@ -57,13 +59,9 @@ def materialize(
 
 
 @main.command()
-@click.option("--partition", "partition_key", required=True, help="PROJECT/EPISODE")
+@partition_option
 @click.option("--step", "step_id", required=True, help="The one step to rebuild.")
-@click.option(
-    "--graphql", "graphql_url", help="Submit through a webserver, e.g. http://localhost:3000"
-)
-@click.option("--location", help="Code location name (GraphQL only; inferred if unique).")
-@click.option("--wait/--no-wait", default=True, help="Wait for a GraphQL-submitted run to finish.")
+@submission_options
 @operation("force")
 def force(
     *,
@@ -92,7 +90,7 @@ def force(
 
 
 @main.command()
-@click.option("--partition", "partition_key", required=True, help="PROJECT/EPISODE")
+@partition_option
 @click.option("--step", "step_id", required=True, help="The image step to redraw in.")
 @click.option(
     "--item",
@@ -106,11 +104,7 @@ def force(
     is_flag=True,
     help="Also redraw the downstream pictures built from these items (same run).",
 )
-@click.option(
-    "--graphql", "graphql_url", help="Submit through a webserver, e.g. http://localhost:3000"
-)
-@click.option("--location", help="Code location name (GraphQL only; inferred if unique).")
-@click.option("--wait/--no-wait", default=True, help="Wait for a GraphQL-submitted run to finish.")
+@submission_options
 @operation("redraw")
 def redraw(
     *,
@@ -176,10 +170,13 @@ def demo(*, project_id: str, stories_dir: Path | None, as_json: bool) -> dict[st
             click.echo(f"\nepisode {run.partition} (run {run.run_id})")
             click.echo(run_table(run))
             images = report.images.get(run.partition, [])
-            folder = ws.checkpoints.root / run.partition
+            episode = Episode.parse(run.partition)
+            folder = Path(
+                ws.checkpoints.layout.checkpoint_episode_dir(episode.project_id, episode.episode_id)
+            )
             per_step: dict[str, int] = {}
-            for image in images:
-                step = Path(image).relative_to(Path("checkpoints") / run.partition).parts[0]
+            for image in images:  # relative to the home
+                step = (ws.home / image).relative_to(folder).parts[0]
                 per_step[step] = per_step.get(step, 0) + 1
             detail = ", ".join(f"{k}/ {v}" for k, v in per_step.items())
             click.echo(f"images: {len(images)} PNG under {folder}/ ({detail or 'none'})")

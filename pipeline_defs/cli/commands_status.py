@@ -8,6 +8,7 @@ import click
 
 from pipeline_defs.cli.app import checked_workspace, main, report_invalid_partitions
 from pipeline_defs.cli.errors import operation
+from pipeline_defs.cli.options import partitions_filter
 from pipeline_defs.cli.render import (
     advice,
     age,
@@ -24,9 +25,7 @@ from pipeline_defs.resume.settings import EffectiveSettings, format_value
 
 
 @main.command()
-@click.option(
-    "--partition", "partitions", multiple=True, help="Limit to PROJECT/EPISODE (repeatable)."
-)
+@partitions_filter
 @operation("status")
 def status(*, partitions: tuple[str, ...], as_json: bool) -> dict[str, Any] | None:
     """Per partition and step: state, what the sensor does now, blocks, costs, durations;

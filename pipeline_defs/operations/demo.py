@@ -10,15 +10,15 @@ from pipeline_defs.operations.run_report import Progress, RunReport
 from pipeline_defs.operations.runs import run_assets
 from pipeline_defs.operations.workspace import Workspace
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
+from pipeline_defs.resume.layout import DataLayout
 from pipeline_defs.resume.partition import Episode, validate_id
-from resources.checkpoints.store import ARCHIVE_DIR
 
 SAMPLES_DIR = Path(__file__).resolve().parent.parent / "storyboard" / "samples"
 
 
 def demo_project_yaml() -> bytes:
     """The demo's project file: the samples' ``project.yaml`` if bundled, else defaults."""
-    bundled = SAMPLES_DIR / "project.yaml"
+    bundled = Path(DataLayout.project_in(SAMPLES_DIR))
     return bundled.read_bytes() if bundled.is_file() else default_project_yaml()
 
 
@@ -81,7 +81,7 @@ def list_images(ws: Workspace, episode: Episode) -> list[str]:
     layout = ws.checkpoints.layout
     root = Path(layout.checkpoint_episode_dir(episode.project_id, episode.episode_id))
     return sorted(
-        str(p) for p in root.rglob("*.png") if ARCHIVE_DIR not in p.relative_to(root).parts
+        str(p) for p in root.rglob("*.png") if not layout.is_archived(p.relative_to(root))
     )
 
 

@@ -100,7 +100,7 @@ def add_episode(
     validate_id(episode_id, "episode_id")
     episode = Episode(project_id, episode_id)
     home = Path(ws.home)
-    target = Path(DataLayout(str(home)).story_file(project_id, episode_id))
+    target = Path(DataLayout.of(home).story_file(project_id, episode_id))
     # Nothing outside the home: a link anywhere on either path is refused before anything
     # below the home is read or created (and the writes re-check it, race-free).
     config_path = refuse_project_links(home, project_id)

@@ -20,7 +20,7 @@ import dagster as dg
 import sqlalchemy as sa
 
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
-from pipeline_defs.resume.layout import EPISODES, STORY_FILE, DataLayout
+from pipeline_defs.resume.layout import DataLayout
 from pipeline_defs.resume.partition import Episode, validate_id
 from pipeline_defs.resume.settings import ENV_NAMES, EffectiveSettings, ResumeSettings
 from pipeline_defs.steps.graph import StepGraph, order_steps
@@ -280,8 +280,8 @@ class Workspace:
         """Registered partitions, partitions with ledger rows and episode folders."""
         keys: set[Episode] = set(self.registered_episodes() or ())
         keys.update(k.episode for k in self.ledger.get_many())
-        projects = Path(DataLayout(str(self.home)).projects)
-        for story in projects.glob(f"*/{EPISODES}/*/{STORY_FILE}"):
+        layout = DataLayout.of(self.home)
+        for story in Path(layout.projects).glob(layout.story_files_pattern):
             with contextlib.suppress(PipelineError):  # a folder name that is no id
                 keys.add(Episode(story.parent.parent.parent.name, story.parent.name))
         return sorted(keys)
@@ -315,7 +315,7 @@ class Workspace:
 
     def _has_traces(self, episode: Episode) -> bool:
         """Ledger rows or an episode folder (read-only: an unmigrated ledger has no rows)."""
-        story = DataLayout(str(self.home)).story_file(episode.project_id, episode.episode_id)
+        story = DataLayout.of(self.home).story_file(episode.project_id, episode.episode_id)
         if os.path.isfile(story):
             return True
         return self.ledger_ready() and bool(self.ledger.get_many(episodes=[episode]))

@@ -12,6 +12,7 @@ import hashlib
 import os
 import stat as stat_module
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 from pipeline_defs.resume.completion import Origin
@@ -137,19 +138,30 @@ def write_file_under(root: Path, path: Path, payload: bytes) -> None:
             )
         temp = f".{name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
         out = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | O_NOFOLLOW, 0o644, dir_fd=fd)
-        try:
+        with removed_on_error(temp, dir_fd=fd):
             with os.fdopen(out, "wb") as handle:
                 handle.write(payload)
                 handle.flush()
                 os.fsync(handle.fileno())
             os.replace(temp, name, src_dir_fd=fd, dst_dir_fd=fd)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(temp, dir_fd=fd)
-            raise
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+@contextlib.contextmanager
+def removed_on_error(path: str | os.PathLike[str], *, dir_fd: int | None = None) -> Iterator[None]:
+    """Remove ``path`` (a temp file being written) if the block fails, then re-raise.
+
+    Here, not in an adapter, so the atomic writes of the core, the checkpoint store and the
+    local object store share it (the storage adapter may import no other adapter).
+    """
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path, dir_fd=dir_fd)
+        raise
 
 
 def describe_mode(mode: int) -> str:

@@ -22,6 +22,8 @@ Stat identities live in :mod:`pipeline_defs.resume.identity`; their names are re
 here for the callers that took them from this module.
 """
 
+import functools
+import os
 from dataclasses import dataclass, field
 from pathlib import PurePath
 
@@ -95,6 +97,17 @@ class DataLayout:
         checkpoints = str(PurePath(root)) if root is not None else f"{prefix}{CHECKPOINTS}"
         object.__setattr__(self, "checkpoints", checkpoints)
 
+    @classmethod
+    def of(
+        cls,
+        home: "str | os.PathLike[str]",
+        checkpoints_root: "str | os.PathLike[str] | None" = None,
+    ) -> "DataLayout":
+        """The layout of ``home`` (and ``checkpoints_root``): one shared instance per pair,
+        so callers that only need a path ask here instead of building a layout each time."""
+        root = None if checkpoints_root is None else os.fspath(checkpoints_root)
+        return _layout_of(os.fspath(home), root)
+
     @property
     def ledger_file(self) -> str:
         return str(PurePath(self.home, LEDGER_FILE))
@@ -119,6 +132,11 @@ class DataLayout:
     def project_file(self, project_id: str) -> str:
         return f"{self.projects}/{project_id}/{PROJECT_FILE}"
 
+    @staticmethod
+    def project_in(project_dir: "str | os.PathLike[str]") -> str:
+        """The config of a directory laid out as a project's (the bundled samples too)."""
+        return f"{os.fspath(project_dir)}/{PROJECT_FILE}"
+
     def episodes_dir(self, project_id: str) -> str:
         return f"{self.projects}/{project_id}/{EPISODES}"
 
@@ -127,7 +145,12 @@ class DataLayout:
         return f"{self.projects}/{project_id}/{EPISODES}/{episode_id}"
 
     def story_file(self, project_id: str, episode_id: str) -> str:
-        return f"{self.episode_dir(project_id, episode_id)}/{STORY_FILE}"
+        return self.story_in(self.episode_dir(project_id, episode_id))
+
+    @staticmethod
+    def story_in(episode_dir: "str | os.PathLike[str]") -> str:
+        """The story of an episode's input directory."""
+        return f"{os.fspath(episode_dir)}/{STORY_FILE}"
 
     # ------------------------------------------------------------------ checkpoints
     def checkpoint_project_dir(self, project_id: str) -> str:
@@ -140,24 +163,78 @@ class DataLayout:
         return f"{self.checkpoints}/{project_id}/{episode_id}/{step_id}"
 
     # ------------------------------------------------------------------ in a step directory
+    # By key (``project_id, episode_id, step_id``), or by a step directory a caller already
+    # holds (``*_in``: the store's cached ``step_dir``, a directory entry it walks).
     def checkpoint_file(self, project_id: str, episode_id: str, step_id: str) -> str:
+        # Spelled out, not through checkpoint_in: the judge asks for every step of a tick.
         return f"{self.checkpoints}/{project_id}/{episode_id}/{step_id}/{CHECKPOINT_FILE}"
 
     def archive_dir(self, project_id: str, episode_id: str, step_id: str) -> str:
-        return f"{self.checkpoints}/{project_id}/{episode_id}/{step_id}/{ARCHIVE_DIR}"
+        return self.archive_in(self.step_dir(project_id, episode_id, step_id))
 
     def pending_dir(self, project_id: str, episode_id: str, step_id: str) -> str:
-        return f"{self.checkpoints}/{project_id}/{episode_id}/{step_id}/{PENDING_DIR}"
+        return f"{self.step_dir(project_id, episode_id, step_id)}/{PENDING_DIR}"
 
     def pending_file(self, project_id: str, episode_id: str, step_id: str, victim: str) -> str:
         """The write-ahead edit of ``victim`` by the mutator step ``step_id``."""
-        return f"{self.pending_dir(project_id, episode_id, step_id)}/{victim}.json"
+        return f"{self.step_dir(project_id, episode_id, step_id)}/{self.pending_entry(victim)}"
 
     def force_marker(self, project_id: str, episode_id: str, step_id: str) -> str:
-        return f"{self.checkpoints}/{project_id}/{episode_id}/{step_id}/{FORCE_MARKER}"
+        return self.force_marker_in(self.step_dir(project_id, episode_id, step_id))
 
     def staging_dir(self, project_id: str, episode_id: str, step_id: str) -> str:
-        return f"{self.checkpoints}/{project_id}/{episode_id}/{step_id}/{STAGING_DIR}"
+        return f"{self.step_dir(project_id, episode_id, step_id)}/{STAGING_DIR}"
 
     def published_marker(self, project_id: str, episode_id: str, step_id: str) -> str:
-        return f"{self.checkpoints}/{project_id}/{episode_id}/{step_id}/{PUBLISHED_MARKER}"
+        return self.published_marker_in(self.step_dir(project_id, episode_id, step_id))
+
+    @staticmethod
+    def checkpoint_in(step_dir: "str | os.PathLike[str]") -> str:
+        """The checkpoint file of a step directory."""
+        return f"{os.fspath(step_dir)}/{CHECKPOINT_FILE}"
+
+    @staticmethod
+    def archive_in(step_dir: "str | os.PathLike[str]") -> str:
+        return f"{os.fspath(step_dir)}/{ARCHIVE_DIR}"
+
+    @staticmethod
+    def force_marker_in(step_dir: "str | os.PathLike[str]") -> str:
+        return f"{os.fspath(step_dir)}/{FORCE_MARKER}"
+
+    @staticmethod
+    def published_marker_in(step_dir: "str | os.PathLike[str]") -> str:
+        return f"{os.fspath(step_dir)}/{PUBLISHED_MARKER}"
+
+    @staticmethod
+    def pending_entry(victim: str) -> str:
+        """The write-ahead edit of ``victim``, relative to its mutator's step directory."""
+        return f"{PENDING_DIR}/{victim}.json"
+
+    @staticmethod
+    def run_staging(run_token: str) -> str:
+        """A run's private staging directory, relative to the step directory."""
+        return f"{STAGING_DIR}/{run_token}"
+
+    @staticmethod
+    def is_archived(relative: PurePath) -> bool:
+        """Whether a path relative to an episode's checkpoint directory is in a step's
+        archive (``<step>/archive/...``): a kept version, not a published artifact."""
+        return len(relative.parts) > 2 and relative.parts[1] == ARCHIVE_DIR
+
+    # ------------------------------------------------------------------ object storage keys
+    # On a bucket the checkpoint tree keeps the home's names (``checkpoints/<p>/<e>/<step>/``,
+    # ``checkpoint.json`` in each attempt), and write-ahead edits live under ``pending/``.
+    @staticmethod
+    def pending_object(project_id: str, episode_id: str, step_id: str, victim: str) -> str:
+        """The storage key of a mutator's write-ahead edit of ``victim``."""
+        return f"{PENDING_DIR}/{project_id}/{episode_id}/{step_id}/{victim}.json"
+
+    @property
+    def story_files_pattern(self) -> str:
+        """Every episode's story, as a glob relative to :attr:`projects`."""
+        return f"*/{EPISODES}/*/{STORY_FILE}"
+
+
+@functools.lru_cache(maxsize=64)
+def _layout_of(home: str, checkpoints_root: str | None) -> DataLayout:
+    return DataLayout(home, checkpoints_root=checkpoints_root)

@@ -151,7 +151,7 @@ class ResumeSettings(BaseModel):
     @property
     def ledger_url(self) -> str:
         """The ledger URL: the configured one, else SQLite under the data root."""
-        ledger_file = Path(DataLayout(str(self.home)).ledger_file)
+        ledger_file = Path(DataLayout.of(self.home).ledger_file)
         return self.db_url or f"sqlite:///{ledger_file.resolve()}"
 
     @classmethod

@@ -31,7 +31,7 @@ from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.resume.status import SETTLED_RESULT, StepStatus
 from pipeline_defs.steps.judge import StepJudge
 from resources.checkpoints.envelope import Checkpoint
-from resources.checkpoints.store import ARCHIVE_DIR, CheckpointStore
+from resources.checkpoints.store import CheckpointStore
 from resources.ledger.audit import Audit, AuditAction
 from resources.ledger.store import LedgerStore
 
@@ -204,7 +204,7 @@ def accept_hand_edit(
         )
     finally:
         staged.discard()
-    archived = sorted((checkpoints.step_dir(key) / ARCHIVE_DIR).glob("*-replaced.json"))
+    archived = sorted(checkpoints.archive_dir(key).glob("*-replaced.json"))
     return Accepted(
         key,
         True,

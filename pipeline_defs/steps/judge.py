@@ -42,7 +42,6 @@ from pipeline_defs.steps.readers import CheckpointReader, LedgerReader
 from pipeline_defs.steps.spec import Step
 from resources.checkpoints.envelope import Checkpoint
 from resources.checkpoints.seal import Seal
-from resources.checkpoints.store import ARCHIVE_DIR
 
 Loaded = tuple[Checkpoint | None, PipelineError | None]  # a checkpoint, or why it is unusable
 
@@ -348,7 +347,7 @@ class StepJudge:
         """
         if checkpoint is None or not checkpoint.artifacts:
             return None
-        archive = self.checkpoints.step_dir(key) / ARCHIVE_DIR
+        archive = self.checkpoints.layout.archive_in(self.checkpoints.step_dir(key))
         try:
             names = os.listdir(archive)
         except (FileNotFoundError, NotADirectoryError):

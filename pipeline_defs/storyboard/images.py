@@ -26,6 +26,7 @@ from typing import Any
 from pipeline_defs.resume.completion import CompletionReport, Origin, Severity
 from pipeline_defs.resume.errors import PipelineError
 from pipeline_defs.resume.files import SYMLINK_CODE, file_sha256, fsync_dir, read_nofollow
+from pipeline_defs.resume.layout import DataLayout
 from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.steps.context import StepContext, VerifyContext
 from pipeline_defs.steps.judge import not_a_file
@@ -42,7 +43,6 @@ from resources.providers import PNG_SIGNATURE, ImageCall
 
 MAX_LISTED = 20
 RECEIPT_SUFFIX = ".receipt.json"
-STAGING_DIR = ".staging"  # a run's drawn files before they are fenced into place
 
 
 @dataclass(frozen=True)
@@ -148,7 +148,7 @@ class ImageStep(Step):
     @staticmethod
     def _staging(ctx: StepContext) -> str:
         """The run's private directory under the step dir (relative), named by its owner."""
-        return f"{STAGING_DIR}/{sha256_text(ctx.run_id or 'no-run')[:16]}"
+        return DataLayout.run_staging(sha256_text(ctx.run_id or "no-run")[:16])
 
     def _place(
         self, ctx: StepContext, job: ImageJob, png: bytes, model: str, *, redraw: bool

@@ -16,18 +16,18 @@ from pipeline_defs.project import StoryKnobs, refuse_input_links
 from pipeline_defs.resume.completion import CompletionReport, Origin
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.files import read_nofollow
+from pipeline_defs.resume.layout import STORY_FILE, DataLayout
 from pipeline_defs.steps.context import StepContext, VerifyContext
 from pipeline_defs.steps.spec import Step, StepResult
 from resources.checkpoints.envelope import Checkpoint, sha256_text
 
-STORY_FILE = "story.md"
 INVALID_INPUT = ErrorCode.STORY_SOURCE_INVALID_INPUT
 # Control characters other than tab/newline/CR mark a binary file, not prose.
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
 
 def story_path(ctx: VerifyContext) -> Path:
-    return ctx.episode_dir / STORY_FILE
+    return Path(DataLayout.story_in(ctx.episode_dir))
 
 
 def _invalid(path: Path, problem: str) -> PipelineError:

@@ -36,12 +36,13 @@ from datetime import datetime, timedelta
 
 from pipeline_defs.resume.completion import Origin
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
+from pipeline_defs.resume.layout import CHECKPOINTS
 from pipeline_defs.resume.partition import StepKey
 from resources.checkpoints.envelope import EDITED_OUTSIDE, Checkpoint
 from resources.checkpoints.manifest import ENVELOPE_NAME, Manifest, ObjectRef
 from resources.storage import ObjectMeta, Storage
 
-CHECKPOINTS_ROOT = "checkpoints"
+CHECKPOINTS_ROOT = CHECKPOINTS  # the bucket keeps the home's tree of names
 ENVELOPE_WHAT = "checkpoint envelope"  # how a fetch names the envelope (a hand edit is told apart)
 # An attempt prefix: "a" + the claim's start (sortable, for people) + a digest of the owner.
 _ATTEMPT = re.compile(r"^a[0-9A-Za-z]*-[0-9a-f]{16}$")

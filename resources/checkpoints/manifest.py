@@ -23,10 +23,11 @@ from typing import Any
 
 from pipeline_defs.resume.completion import Origin
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
+from pipeline_defs.resume.layout import CHECKPOINT_FILE
 from pipeline_defs.resume.partition import StepKey
 
 MANIFEST_VERSION = 1
-ENVELOPE_NAME = "checkpoint.json"
+ENVELOPE_NAME = CHECKPOINT_FILE  # an attempt's envelope object, named as on disk
 
 
 @dataclass(frozen=True)

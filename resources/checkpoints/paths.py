@@ -31,7 +31,7 @@ class StorePaths:
 
     def __init__(self, home: Path, *, checkpoints_root: str | None = None) -> None:
         self.home = Path(home)
-        self.layout = DataLayout(str(self.home), checkpoints_root=checkpoints_root)
+        self.layout = DataLayout.of(self.home, checkpoints_root)
         self.root = Path(self.layout.checkpoints)
         self._home, self._root = str(self.home), str(self.root)
         # (step dir, checkpoint path) per key: pathlib joins are slow when judging in bulk.

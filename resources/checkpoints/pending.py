@@ -11,7 +11,7 @@ from pathlib import Path
 
 from pipeline_defs.resume.errors import PipelineError
 from pipeline_defs.resume.files import SYMLINK_CODE, read_nofollow
-from pipeline_defs.resume.layout import PENDING_DIR
+from pipeline_defs.resume.layout import DataLayout
 from pipeline_defs.resume.partition import StepKey
 from resources.checkpoints.atomic import atomic_write_bytes
 from resources.checkpoints.envelope import Checkpoint
@@ -23,7 +23,7 @@ class PendingEdits(LinkPolicy):
 
     def _refuse_pending_links(self, mutator: StepKey, victim: str) -> Path:
         path = self.pending_path(mutator, victim)
-        self._refuse_links_to(mutator, f"{PENDING_DIR}/{path.name}")
+        self._refuse_links_to(mutator, DataLayout.pending_entry(victim))
         return path
 
     def write_pending(self, mutator: StepKey, edited: Checkpoint) -> Path:

@@ -19,7 +19,7 @@ from typing import Any
 from pipeline_defs.resume.files import fsync_dir, symlink_error
 from pipeline_defs.resume.partition import StepKey
 from resources.checkpoints.archives import ArchiveKeeper
-from resources.checkpoints.atomic import atomic_write_bytes, naming
+from resources.checkpoints.atomic import atomic_write_bytes, named_errors, removed_on_error
 from resources.checkpoints.envelope import Artifact, Checkpoint
 from resources.checkpoints.seal import BACKDATE_NS
 
@@ -85,7 +85,7 @@ class Publisher(ArchiveKeeper):
         target.parent.mkdir(parents=True, exist_ok=True)
         self.refuse_links(key)  # mkdir may have made the chain: a link raced in meanwhile?
         fd, temp = tempfile.mkstemp(prefix=".checkpoint.", suffix=".tmp", dir=target.parent)
-        try:
+        with named_errors(target), removed_on_error(temp):
             with os.fdopen(fd, "wb") as handle:
                 handle.write(checkpoint.to_json().encode("utf-8"))
                 handle.flush()
@@ -98,13 +98,6 @@ class Publisher(ArchiveKeeper):
             if current is not None and stat_module.S_ISREG(current.st_mode):
                 # even an unreadable one: it is evidence, never destroyed
                 self.archive(key, "replaced")
-        except BaseException as exc:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(temp)
-            named = naming(exc, target)
-            if named is not None:
-                raise named from exc
-            raise
 
         def after_commit() -> None:
             marker = self.force_marker_path(key)

@@ -212,7 +212,8 @@ class CheckpointStore(PendingEdits, Publisher):
         except (PipelineError, FileNotFoundError, NotADirectoryError):
             return None
         # String paths (no pathlib): this runs for every step of every episode on a cold tick.
-        return seal if seal.holds(self._home, f"{step}/{CHECKPOINT_FILE}", shared) else None
+        checkpoint_in = DataLayout.checkpoint_in
+        return seal if seal.holds(self._home, checkpoint_in(step), shared) else None
 
     def iter_keys(self) -> Iterator[StepKey]:
         """Every step directory holding a checkpoint (for adoption and audits).
@@ -241,5 +242,5 @@ class CheckpointStore(PendingEdits, Publisher):
                 if episode.is_symlink():
                     continue
                 for step in real_dirs(episode.path):
-                    if step.is_symlink() or os.path.lexists(f"{step.path}/{CHECKPOINT_FILE}"):
+                    if step.is_symlink() or os.path.lexists(DataLayout.checkpoint_in(step.path)):
                         yield StepKey(project.name, episode.name, step.name)

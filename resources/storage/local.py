@@ -29,7 +29,7 @@ from pathlib import Path
 
 from pipeline_defs.resume.causes import storage_fault
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
-from pipeline_defs.resume.files import O_NOFOLLOW, symlink_error
+from pipeline_defs.resume.files import O_NOFOLLOW, removed_on_error, symlink_error
 from resources.storage.base import TEMP_PREFIX, ObjectMeta, error_details, validate_key
 
 _O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
@@ -164,12 +164,8 @@ class LocalStorage:
                 if expected.key != key or expected.e_tag != current.e_tag:
                     raise self._precondition(key, expected, current)
                 temp, written = self._write_temp(dir_fd, data)
-                try:
+                with removed_on_error(temp, dir_fd=dir_fd):
                     os.replace(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-                except BaseException:
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(temp, dir_fd=dir_fd)
-                    raise
                 os.fsync(dir_fd)
             finally:
                 os.close(dir_fd)
@@ -311,7 +307,7 @@ class LocalStorage:
         """A fsynced temp file in ``dir_fd`` holding ``data``: its name and identity."""
         temp = f"{TEMP_PREFIX}{uuid.uuid4().hex}"
         fd = os.open(temp, _TEMP_FLAGS, FILE_MODE, dir_fd=dir_fd)
-        try:
+        with removed_on_error(temp, dir_fd=dir_fd):
             try:
                 view = memoryview(data)
                 while view:
@@ -320,10 +316,6 @@ class LocalStorage:
                 written = os.fstat(fd)
             finally:
                 os.close(fd)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(temp, dir_fd=dir_fd)
-            raise
         return temp, written
 
     def _list(self, parts: tuple[str, ...], prefix: str) -> Iterator[ObjectMeta]:

@@ -1,5 +1,6 @@
 """Rules of the code base that review alone would let slip."""
 
+import ast
 import re
 import subprocess
 import sys
@@ -123,3 +124,83 @@ def test_the_repo_explains_itself() -> None:
             dangling += [f"{where} #{a}" for a in CITED.findall(line) if a not in anchors]
     assert not stale, f"cite docs/DESIGN.md instead: {stale}"
     assert not dangling, f"no such anchor in docs/DESIGN.md: {dangling}"
+
+
+# The names of the data layout (pipeline_defs.resume.layout): spelled there and only there.
+LAYOUT_MODULE = "pipeline_defs/resume/layout.py"
+LAYOUT_NAMES = {
+    "checkpoint.json": "CHECKPOINT_FILE",
+    "archive": "ARCHIVE_DIR",
+    "pending": "PENDING_DIR",
+    ".force_cleared": "FORCE_MARKER",
+    ".staging": "STAGING_DIR",
+    ".published": "PUBLISHED_MARKER",
+    ".scratch": "SCRATCH_DIR",
+    "story.md": "STORY_FILE",
+    "project.yaml": "PROJECT_FILE",
+    "ledger.sqlite3": "LEDGER_FILE",
+    "checkpoints": "CHECKPOINTS",
+    "projects": "PROJECTS",
+    "episodes": "EPISODES",
+}
+# Names that are also plain words (a status "pending"): flagged only where a path is built.
+_PATH_TARGET = re.compile(r"(_DIR|_FILE|_ROOT|_NAME|_MARKER)$")
+_PATH_CALLS = {"Path", "PurePath", "join", "joinpath", "with_name", "glob", "rglob"}
+
+
+def _names_in(text: str) -> set[str]:
+    return {part for part in text.split("/") if part in LAYOUT_NAMES}
+
+
+def _spells_layout(node: ast.AST) -> str | None:
+    """The layout name ``node`` spells as a path part (a literal or a layout constant)."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        found = _names_in(node.value)
+        return min(found) if found else None
+    name = node.id if isinstance(node, ast.Name) else getattr(node, "attr", None)
+    return name if name in LAYOUT_NAMES.values() else None
+
+
+def _layout_offenders(tree: ast.AST) -> list[tuple[int, str]]:
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        spelled: list[str | None] = []
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+            spelled = [_spells_layout(node.left), _spells_layout(node.right)]
+        elif isinstance(node, ast.JoinedStr) and any(
+            isinstance(v, ast.Constant) and "/" in str(v.value) for v in node.values
+        ):
+            spelled = [
+                _spells_layout(v.value if isinstance(v, ast.FormattedValue) else v)
+                for v in node.values
+            ]
+        elif isinstance(node, ast.Call):
+            func = node.func
+            called = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
+            if called in _PATH_CALLS:
+                spelled = [_spells_layout(arg) for arg in node.args]
+        elif isinstance(node, ast.Compare) and isinstance(node.ops[0], (ast.In, ast.NotIn)):
+            if getattr(node.comparators[0], "attr", None) == "parts":
+                spelled = [_spells_layout(node.left)]
+        elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
+            value = node.value.value
+            targets = [getattr(t, "id", "") for t in node.targets]
+            if value in LAYOUT_NAMES and (
+                "." in value or any(_PATH_TARGET.search(t) for t in targets)
+            ):
+                spelled = [value]
+        found += [(getattr(node, "lineno", 0), name) for name in spelled if name]
+    return found
+
+
+def test_paths_of_the_data_layout_are_built_by_the_layout() -> None:
+    """``DataLayout`` owns every path down into the step directory: product code outside
+    the layout module joins none of its file or directory names by hand (neither the
+    literal nor the layout's constant), it asks the layout."""
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line} {name}"
+        for path in product_files()
+        if path.relative_to(ROOT).as_posix() != LAYOUT_MODULE
+        for line, name in _layout_offenders(ast.parse(path.read_text()))
+    ]
+    assert not offenders, f"{len(offenders)} hand-built layout path(s): {offenders}"

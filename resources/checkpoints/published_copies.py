@@ -1,0 +1,279 @@
+"""Published checkpoints, the copies: a process's scratch copy of what the storage holds.
+
+- **Read** (:meth:`PublishedCopies.load`): the row's pointer names the manifest; the
+  scratch copy of the step is brought to it (the envelope and each artifact fetched and
+  verified against the manifest's sha256 and size, an artifact whose scratch bytes already
+  match kept without a request) before the usual load and verification. A marker per step
+  directory names the pointer the copy holds, so an unchanged pointer costs no request.
+- **Publish** (:meth:`PublishedCopies.stage`): the envelope is staged in scratch as on
+  disk, then every artifact it lists is put create-only under the claim's own attempt
+  prefix (or named from the previous manifest when its bytes are unchanged), the envelope
+  last; the staged checkpoint carries the manifest as its ``pointer``.
+
+The whole protocol is told in :mod:`resources.checkpoints.published`.
+"""
+
+import atexit
+import contextlib
+import hashlib
+import os
+import shutil
+import socket
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Protocol
+from uuid import uuid4
+
+from pipeline_defs.resume.completion import Origin
+from pipeline_defs.resume.errors import ErrorCode, PipelineError
+from pipeline_defs.resume.files import file_sha256, read_nofollow
+from pipeline_defs.resume.layout import DataLayout
+from pipeline_defs.resume.partition import StepKey
+from resources.checkpoints.bucket import ENVELOPE_WHAT, BucketCheckpoints
+from resources.checkpoints.envelope import Checkpoint
+from resources.checkpoints.manifest import Manifest, ObjectRef
+from resources.checkpoints.store import CheckpointStore, StagedCheckpoint, atomic_write_bytes
+from resources.storage import Storage
+
+UNSCANNED = "unscanned"  # under a scratch: never created, so the tick's stats never move
+
+
+class PointerSource(Protocol):
+    """The published pointer of a step: its ledger row's ``checkpoint_pointer``."""
+
+    def pointer(self, key: StepKey) -> str | None: ...
+
+    def episode_pointers(self, project_id: str, episode_id: str) -> Mapping[str, str | None]:
+        """Step id -> pointer of every row of one episode (one read)."""
+        ...
+
+
+def pointer_digest(text: str) -> str:
+    """What a copy's marker and a seal record of a pointer: the sha256 of its text."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+class PublishedCopies(CheckpointStore):
+    """The checkpoint store over object storage, with ``home`` as scratch: reads bring the
+    scratch copy to the published pointer, stages upload the attempt."""
+
+    def __init__(
+        self,
+        home: Path,
+        storage: Storage,
+        pointers: PointerSource,
+        *,
+        keep_archives: int = 5,
+    ) -> None:
+        # A scratch tree of this process's own: a run's drawn pictures and the copies the
+        # sensor brings up to date never meet, and each run verifies what it reads in full
+        # (it fetches it). Removed when the process exits; any left behind (a kill) is
+        # only a cache.
+        process = f"{socket.gethostname()}-{os.getpid()}-{uuid4().hex[:8]}"
+        home_layout = DataLayout.of(home)
+        scratch = Path(home_layout.process_scratch(process))
+        super().__init__(
+            home,
+            keep_archives=keep_archives,
+            checkpoints_root=home_layout.scratch_checkpoints(process),
+        )
+        self.scratch = scratch
+        self._home_prefix = f"{self.layout.home}/"
+        self._scan_layout = DataLayout.of(home, scratch / UNSCANNED)
+        self.storage = storage
+        self.bucket = BucketCheckpoints(storage)
+        self.pointers = pointers
+        # (project, episode) -> when its inputs were last synced; input key -> the e_tag of
+        # the local copy.
+        self._synced: dict[tuple[str, str | None], float] = {}
+        self._input_tags: dict[str, str | None] = {}
+        # What this process last saw in the storage (a sync or a scrub): input key -> e_tag,
+        # and the keys of each episode's input folder. Seals are checked against these.
+        self._seen_inputs: dict[str, str | None] = {}
+        self._seen_folders: dict[str, frozenset[str]] = {}
+        # Steps a scrub found drifted: their seal is not trusted and their copy is fetched
+        # again (not taken from the marker) the next time they are loaded.
+        self._drifted: set[StepKey] = set()
+        self._scope_pointers = threading.local()
+        atexit.register(shutil.rmtree, scratch, ignore_errors=True)
+
+    @property
+    def poolable(self) -> bool:
+        return False  # worker processes would judge from a local tree that is not the truth
+
+    @property
+    def scan_layout(self) -> DataLayout:
+        """The tick scans no checkpoint tree here: the scratch copy changes whenever this
+        process fetches (a judgement the long way, a run), which is no change of the
+        partition, and a run key built from it would differ from tick to tick. A change of
+        a published checkpoint moves its ledger row; drift is the scrub's. The inputs'
+        copies stay watched: the project config is copied in before each tick."""
+        return self._scan_layout
+
+    @property
+    def location(self) -> str:
+        """Where checkpoints are published (secrets masked), for messages."""
+        return self.storage.url
+
+    # ------------------------------------------------------------------ reads
+    def manifest(self, key: StepKey) -> Manifest | None:
+        """The published manifest of ``key`` (None: nothing published)."""
+        text = self.pointers.pointer(key)
+        return None if text is None else self._decode(key, text)
+
+    def _decode(self, key: StepKey, text: str) -> Manifest:
+        manifest = Manifest.decode(text, where=f"the ledger row of {key}")
+        if manifest.step != key:
+            raise PipelineError(
+                ErrorCode.IO_INTEGRITY_VIOLATION,
+                f"the ledger row of {key} points at a checkpoint of {manifest.step}",
+                origin=Origin.CONTRACT_DRIFT.value,
+            )
+        return manifest
+
+    def load(self, key: StepKey) -> Checkpoint | None:
+        text = self.pointers.pointer(key)
+        if text is None:
+            return None
+        return self.load_published(key, text, self._decode(key, text))
+
+    def load_published(self, key: StepKey, text: str, manifest: Manifest) -> Checkpoint | None:
+        """``load`` of the pointer ``text`` already read (decoded as ``manifest``)."""
+        if not self._hydrate(key, text, manifest):
+            return None  # the envelope object is gone: completed without checkpoint
+        return super().load(key)
+
+    def _hydrate(self, key: StepKey, text: str, manifest: Manifest) -> bool:
+        """Bring the scratch copy of ``key`` to ``manifest``; False if its envelope is gone."""
+        self.refuse_links_in_tree(key)
+        marker = self._published_marker(key)
+        digest = pointer_digest(text)
+        drifted = key in self._drifted  # a scrub saw the storage differ: fetch, do not trust
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+            if (
+                not drifted
+                and read_nofollow(marker).decode("utf-8") == digest
+                and self.path_for(key).is_file()
+            ):
+                return True
+        self._fetch_artifacts(key, manifest)
+        envelope = self.bucket.fetch(manifest.envelope, what=ENVELOPE_WHAT)
+        self._drifted.discard(key)  # judged from what the storage holds now
+        if envelope is None:
+            return False
+        atomic_write_bytes(self.path_for(key), envelope)
+        atomic_write_bytes(marker, digest.encode("utf-8"))
+        return True
+
+    def _published_marker(self, key: StepKey) -> Path:
+        """The marker naming the pointer ``key``'s scratch copy holds."""
+        return Path(self.layout.published_marker(key.project_id, key.episode_id, key.step_id))
+
+    def checkout_edit(self, key: StepKey) -> None:
+        """Bring the copy of ``key`` to its pointer with the envelope as the storage holds
+        it now: an operator's edit of the envelope object (downloaded, edited, put back),
+        unverified, for ``storyboard accept`` to validate. The copy is not marked as the
+        published one: any other read fetches and verifies again."""
+        text = self.pointers.pointer(key)
+        if text is None:
+            return  # nothing published: the accept says so
+        manifest = self._decode(key, text)
+        self.refuse_links_in_tree(key)
+        self._fetch_artifacts(key, manifest)
+        payload = self.bucket.fetch_unverified(manifest.envelope.key)
+        if payload is None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path_for(key))
+            return
+        atomic_write_bytes(self.path_for(key), payload)
+
+    def _fetch_artifacts(self, key: StepKey, manifest: Manifest) -> None:
+        """The copy's artifacts brought to ``manifest``, its marker dropped first: a copy half
+        brought up to date is never taken as the published one."""
+        with contextlib.suppress(FileNotFoundError):
+            self._published_marker(key).unlink()
+        for relative, ref in sorted(manifest.artifacts.items()):
+            self._fetch(key, relative, ref)
+
+    def _fetch(self, key: StepKey, relative: str, ref: ObjectRef) -> None:
+        """One artifact into scratch: kept when its bytes are the published ones, fetched
+        and verified otherwise, absent (moved out of the way) when the object is gone."""
+        path = self.artifact_path(key, relative)
+        held = path.is_file() and path.stat().st_size == ref.size
+        if held and file_sha256(path) == ref.sha256 and self.storage.head(ref.key) is not None:
+            return  # the published bytes are here already: one HEAD, no download
+        payload = self.bucket.fetch(ref, what=f"artifact {relative}")
+        if payload is None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)  # scratch: the truth (a missing object) must show here
+            return
+        atomic_write_bytes(path, payload)
+
+    # ------------------------------------------------------------------ publish
+    def stage(self, checkpoint: Checkpoint) -> StagedCheckpoint:
+        """Stage in scratch, upload the attempt, and carry its manifest as the pointer."""
+        staged = super().stage(checkpoint)
+        try:
+            key = checkpoint.key
+            previous = self.manifest(key)
+            owner = str(checkpoint.produced_by.get("run_id") or "unowned")
+            # One attempt per owner and content: a mutator's edit of a victim (same producer)
+            # gets its own prefix, and a retried stage of the same content finds its objects.
+            attempt = self.bucket.attempt(
+                key, f"{owner}|{checkpoint.content_hash}", checkpoint.created_at
+            )
+            for artifact in checkpoint.artifacts:
+                kept = previous.artifacts.get(artifact.path) if previous else None
+                if kept is not None and self._still_there(kept, artifact.sha256, artifact.bytes):
+                    attempt.reuse(artifact.path, kept)
+                    continue
+                data = read_nofollow(self.artifact_path(key, artifact.path))
+                attempt.put(artifact.path, data)
+            manifest = attempt.publishable(checkpoint)
+        except BaseException:
+            staged.discard()
+            raise
+        pointer = manifest.encode()
+        marker = self._published_marker(checkpoint.key)
+        inner = staged
+
+        class _Published(StagedCheckpoint):
+            def commit(self) -> None:
+                with contextlib.suppress(FileNotFoundError):
+                    marker.unlink()
+                inner.commit()
+                atomic_write_bytes(marker, pointer_digest(pointer).encode("utf-8"))
+                self.committed = True
+
+            def discard(self) -> None:
+                inner.discard()
+
+        return _Published(staged.temp, staged.target, lambda: None, pointer=pointer)
+
+    def _still_there(self, ref: ObjectRef, sha256: str, size: int) -> bool:
+        """The published object holds these bytes and is still in the storage (one HEAD)."""
+        if (ref.sha256, ref.size) != (sha256, size):
+            return False
+        meta = self.storage.head(ref.key)
+        return meta is not None and ref.same_object(meta.size, meta.e_tag, meta.version)
+
+    def is_unchanged(self, checkpoint: Checkpoint) -> bool:
+        """Same content as published, and every object it names still in the storage: a
+        re-run that redrew a deleted picture has the same content but must publish it."""
+        key = checkpoint.key
+        text = self.pointers.pointer(key)
+        if text is None:
+            return False
+        try:
+            published = self._decode(key, text)
+            current = self.load_published(key, text, published)
+        except PipelineError:
+            return False
+        if current is None:
+            return False
+        if current.identity_hash != checkpoint.identity_hash:
+            return False
+        return all(
+            self._still_there(ref, ref.sha256, ref.size) for ref in published.artifacts.values()
+        )

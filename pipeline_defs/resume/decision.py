@@ -417,7 +417,7 @@ def decide(
     *,
     mode: LaunchMode,
     applicable: bool,
-    row: LedgerRow | Mapping[str, Any] | None,
+    row: LedgerRow | None,
     checkpoint: CheckpointSummary,
     verify: Callable[[], CompletionReport],
     step: JudgedStep,
@@ -433,11 +433,8 @@ def decide(
 
     ``verify`` is called at most once, and only for a completed step whose contract and
     scoped config still match (row 10, also reached through row 4).
-
-    ``row``: the store's :class:`LedgerRow`; a hand-built mapping (tests) is converted.
     """
     now = as_utc(now)
-    row = LedgerRow.of(row)
     # Row 1.
     if not applicable:
         return ResumeDecision(

@@ -317,5 +317,5 @@ def test_an_explicit_force_archives_the_bad_file_and_rebuilds(
     assert evidence in archived  # the bad file is kept as evidence
     rebuilt = h.checkpoints.load(step_key("alpha"))
     assert rebuilt is not None and rebuilt.data == h.envelope("alpha")["data"]
-    assert h.row("alpha")["status"] == "completed"  # type: ignore[index]
+    assert h.row("alpha").status == "completed"
     assert _judge(h).action is ResumeAction.SKIP

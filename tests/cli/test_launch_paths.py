@@ -485,7 +485,7 @@ def batch(deployment: Deployment) -> Batch:
             row = d.ws.ledger.get(Episode.parse(partition).step(STEP)) or {}
             # A live lease is held (no launch) but not reported as a failed check
             # (docs/DESIGN.md#reports): the owner's run shows the check in progress.
-            held = check is None and row.get("status") == "running"
+            held = check is None and row.status == "running"
             blocked = held or (check is not None and not check.passed)
             sensor_decisions[case] = "block" if blocked else "skip"
             sensor_runs[case] = []
@@ -630,7 +630,7 @@ def test_ui_launch_and_sensor_launch_race_for_one_claim(deployment: Deployment) 
     )
     assert {t["launch_path"] for t in audit} == {"ui", "sensor"}
     row = ledger.get(key) or {}
-    assert row["status"] == "completed" and row["run_id"] == f"{winner}:0"
+    assert row.status == "completed" and row.run_id == f"{winner}:0"
 
 
 def test_cli_force_through_the_webserver(deployment: Deployment) -> None:
@@ -693,25 +693,25 @@ def test_backfill_of_many_episodes_under_the_queued_coordinator(
     ledger = d.ws.ledger
     rows = ledger.get_many(episodes=[Episode.parse(p) for p in partitions], step_ids=SCALE_STEPS)
     assert len(rows) == len(partitions) * len(SCALE_STEPS)
-    assert {r["status"] for r in rows.values()} == {"completed"}
+    assert {r.status for r in rows.values()} == {"completed"}
     run_ids = {r.dagster_run.run_id for r in records}
     for key, row in rows.items():
         audit = [t for t in ledger.transitions(key) if t["action"] in DECISION_ACTIONS]
         claims = [t for t in audit if t["action"] in CLAIMING]
         assert len(claims) == 1, (key, audit)
-        assert claims[0]["run_id"] == row["run_id"]
+        assert claims[0]["run_id"] == row.run_id
         assert claims[0]["launch_path"] == "backfill"
-        assert row["run_id"].split(":")[0] in run_ids
-        assert int(row["recovery_count"]) == 0
+        assert row.run_id.split(":")[0] in run_ids
+        assert int(row.recovery_count) == 0
         checkpoint = d.ws.checkpoints.load(key)
-        assert checkpoint is not None and checkpoint.run_id == row["run_id"]
+        assert checkpoint is not None and checkpoint.run_id == row.run_id
         if key.step_id == STEP:  # provider calls counted once, by the one owner
             owners = {c["run_id"] for c in ledger.provider_calls(key)}
-            assert owners == {row["run_id"]}, key
+            assert owners == {row.run_id}, key
     duplicates = {
         Episode.parse(p).step(s) for p in partitions[:SCALE_DUPLICATES] for s in SCALE_STEPS
     }
     for key in duplicates:  # the second launch judged SKIP: nothing executed twice
         actions = [t["action"] for t in ledger.transitions(key) if t["action"] in DECISION_ACTIONS]
         assert sorted(actions) == ["rerun_self", "skip"], (key, actions)
-    assert not [r for r in ledger.running_rows() if r["project_id"] == "scale"]
+    assert not [r for r in ledger.running_rows() if r.project_id == "scale"]

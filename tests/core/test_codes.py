@@ -270,7 +270,7 @@ def test_parse_status(raw: object, expected: str) -> None:
 def test_ledger_row_is_typed_frozen_and_reads_as_a_mapping() -> None:
     row = LedgerRow.from_row({"status": "running", "recovery_count": None, "extra": 1})
     assert row.status is StepStatus.RUNNING and row.is_running and row.recovery_count == 0
-    assert row["status"] == "running" and row.get("run_id") is None and row.get("extra") is None
+    assert row.status == "running" and row.run_id is None and row.get("extra") is None
     with pytest.raises(KeyError):
         row["extra"]
     with pytest.raises(AttributeError):

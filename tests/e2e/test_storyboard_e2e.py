@@ -201,7 +201,7 @@ def test_lost_composite_png_costs_exactly_one_image_call(env: Env) -> None:
     assert outcome.calls == {"composite_image_gen": {"image": 1}}
     assert file_sha256(lost) == sha
     assert env.checkpoint_path("composite_image_gen").read_bytes() == checkpoint_bytes
-    assert env.row("composite_image_gen")["status"] == "completed"  # type: ignore[index]
+    assert env.row("composite_image_gen").status == "completed"
 
 
 def test_lost_ledger_rows_are_adopted_after_verification(env: Env) -> None:
@@ -388,7 +388,7 @@ def test_images_of_a_run_killed_before_publishing_are_reused(env: Env) -> None:
     assert outcome.decisions[step] == "rerun_self"
     assert outcome.calls == {step: {"image": len(lost)}}
     assert len(kept) > 0
-    assert env.row(step)["status"] == "completed"  # type: ignore[index]
+    assert env.row(step).status == "completed"
 
 
 def test_a_receipt_never_vouches_for_changed_bytes(env: Env) -> None:

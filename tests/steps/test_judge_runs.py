@@ -343,7 +343,7 @@ def test_a_typed_verifier_error_is_contract_drift_not_a_crash(h: Harness) -> Non
     h.knobs("alpha", verify_typed_error="exit")
     result = h.run("alpha")
     assert result.success  # exit: an incomplete verdict → partial, published
-    assert h.row("alpha")["status"] == "partial"  # type: ignore[index]
+    assert h.row("alpha").status == "partial"
     assert h.envelope("alpha")["status"] == "partial"
     h.knobs("alpha", verify_typed_error=None)
     assert h.run("alpha").success  # partial → automatic rerun → completed
@@ -418,7 +418,7 @@ def test_recovery_exhausted_after_three_automatic_recoveries(h: Harness) -> None
     h.knobs("alpha", fail="all")
     assert not h.run("alpha").success  # an operator's retries are not counted
     assert not h.run("alpha").success
-    assert h.row("alpha")["recovery_count"] == 0  # type: ignore[index]
+    assert h.row("alpha").recovery_count == 0
     counts = []
     for _ in range(3):  # three automatic recoveries: runs the resume sensor launched
         assert not h.run("alpha", tags=SENSOR_RUN).success
@@ -505,7 +505,7 @@ def test_only_the_force_tag_forces(h: Harness) -> None:
     result = h.run("alpha", tags={"resume/action": "force_explicit", "resume/mode": "resume-ish"})
     assert result.success
     assert mat_metadata(result, "alpha")["resume/decision"] == "skip"
-    assert h.row("beta")["status"] == "completed"  # type: ignore[index]
+    assert h.row("beta").status == "completed"
     assert h.calls("alpha", "cleanup") == []
 
 
@@ -562,7 +562,7 @@ def test_both_finalize_paths_perform_all_seven_stages(h: Harness, path: str) -> 
     assert alpha_before in [p.read_bytes() for p in archives(h, "alpha")]
     alpha_audit = h.audit("alpha")[-1]
     assert (alpha_audit["action"], alpha_audit["run_id"]) == ("mutated", run)
-    assert h.row("alpha")["status"] == "completed"  # type: ignore[index]
+    assert h.row("alpha").status == "completed"
     assert (h.snapshot("beta"), h.row("beta")) == beta_before
     observed = [e.asset_key for e in result.get_asset_observation_events()]
     assert dg.AssetKey("alpha") in observed

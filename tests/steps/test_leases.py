@@ -35,6 +35,7 @@ from pipeline_defs.resume.decision import (
 )
 from pipeline_defs.resume.partition import Episode, StepKey
 from pipeline_defs.resume.settings import ResumeSettings
+from pipeline_defs.resume.status import LedgerRow
 from pipeline_defs.storyboard import sample_stories
 from resources.ledger.store import LedgerStore
 
@@ -55,13 +56,13 @@ def _never_verify() -> CompletionReport:
 
 
 def judge(started: datetime, beat: datetime | None) -> ResumeDecision:
-    row = {
-        "status": "running",
-        "run_id": "owner:0",
-        "started_at": format_timestamp(started),
-        "heartbeat_at": format_timestamp(beat) if beat else None,
-        "recovery_count": 0,
-    }
+    row = LedgerRow(
+        status="running",
+        run_id="owner:0",
+        started_at=format_timestamp(started),
+        heartbeat_at=format_timestamp(beat) if beat else None,
+        recovery_count=0,
+    )
     return decide(
         mode=LaunchMode.RESUME,
         applicable=True,
@@ -113,13 +114,13 @@ def test_a_steal_is_a_compare_and_set_on_the_heartbeat(db_url: str) -> None:
     started = format_timestamp(datetime.now(UTC) - timedelta(minutes=5))
     assert ledger.claim(key, "owner:0", now=started)
     seen = ledger.get(key)
-    assert seen is not None and seen["heartbeat_at"] == started
+    assert seen is not None and seen.heartbeat_at == started
     assert ledger.heartbeat(key, "owner:0")  # the owner renews after the judge read
     steal = {"allow_stale_steal": True, "expected_started_at": started}
     assert not ledger.claim(
         key, "thief:0", **steal, expected_run_id="owner:0", expected_heartbeat_at=started
     )
-    renewed = ledger.get(key)["heartbeat_at"]  # type: ignore[index]
+    renewed = ledger.get(key).heartbeat_at  # type: ignore[union-attr]
     assert ledger.claim(
         key, "thief:0", **steal, expected_run_id="owner:0", expected_heartbeat_at=renewed
     )

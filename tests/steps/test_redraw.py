@@ -141,7 +141,7 @@ def test_a_redraw_draws_exactly_that_item_and_touches_nothing_else(env: Env, ste
     checkpoint = env.checkpoint(step_id)
     assert checkpoint is not None
     assert checkpoint.data["images"][item]["sha256"] == file_sha256(target)
-    assert env.row(step_id)["status"] == "completed"  # type: ignore[index]
+    assert env.row(step_id).status == "completed"
     metadata = materialization_metadata(outcome.result)[step_id]
     assert metadata["step/redrawn"] == 1
     assert_clean(env, step_id)
@@ -223,7 +223,7 @@ def test_dependents_are_reported_and_redrawn_only_when_asked(env: Env) -> None:
     lost = shots[0]
     image_path(env, "scene_image_pipeline", lost).unlink()
     outcome = env.materialize(["scene_image_pipeline"])
-    assert outcome.total_calls == 1 and env.row("scene_image_pipeline")["status"] == "completed"  # type: ignore[index]
+    assert outcome.total_calls == 1 and env.row("scene_image_pipeline").status == "completed"
     outdated = outdated_items(STEPS.values(), env.checkpoints.load, EPISODE)
     assert sorted(outdated.get("composite_image_gen", {})) == sorted(composites)
     before = {s: identities(env, s) for s in downstream}

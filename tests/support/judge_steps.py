@@ -39,6 +39,7 @@ import dagster as dg
 from pipeline_defs.resume.completion import CompletionReport, Origin
 from pipeline_defs.resume.errors import PipelineError
 from pipeline_defs.resume.partition import StepKey
+from pipeline_defs.resume.status import LedgerRow
 from pipeline_defs.steps.context import StepContext
 from pipeline_defs.steps.spec import CleanupReport, Mutation, Step, StepResult
 from pipeline_defs.wiring.assets import build_step_assets
@@ -262,16 +263,16 @@ def steal(ctx: StepContext, *, publish: bool) -> None:
     """Another owner takes the row mid-execute (a stale-lease steal through its own store)."""
     thief = LedgerStore(ctx.ledger.url)
     row = thief.get(ctx.key)
-    assert row is not None and row["status"] == "running"
+    assert row is not None and row.status == "running"
     won = thief.claim(
         ctx.key,
         THIEF_RUN_ID,
         allow_stale_steal=True,
-        expected_started_at=row["started_at"],
-        expected_run_id=row["run_id"],
+        expected_started_at=row.started_at,
+        expected_run_id=row.run_id,
     )
     assert won, "the steal must succeed"
-    record(ctx.home, ctx.key.step_id, "steal", victim=row["run_id"])
+    record(ctx.home, ctx.key.step_id, "steal", victim=row.run_id)
     if not publish:
         return
     store = CheckpointStore(ctx.home)
@@ -362,7 +363,7 @@ class Harness:
         )
 
     # -- observations
-    def row(self, step_id: str, partition: str = PARTITION) -> dict[str, Any] | None:
+    def row(self, step_id: str, partition: str = PARTITION) -> LedgerRow | None:
         return self.ledger.get(step_key(step_id, partition))
 
     def audit(self, step_id: str, partition: str = PARTITION) -> list[dict[str, Any]]:

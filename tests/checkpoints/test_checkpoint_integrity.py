@@ -189,7 +189,7 @@ def test_a_body_returning_corrupt_data_publishes_nothing(h: Harness) -> None:
     assert "io.integrity_violation" in description and "items_hash" in description
     assert not h.path("alpha").exists()
     row = h.row("alpha")
-    assert row is not None and row["status"] == "failed"
+    assert row is not None and row.status == "failed"
 
 
 def test_io_manager_output_side_refuses_corrupt_data_and_skips_identical(

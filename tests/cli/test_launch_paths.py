@@ -37,6 +37,7 @@ from pipeline_defs.operations.workspace import Workspace, load_workspace
 from pipeline_defs.resume.clock import format_timestamp
 from pipeline_defs.resume.decision import LaunchMode
 from pipeline_defs.resume.partition import Episode, StepKey
+from pipeline_defs.resume.status import LedgerRow
 from pipeline_defs.steps.graph import StepGraph
 from pipeline_defs.steps.judge import StepJudge
 from pipeline_defs.steps.runner import RunInfo, StepRunner
@@ -373,8 +374,8 @@ class Outcome:
     claimed: bool
     provider_calls: int
     launch_path: str | None
-    row_before: dict[str, Any] | None
-    row_after: dict[str, Any] | None
+    row_before: LedgerRow | None
+    row_after: LedgerRow | None
     audit: list[dict[str, Any]]
     runs: list[str]
 
@@ -383,7 +384,7 @@ def outcome_of(
     deployment: Deployment,
     key: StepKey,
     run_ids: Sequence[str],
-    row_before: dict[str, Any] | None,
+    row_before: LedgerRow | None,
     decision: str | None = None,
 ) -> Outcome:
     """Decision and claim from the audit rows of these runs; cost from the cost ledger."""
@@ -482,7 +483,7 @@ def batch(deployment: Deployment) -> Batch:
             sensor_runs[case] = [d.execute_request(request, only=[STEP])]
         else:
             check = checks.get(partition)
-            row = d.ws.ledger.get(Episode.parse(partition).step(STEP)) or {}
+            row = d.ws.ledger.get(Episode.parse(partition).step(STEP)) or LedgerRow()
             # A live lease is held (no launch) but not reported as a failed check
             # (docs/DESIGN.md#reports): the owner's run shows the check in progress.
             held = check is None and row.status == "running"
@@ -554,9 +555,9 @@ def test_every_launch_path_reaches_the_same_decision_claim_and_cost(
             # SKIP and BLOCK claim nothing and change no ledger row.
             assert outcome.row_after == outcome.row_before, path
         else:
-            row = outcome.row_after or {}
-            assert row["status"] == "completed", (path, row)
-            assert str(row["run_id"]).split(":")[0] in outcome.runs, (path, row)
+            row = outcome.row_after
+            assert row is not None and row.status == "completed", (path, row)
+            assert str(row.run_id).split(":")[0] in outcome.runs, (path, row)
     cli_exit = got["cli"].runs[-1]
     assert cli_exit == ("exit=1" if expect.decision == "block" else "exit=0")
 
@@ -629,7 +630,8 @@ def test_ui_launch_and_sensor_launch_race_for_one_claim(deployment: Deployment) 
         [("rerun_self", f"{winner}:0"), ("claim_rejected", f"{loser}:0")]
     )
     assert {t["launch_path"] for t in audit} == {"ui", "sensor"}
-    row = ledger.get(key) or {}
+    row = ledger.get(key)
+    assert row is not None
     assert row.status == "completed" and row.run_id == f"{winner}:0"
 
 

@@ -312,7 +312,7 @@ def _materialize(cli: CliEnv, *steps: str, key: str | None = None) -> tuple[int,
 
 
 def _statuses(cli: CliEnv) -> dict[str, str]:
-    return {k.step_id: str(r["status"]) for k, r in cli.ledger.get_many().items()}
+    return {k.step_id: str(r.status) for k, r in cli.ledger.get_many().items()}
 
 
 def test_story_source_calls_no_model_and_needs_no_key(

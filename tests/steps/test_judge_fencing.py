@@ -46,12 +46,12 @@ def test_a_run_that_lost_its_claim_cannot_publish(h: Harness, steal: str) -> Non
     assert [c["victim"] for c in h.calls("alpha", "steal")] == [victim]
 
     row = h.row("alpha")
-    assert row is not None and row["run_id"] == THIEF_RUN_ID
+    assert row is not None and row.run_id == THIEF_RUN_ID
     if steal == "claim":
-        assert row["status"] == "running"  # still the thief's; the victim wrote nothing
+        assert row.status == "running"  # still the thief's; the victim wrote nothing
         assert not h.path("alpha").exists()
     else:
-        assert row["status"] == "completed"
+        assert row.status == "completed"
         envelope = h.envelope("alpha")  # the thief's checkpoint survives
         assert envelope["produced_by"]["run_id"] == THIEF_RUN_ID
         assert envelope["data"]["items"] == ["written-by-the-thief"]
@@ -61,7 +61,7 @@ def test_a_run_that_lost_its_claim_cannot_publish(h: Harness, steal: str) -> Non
         ("rerun_self", victim, "running"),
         ("ownership_lost", victim, "running"),
     ]
-    assert row["error_message"] is None
+    assert row.error_message is None
 
 
 def test_a_second_concurrent_run_is_refused_and_the_body_runs_once(
@@ -109,7 +109,7 @@ def test_a_second_concurrent_run_is_refused_and_the_body_runs_once(
         assert len(harness.calls("alpha", "verify")) == 1
         row = harness.row("alpha")
         assert row is not None
-        assert (row["status"], row["run_id"]) == ("completed", winners[0]["owner"])
+        assert (row.status, row.run_id) == ("completed", winners[0]["owner"])
         assert harness.envelope("alpha")["produced_by"]["run_id"] == winners[0]["owner"]
         actions = [(a["action"], a["run_id"]) for a in harness.audit("alpha")]
         assert ("claim_rejected", losers[0]["owner"]) in actions
@@ -151,7 +151,7 @@ def test_a_stale_lease_is_recovered_and_the_dead_worker_cannot_publish(h: Harnes
     assert meta["resume/decision"] == "stale_running_recovery"
     row = h.row("alpha")
     assert row is not None
-    assert (row["status"], row["run_id"]) == ("completed", f"{result.run_id}:0")
+    assert (row.status, row.run_id) == ("completed", f"{result.run_id}:0")
     published = h.snapshot("alpha")
 
     # the dead worker comes back and tries to finish its work

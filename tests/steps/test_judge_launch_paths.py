@@ -38,7 +38,7 @@ def test_every_launch_path_reaches_the_same_decision_and_claim(h: Harness) -> No
             ("finish", path, owner),
         ]
         row = h.row("alpha", partition)
-        assert row is not None and (row["status"], row["run_id"]) == ("completed", owner)
+        assert row is not None and (row.status, row.run_id) == ("completed", owner)
         assert h.envelope("alpha", partition)["produced_by"]["launch_path"] == path
     assert first_runs == {("first_run", "first run", "none")}
 
@@ -78,7 +78,7 @@ def test_an_overlong_launch_path_tag_is_clamped_and_never_strands_a_claim(h: Har
     assert result.success, failure(result, "alpha")
     assert {a["launch_path"] for a in h.audit("alpha")} == {"nightly-maintena"}
     row = h.row("alpha")
-    assert row is not None and row["status"] == "completed"
+    assert row is not None and row.status == "completed"
 
 
 def test_a_failure_right_after_the_claim_is_recorded_not_left_running(
@@ -100,6 +100,6 @@ def test_a_failure_right_after_the_claim_is_recorded_not_left_running(
     assert not result.success
     row = h.row("alpha")
     assert row is not None
-    assert row["status"] == "failed"  # not a 'running' row blocking every launch for an hour
-    assert "audit database hiccup" in row["error_message"]
+    assert row.status == "failed"  # not a 'running' row blocking every launch for an hour
+    assert "audit database hiccup" in row.error_message
     assert h.calls("alpha") == []

@@ -69,10 +69,10 @@ def test_first_run_records_row_checkpoint_audit_and_cost(h: Harness) -> None:
     for step_id in ("alpha", "beta"):
         row = h.row(step_id)
         assert row is not None
-        assert row["status"] == "completed"
-        assert row["run_id"] == run
-        assert (row["applicable_count"], row["completed_count"], row["failed_count"]) == (2, 2, 0)
-        assert row["recovery_count"] == 0 and row["error_message"] is None
+        assert row.status == "completed"
+        assert row.run_id == run
+        assert (row.applicable_count, row.completed_count, row.failed_count) == (2, 2, 0)
+        assert row.recovery_count == 0 and row.error_message is None
         envelope = h.envelope(step_id)
         assert envelope["status"] == "completed"
         assert envelope["produced_by"]["run_id"] == run
@@ -147,8 +147,8 @@ def test_artifact_missing_reruns_self_and_leaves_downstream_untouched(h: Harness
     assert file_sha256(artifact_path) == artifact["sha256"]
     row = h.row("alpha")
     assert row is not None
-    assert row["status"] == "completed" and row["run_id"] == owner(result)
-    assert row["recovery_count"] == 0  # counted as a recovery, reset on success
+    assert row.status == "completed" and row.run_id == owner(result)
+    assert row.recovery_count == 0  # counted as a recovery, reset on success
     audit = h.audit("alpha")[-2]
     assert (audit["action"], audit["origin"], audit["from_status"]) == (
         "rerun_self",
@@ -191,7 +191,7 @@ def test_a_verified_orphan_checkpoint_is_adopted_not_rerun(h: Harness) -> None:
     assert "adopts the verified checkpoint" in meta["resume/reason"]
     row = h.row("alpha")
     assert row is not None
-    assert (row["status"], row["run_id"]) == ("completed", owner(result))
+    assert (row.status, row.run_id) == ("completed", owner(result))
     last = h.audit("alpha")[-1]
     assert (last["action"], last["from_status"], last["to_status"]) == (
         "adopt",
@@ -317,8 +317,8 @@ def test_verifier_crash_at_exit_fails_and_writes_no_checkpoint(h: Harness) -> No
     assert not h.path("alpha").exists()
     row = h.row("alpha")
     assert row is not None
-    assert row["status"] == "failed"
-    assert "exit verification crashed: KeyError" in row["error_message"]
+    assert row.status == "failed"
+    assert "exit verification crashed: KeyError" in row.error_message
     assert [c["phase"] for c in h.calls("alpha", "verify")] == ["exit"]
     assert [a["action"] for a in h.audit("alpha")] == ["rerun_self", "failed"]
 
@@ -334,7 +334,7 @@ def test_exit_verify_incomplete_publishes_partial(h: Harness) -> None:
     result = h.run("alpha")
     assert result.success
     row = h.row("alpha")
-    assert row is not None and row["status"] == "partial"
+    assert row is not None and row.status == "partial"
     assert h.envelope("alpha")["status"] == "partial"
     assert mat_metadata(result, "alpha")["resume/status"] == "partial"
 
@@ -368,11 +368,11 @@ def test_failed_step_reruns_self_then_resets_recovery(h: Harness, how: str) -> N
         assert "body exploded" in description
     assert not h.path("alpha").exists()
     row = h.row("alpha")
-    assert row is not None and row["status"] == "failed"
+    assert row is not None and row.status == "failed"
     if how == "raise":
-        assert "body exploded" in row["error_message"]
+        assert "body exploded" in row.error_message
     # (6) failed → retry_not_before = now + attempts * retry_backoff_seconds (default 30 s)
-    delay = parse_timestamp(row["retry_not_before"]) - parse_timestamp(row["updated_at"])
+    delay = parse_timestamp(row.retry_not_before) - parse_timestamp(row.updated_at)
     assert timedelta(seconds=29) < delay <= timedelta(seconds=31)
 
     h.knobs("alpha", fail=None, **{"raise": None})
@@ -385,8 +385,8 @@ def test_failed_step_reruns_self_then_resets_recovery(h: Harness, how: str) -> N
     )
     row = h.row("alpha")
     assert row is not None
-    assert row["status"] == "completed" and row["error_message"] is None
-    assert (row["recovery_count"], row["retry_not_before"], row["last_recovery_reason"]) == (
+    assert row.status == "completed" and row.error_message is None
+    assert (row.recovery_count, row.retry_not_before, row.last_recovery_reason) == (
         0,
         None,
         None,
@@ -405,7 +405,7 @@ def test_partial_result_is_published_and_rerun(h: Harness) -> None:
     assert result.success
     row = h.row("alpha")
     assert row is not None
-    assert (row["status"], row["completed_count"], row["failed_count"]) == ("partial", 1, 1)
+    assert (row.status, row.completed_count, row.failed_count) == ("partial", 1, 1)
     assert h.envelope("alpha")["status"] == "partial"
     h.knobs("alpha", fail=None)
     again = h.run("alpha")
@@ -423,8 +423,8 @@ def test_recovery_exhausted_after_three_automatic_recoveries(h: Harness) -> None
     for _ in range(3):  # three automatic recoveries: runs the resume sensor launched
         assert not h.run("alpha", tags=SENSOR_RUN).success
         row = h.row("alpha")
-        assert row is not None and row["status"] == "failed"
-        counts.append(row["recovery_count"])
+        assert row is not None and row.status == "failed"
+        counts.append(row.recovery_count)
     assert counts == [1, 2, 3]
     row_before = h.row("alpha")
 
@@ -446,8 +446,8 @@ def test_not_applicable_is_recorded_in_ledger_and_checkpoint(h: Harness) -> None
     assert result.success
     assert mat_metadata(result, "alpha")["resume/decision"] == "not_applicable"
     row = h.row("alpha")
-    assert row is not None and row["status"] == "not_applicable"
-    assert row["run_id"] == owner(result)
+    assert row is not None and row.status == "not_applicable"
+    assert row.run_id == owner(result)
     envelope = h.envelope("alpha")
     assert (envelope["status"], envelope["data"]) == ("not_applicable", {})
     assert h.calls("alpha") == [] and h.provider_calls("alpha") == []
@@ -475,8 +475,8 @@ def test_force_cleans_invalidates_downstream_and_marks_it(h: Harness) -> None:
     assert len(h.calls("alpha")) == 2
     for step_id in ("beta", "gamma"):
         row = h.row(step_id)
-        assert row is not None and row["status"] == "stale"
-        assert "invalidated by explicit force of alpha" in row["result_summary"]
+        assert row is not None and row.status == "stale"
+        assert "invalidated by explicit force of alpha" in row.result_summary
         assert not h.path(step_id).exists()
         assert (h.path(step_id).parent / FORCE_MARKER).exists()
         assert old[step_id] in [p.read_bytes() for p in archives(h, step_id)]
@@ -497,7 +497,7 @@ def test_force_cleans_invalidates_downstream_and_marks_it(h: Harness) -> None:
         )
         assert not (h.path(step_id).parent / FORCE_MARKER).exists()  # the save removed it
         row = h.row(step_id)
-        assert row is not None and row["status"] == "completed"
+        assert row is not None and row.status == "completed"
 
 
 def test_only_the_force_tag_forces(h: Harness) -> None:
@@ -519,8 +519,8 @@ def test_both_finalize_paths_perform_all_seven_stages(h: Harness, path: str) -> 
     assert not h.run("gamma", tags=SENSOR_RUN).success  # one automatic recovery fails too
     row = h.row("gamma")
     assert row is not None
-    assert (row["status"], row["recovery_count"]) == ("failed", 1)
-    assert row["retry_not_before"] is not None
+    assert (row.status, row.recovery_count) == ("failed", 1)
+    assert row.retry_not_before is not None
     alpha_before = h.path("alpha").read_bytes()
     beta_before = (h.snapshot("beta"), h.row("beta"))
     h.knobs("gamma", fail=None, mutate="good")
@@ -537,15 +537,15 @@ def test_both_finalize_paths_perform_all_seven_stages(h: Harness, path: str) -> 
     # (2)+(4) final status written by the owner
     row = h.row("gamma")
     assert row is not None
-    assert (row["status"], row["run_id"], row["error_message"]) == ("completed", run, None)
-    assert (row["applicable_count"], row["completed_count"], row["failed_count"]) == (2, 2, 0)
-    assert row["completed_at"] is not None
+    assert (row.status, row.run_id, row.error_message) == ("completed", run, None)
+    assert (row.applicable_count, row.completed_count, row.failed_count) == (2, 2, 0)
+    assert row.completed_at is not None
     # (5) the checkpoint published is this run's
     envelope = h.envelope("gamma")
     assert (envelope["status"], envelope["produced_by"]["run_id"]) == ("completed", run)
     assert envelope["content_hash"] == data_version(result, "gamma")
     # (6) recovery bookkeeping reset on success
-    assert (row["recovery_count"], row["retry_not_before"], row["last_recovery_reason"]) == (
+    assert (row.recovery_count, row.retry_not_before, row.last_recovery_reason) == (
         0,
         None,
         None,

@@ -309,10 +309,10 @@ def _holding(env: Env, proc: subprocess.Popen[str], step_id: str, previous: Any)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         row = env.row(step_id)
-        if row is not None and row["status"] == "running" and row["run_id"] != previous:
-            calls = env.ledger.provider_calls(env.key(step_id), run_id=row["run_id"])
+        if row is not None and row.status == "running" and row.run_id != previous:
+            calls = env.ledger.provider_calls(env.key(step_id), run_id=row.run_id)
             if any(c["finished_at"] is None for c in calls):
-                return str(row["run_id"])
+                return str(row.run_id)
         if proc.poll() is not None:
             out, err = proc.communicate()
             raise AssertionError(f"the first process ended before holding the step: {out}{err}")
@@ -344,7 +344,8 @@ def test_a_redraw_racing_a_force_or_resume_is_serialized(
     lease = {"PIPELINE_LEASE_SECONDS": "600"}
     slow = {**_cli_env(env, tmp_path, latency_ms=2000), **lease}
     fast = {**_cli_env(env, tmp_path), **lease}
-    previous = (env.row(step_id) or {}).get("run_id")
+    before = env.row(step_id)
+    previous = before.run_id if before is not None else None
 
     first = _storyboard(*args[holder], env=slow)
     try:

@@ -114,7 +114,7 @@ def row(cli: CliEnv, step_id: str) -> LedgerRow:
 
 def status_by_step(cli: CliEnv) -> dict[str, str]:
     rows = cli.ledger.get_many(episodes=[EPISODE])
-    return {k.step_id: str(r["status"]) for k, r in rows.items()}
+    return {k.step_id: str(r.status) for k, r in rows.items()}
 
 
 # A run of one step as the resume sensor requests it (Dagster's sensor tag): the launch

@@ -358,13 +358,13 @@ def measure(env: Env, action: Callable[[Env, Cost], None]) -> Cost:
     action(env, cost)
     cost.seconds = time.perf_counter() - started
     for row in ledger.transitions(since_seq=seq):
-        if row["episode_id"] != EPISODE_ID:
+        if row.episode_id != EPISODE_ID:
             continue
-        if row["action"] in CLAIMS:
+        if row.action in CLAIMS:
             cost.executions += 1
-            cost.executed.append(f"{row['step_id']}:{row['action']}")
-        elif row["action"] == "block" and row["step_id"] not in cost.blocked:
-            cost.blocked.append(row["step_id"])
+            cost.executed.append(f"{row.step_id}:{row.action}")
+        elif row.action == "block" and row.step_id not in cost.blocked:
+            cost.blocked.append(row.step_id)
     for call in ledger.provider_calls(episode=EPISODE):
         if call["id"] > last_call:
             if call["kind"] == "text":

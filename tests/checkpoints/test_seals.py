@@ -120,7 +120,7 @@ def test_an_adopted_orphan_checkpoint_is_sealed(stores: Stores) -> None:
     seed(stores, "p/e1", "mid", run_id="adopter")
     row = stores.ledger.get(key)
     assert row is not None and (row.status, row.run_id) == ("completed", "adopter-mid:0")
-    assert [t["action"] for t in stores.ledger.transitions()][-1] == "adopt"
+    assert [t.action for t in stores.ledger.transitions()][-1] == "adopt"
     assert stores.checkpoints.sealed(key, row.checkpoint_seal) is not None
 
 

@@ -467,7 +467,7 @@ def test_a_force_refuses_a_downstream_link_before_changing_the_ledger(built: Env
     assert env.rows() == rows
     # the judge's refusal is audited as a block; no row moved (no claim, no invalidation)
     audit = [
-        (t["step_id"], t["action"], t["from_status"], t["to_status"])
+        (t.step_id, t.action, t.from_status, t.to_status)
         for t in env.ledger.transitions(since_seq=seq)
     ]
     assert audit == [("ref_image_gen", "block", "completed", "completed")]

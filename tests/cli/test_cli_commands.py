@@ -343,7 +343,7 @@ def test_reset_running_is_an_expected_match(cli_db: CliEnv) -> None:
     assert row is not None and row.status == "failed"
     assert row.error_message == "worker host died"
     audit = ledger.transitions(key)[-1]
-    assert (audit["action"], audit["from_status"], audit["to_status"]) == (
+    assert (audit.action, audit.from_status, audit.to_status) == (
         "reset_running",
         "running",
         "failed",
@@ -378,9 +378,9 @@ def test_force_runs_one_step_with_the_force_tag_and_invalidates_downstream(cli: 
     ledger = cli.ledger
     sketch = ledger.get(StepKey("p1", "e1", "sketch"))
     assert sketch is not None and sketch.status == "stale"
-    audit = [t for t in ledger.transitions() if t["run_id"] == f"{payload['run_id']}:0"]
-    assert {t["action"] for t in audit} >= {"force_explicit", "invalidate", "finish"}
-    assert {t["launch_path"] for t in audit} == {"cli"}
+    audit = [t for t in ledger.transitions() if t.run_id == f"{payload['run_id']}:0"]
+    assert {t.action for t in audit} >= {"force_explicit", "invalidate", "finish"}
+    assert {t.launch_path for t in audit} == {"cli"}
 
     resumed = cli.json("materialize", "--partition", "p1/e1")
     decisions = {s["step"]: s["decision"] for s in resumed["steps"]}

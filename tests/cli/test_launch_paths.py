@@ -42,6 +42,7 @@ from pipeline_defs.steps.graph import StepGraph
 from pipeline_defs.steps.judge import StepJudge
 from pipeline_defs.steps.runner import RunInfo, StepRunner
 from pipeline_defs.storyboard import STORYBOARD_STEPS, sample_stories
+from resources.ledger.audit import Transition
 from resources.pipeline import PipelineResource
 from sensors.report import reported
 
@@ -376,7 +377,7 @@ class Outcome:
     launch_path: str | None
     row_before: LedgerRow | None
     row_after: LedgerRow | None
-    audit: list[dict[str, Any]]
+    audit: list[Transition]
     runs: list[str]
 
 
@@ -390,14 +391,14 @@ def outcome_of(
     """Decision and claim from the audit rows of these runs; cost from the cost ledger."""
     ledger = deployment.ws.ledger
     prefixes = tuple(f"{r}:" for r in run_ids)
-    audit = [t for t in ledger.transitions(key) if str(t["run_id"] or "").startswith(prefixes)]
-    judged = [t for t in audit if t["action"] in DECISION_ACTIONS]
+    audit = [t for t in ledger.transitions(key) if str(t.run_id or "").startswith(prefixes)]
+    judged = [t for t in audit if t.action in DECISION_ACTIONS]
     calls = [c for c in ledger.provider_calls(key) if str(c["run_id"] or "").startswith(prefixes)]
     return Outcome(
-        decision=judged[0]["action"] if judged else decision,
-        claimed=any(t["action"] in CLAIMING and t["to_status"] == "running" for t in audit),
+        decision=judged[0].action if judged else decision,
+        claimed=any(t.action in CLAIMING and t.to_status == "running" for t in audit),
         provider_calls=len(calls),
-        launch_path=judged[0]["launch_path"] if judged else None,
+        launch_path=judged[0].launch_path if judged else None,
         row_before=row_before,
         row_after=ledger.get(key),
         audit=audit,
@@ -545,12 +546,12 @@ def test_every_launch_path_reaches_the_same_decision_claim_and_cost(
     for path, outcome in got.items():
         if outcome.runs and outcome.audit:
             assert outcome.launch_path == path, (path, outcome.audit)
-        judged = [t for t in outcome.audit if t["action"] in DECISION_ACTIONS]
+        judged = [t for t in outcome.audit if t.action in DECISION_ACTIONS]
         if judged:
             first = judged[0]
-            assert expect.reason in (first["reason"] or ""), (path, first)
+            assert expect.reason in (first.reason or ""), (path, first)
             if expect.origin and expect.decision != "skip":
-                assert first["origin"] == expect.origin, (path, first)
+                assert first.origin == expect.origin, (path, first)
         if not expect.claims:
             # SKIP and BLOCK claim nothing and change no ledger row.
             assert outcome.row_after == outcome.row_before, path
@@ -605,7 +606,7 @@ def test_ui_launch_and_sensor_launch_race_for_one_claim(deployment: Deployment) 
         # The winner holds inside the step until the loser's claim was refused, so the
         # two claims overlap however slow the machine is.
         deadline = time.monotonic() + 600
-        while not any(t["action"] == "claim_rejected" for t in ledger.transitions(key)):
+        while not any(t.action == "claim_rejected" for t in ledger.transitions(key)):
             assert time.monotonic() < deadline, f"no refused claim:\n{d.log_tail()}"
             assert thread.is_alive() or sensor_run, "the sensor-path run ended early"
             time.sleep(0.2)
@@ -625,11 +626,11 @@ def test_ui_launch_and_sensor_launch_race_for_one_claim(deployment: Deployment) 
     winner = next(run_id for run_id in runs if run_id != loser)
     assert d.failure_code(loser) == "step.already_running"
     assert len(ledger.provider_calls(key)) == 1
-    audit = [t for t in ledger.transitions(key) if t["action"] in DECISION_ACTIONS]
-    assert sorted((t["action"], t["run_id"]) for t in audit) == sorted(
+    audit = [t for t in ledger.transitions(key) if t.action in DECISION_ACTIONS]
+    assert sorted((t.action, t.run_id) for t in audit) == sorted(
         [("rerun_self", f"{winner}:0"), ("claim_rejected", f"{loser}:0")]
     )
-    assert {t["launch_path"] for t in audit} == {"ui", "sensor"}
+    assert {t.launch_path for t in audit} == {"ui", "sensor"}
     row = ledger.get(key)
     assert row is not None
     assert row.status == "completed" and row.run_id == f"{winner}:0"
@@ -698,11 +699,11 @@ def test_backfill_of_many_episodes_under_the_queued_coordinator(
     assert {r.status for r in rows.values()} == {"completed"}
     run_ids = {r.dagster_run.run_id for r in records}
     for key, row in rows.items():
-        audit = [t for t in ledger.transitions(key) if t["action"] in DECISION_ACTIONS]
-        claims = [t for t in audit if t["action"] in CLAIMING]
+        audit = [t for t in ledger.transitions(key) if t.action in DECISION_ACTIONS]
+        claims = [t for t in audit if t.action in CLAIMING]
         assert len(claims) == 1, (key, audit)
-        assert claims[0]["run_id"] == row.run_id
-        assert claims[0]["launch_path"] == "backfill"
+        assert claims[0].run_id == row.run_id
+        assert claims[0].launch_path == "backfill"
         assert row.run_id.split(":")[0] in run_ids
         assert int(row.recovery_count) == 0
         checkpoint = d.ws.checkpoints.load(key)
@@ -714,6 +715,6 @@ def test_backfill_of_many_episodes_under_the_queued_coordinator(
         Episode.parse(p).step(s) for p in partitions[:SCALE_DUPLICATES] for s in SCALE_STEPS
     }
     for key in duplicates:  # the second launch judged SKIP: nothing executed twice
-        actions = [t["action"] for t in ledger.transitions(key) if t["action"] in DECISION_ACTIONS]
+        actions = [t.action for t in ledger.transitions(key) if t.action in DECISION_ACTIONS]
         assert sorted(actions) == ["rerun_self", "skip"], (key, actions)
     assert not [r for r in ledger.running_rows() if r.project_id == "scale"]

@@ -174,7 +174,7 @@ def test_incident_replay_after_review_fixes_never_reruns_scene_detail(env: Env) 
     assert {s: r.updated_at for s, r in env.rows().items()} == {
         s: r.updated_at for s, r in rows_before.items()
     }
-    actions = {t["action"] for t in env.ledger.transitions()}
+    actions = {t.action for t in env.ledger.transitions()}
     assert "invalidate" not in actions and "force_explicit" not in actions
     # Each asset is judged on its own and still yields its checkpoint (docs/DESIGN.md#launch-paths).
     metadata = _materialized_metadata(outcome.result)
@@ -254,9 +254,9 @@ def test_scoped_config_edit_blocks_scene_detail_naming_the_key(env: Env) -> None
     failures = step_failure_messages(outcome.result)
     assert set(failures) == {"scene_detail"}
     assert "scenes.shots_per_scene" in failures["scene_detail"]
-    block = [t for t in env.ledger.transitions(env.key("scene_detail")) if t["action"] == "block"]
-    assert block and block[-1]["origin"] == "contract_drift"
-    assert "scenes.shots_per_scene" in block[-1]["reason"]
+    block = [t for t in env.ledger.transitions(env.key("scene_detail")) if t.action == "block"]
+    assert block and block[-1].origin == "contract_drift"
+    assert "scenes.shots_per_scene" in block[-1].reason
     assert outcome.total_calls == 0
     assert env.rows() == rows_before  # a BLOCK changes no ledger row
     assert env.snapshot() == before

@@ -20,6 +20,8 @@ import sqlalchemy as sa
 from pipeline_defs.resume.clock import parse_timestamp
 from pipeline_defs.resume.errors import PipelineError
 from pipeline_defs.resume.partition import Episode, StepKey
+from pipeline_defs.resume.status import StepStatus
+from resources.ledger.audit import AuditAction, Transition
 from resources.ledger.store import LedgerStore, lock_owner
 from resources.ledger.tables import STEP_STATUSES, step_run
 
@@ -728,20 +730,36 @@ def test_append_transition_seqs_strictly_increase(store: LedgerStore) -> None:
         )
     assert all(a < b for a, b in itertools.pairwise(seqs))
     everything = store.transitions()
-    assert [t["transition_seq"] for t in everything] == seqs
+    assert [t.transition_seq for t in everything] == seqs
     mine = store.transitions(KEY)
-    assert [t["reason"] for t in mine] == ["r0", "r3", "r6", "r9"]
-    assert {(t["step_id"], t["episode_id"]) for t in mine} == {(KEY.step_id, KEY.episode_id)}
+    assert [t.reason for t in mine] == ["r0", "r3", "r6", "r9"]
+    assert {(t.step_id, t.episode_id) for t in mine} == {(KEY.step_id, KEY.episode_id)}
     later = store.transitions(since_seq=seqs[5])
-    assert [t["transition_seq"] for t in later] == seqs[6:]
+    assert [t.transition_seq for t in later] == seqs[6:]
     first = everything[0]
-    assert (first["action"], first["from_status"], first["to_status"], first["origin"]) == (
+    assert (first.action, first.from_status, first.to_status, first.origin) == (
         "finish",
         "pending",
         "running",
         "judge",
     )
-    assert (first["run_id"], first["launch_path"], first["at"]) == ("run-0", "sensor", T0)
+    assert (first.run_id, first.launch_path, first.at) == ("run-0", "sensor", T0)
+
+
+def test_transitions_read_back_typed(store: LedgerStore) -> None:
+    """An audit row comes back as a Transition: its action the AuditAction it names (text
+    naming none stays text), its statuses StepStatus members, its key the step's."""
+    store.append_transition(
+        KEY, action=AuditAction.FINISH, from_status="running", to_status="partial"
+    )
+    store.append_transition(KEY, action="claim", from_status=None, to_status="running")
+    named, own_word = store.transitions(KEY)
+    assert isinstance(named, Transition) and named.key == KEY
+    assert named.action is AuditAction.FINISH
+    assert (named.from_status, named.to_status) == (StepStatus.RUNNING, StepStatus.PARTIAL)
+    assert named.to_status is StepStatus.PARTIAL
+    assert own_word.action == "claim" and not isinstance(own_word.action, AuditAction)
+    assert own_word.from_status is None and own_word.to_status is StepStatus.RUNNING
 
 
 def test_append_transition_from_threads_gives_unique_increasing_seqs(store: LedgerStore) -> None:
@@ -755,7 +773,7 @@ def test_append_transition_from_threads_gives_unique_increasing_seqs(store: Ledg
     with ThreadPoolExecutor(max_workers=6) as pool:
         seqs = list(pool.map(append, range(60)))
     assert len(set(seqs)) == 60
-    assert [t["transition_seq"] for t in store.transitions(KEY)] == sorted(seqs)
+    assert [t.transition_seq for t in store.transitions(KEY)] == sorted(seqs)
 
 
 def test_cursor_changes_after_each_kind_of_write(store: LedgerStore) -> None:

@@ -57,7 +57,7 @@ def test_a_run_that_lost_its_claim_cannot_publish(h: Harness, steal: str) -> Non
         assert envelope["data"]["items"] == ["written-by-the-thief"]
     # the victim recorded neither a finish nor a failure over the thief's row: its refused
     # publish is in the history, as what it was (written in the transaction that found it)
-    assert [(a["action"], a["run_id"], a["to_status"]) for a in h.audit("alpha")] == [
+    assert [(a.action, a.run_id, a.to_status) for a in h.audit("alpha")] == [
         ("rerun_self", victim, "running"),
         ("ownership_lost", victim, "running"),
     ]
@@ -111,7 +111,7 @@ def test_a_second_concurrent_run_is_refused_and_the_body_runs_once(
         assert row is not None
         assert (row.status, row.run_id) == ("completed", winners[0]["owner"])
         assert harness.envelope("alpha")["produced_by"]["run_id"] == winners[0]["owner"]
-        actions = [(a["action"], a["run_id"]) for a in harness.audit("alpha")]
+        actions = [(a.action, a.run_id) for a in harness.audit("alpha")]
         assert ("claim_rejected", losers[0]["owner"]) in actions
         assert ("finish", winners[0]["owner"]) in actions
         assert len(harness.provider_calls("alpha")) == 1

@@ -83,7 +83,7 @@ def test_first_run_records_row_checkpoint_audit_and_cost(h: Harness) -> None:
         assert meta["resume/reason"] == "first run"
         assert meta["resume/provider_calls"] == 1
         assert meta["checkpoint/path"] == str(h.path(step_id))
-        assert [(a["action"], a["from_status"], a["to_status"]) for a in h.audit(step_id)] == [
+        assert [(a.action, a.from_status, a.to_status) for a in h.audit(step_id)] == [
             ("rerun_self", None, "running"),
             ("finish", "running", "completed"),
         ]
@@ -124,7 +124,7 @@ def test_skip_runs_no_body_rewrites_nothing_and_keeps_the_data_version(hp: Harne
     versions = {data_version(r, "alpha") for r in (first, second, third)}
     assert versions == {h.envelope("alpha")["content_hash"]}
     assert data_version(second, "beta") == data_version(third, "beta")
-    assert [a["action"] for a in h.audit("alpha")] == ["rerun_self", "finish", "skip", "skip"]
+    assert [a.action for a in h.audit("alpha")] == ["rerun_self", "finish", "skip", "skip"]
     # what the instance stored agrees: three materializations, one data version
     stored = h.instance.fetch_materializations(dg.AssetKey("alpha"), limit=10).records
     assert len(stored) == 3
@@ -150,7 +150,7 @@ def test_artifact_missing_reruns_self_and_leaves_downstream_untouched(h: Harness
     assert row.status == "completed" and row.run_id == owner(result)
     assert row.recovery_count == 0  # counted as a recovery, reset on success
     audit = h.audit("alpha")[-2]
-    assert (audit["action"], audit["origin"], audit["from_status"]) == (
+    assert (audit.action, audit.origin, audit.from_status) == (
         "rerun_self",
         "artifact_missing",
         "completed",
@@ -158,7 +158,7 @@ def test_artifact_missing_reruns_self_and_leaves_downstream_untouched(h: Harness
     # downstream: judged on its own (SKIP), never invalidated, never re-executed
     assert mat_metadata(result, "beta")["resume/decision"] == "skip"
     assert (h.snapshot("beta"), h.row("beta")) == beta_before[:2]
-    assert [a["action"] for a in h.audit("beta")[beta_before[2] :]] == ["skip"]
+    assert [a.action for a in h.audit("beta")[beta_before[2] :]] == ["skip"]
     assert len(h.calls("beta")) == 1
     assert not (h.path("beta").parent / FORCE_MARKER).exists()
 
@@ -193,7 +193,7 @@ def test_a_verified_orphan_checkpoint_is_adopted_not_rerun(h: Harness) -> None:
     assert row is not None
     assert (row.status, row.run_id) == ("completed", owner(result))
     last = h.audit("alpha")[-1]
-    assert (last["action"], last["from_status"], last["to_status"]) == (
+    assert (last.action, last.from_status, last.to_status) == (
         "adopt",
         None,
         "completed",
@@ -222,7 +222,7 @@ def test_schema_bump_blocks_with_the_reason_in_the_dagster_failure(
     assert (h.snapshot("alpha"), h.row("alpha"), h.snapshot("beta"), h.row("beta")) == before
     assert len(h.calls("alpha")) == 1
     block = h.audit("alpha")[-1]
-    assert (block["action"], block["origin"]) == ("block", "contract_drift")
+    assert (block.action, block.origin) == ("block", "contract_drift")
 
 
 def test_schema_bump_reruns_self_for_an_allow_listed_step(
@@ -303,7 +303,7 @@ def test_verifier_crash_at_entry_blocks_with_verify_crashed(h: Harness) -> None:
     assert "KeyError" in description
     assert (h.snapshot("alpha"), h.row("alpha")) == before
     assert len(h.calls("alpha")) == 1
-    assert h.audit("alpha")[-1]["action"] == "block"
+    assert h.audit("alpha")[-1].action == "block"
 
 
 def test_verifier_crash_at_exit_fails_and_writes_no_checkpoint(h: Harness) -> None:
@@ -320,7 +320,7 @@ def test_verifier_crash_at_exit_fails_and_writes_no_checkpoint(h: Harness) -> No
     assert row.status == "failed"
     assert "exit verification crashed: KeyError" in row.error_message
     assert [c["phase"] for c in h.calls("alpha", "verify")] == ["exit"]
-    assert [a["action"] for a in h.audit("alpha")] == ["rerun_self", "failed"]
+    assert [a.action for a in h.audit("alpha")] == ["rerun_self", "failed"]
 
     h.knobs("alpha", verify_crash=None)
     again = h.run("alpha")
@@ -392,7 +392,7 @@ def test_failed_step_reruns_self_then_resets_recovery(h: Harness, how: str) -> N
         None,
     )
     audit = h.audit("alpha")[-2]
-    assert (audit["action"], audit["from_status"], audit["to_status"]) == (
+    assert (audit.action, audit.from_status, audit.to_status) == (
         "rerun_self",
         "failed",
         "running",
@@ -437,7 +437,7 @@ def test_recovery_exhausted_after_three_automatic_recoveries(h: Harness) -> None
     assert "storyboard force --partition proj1/ep1 --step alpha" in description  # way out
     assert len(h.calls("alpha")) == 5  # the body did not run again
     assert h.row("alpha") == row_before
-    assert h.audit("alpha")[-1]["action"] == "block"
+    assert h.audit("alpha")[-1].action == "block"
 
 
 def test_not_applicable_is_recorded_in_ledger_and_checkpoint(h: Harness) -> None:
@@ -451,7 +451,7 @@ def test_not_applicable_is_recorded_in_ledger_and_checkpoint(h: Harness) -> None
     envelope = h.envelope("alpha")
     assert (envelope["status"], envelope["data"]) == ("not_applicable", {})
     assert h.calls("alpha") == [] and h.provider_calls("alpha") == []
-    assert [a["action"] for a in h.audit("alpha")] == ["not_applicable"]
+    assert [a.action for a in h.audit("alpha")] == ["not_applicable"]
     # downstream is judged on its own and sees the settled, not-applicable upstream
     assert h.envelope("beta")["data"]["items"][0] == "beta-empty"
     before = h.snapshot("alpha")
@@ -481,13 +481,13 @@ def test_force_cleans_invalidates_downstream_and_marks_it(h: Harness) -> None:
         assert (h.path(step_id).parent / FORCE_MARKER).exists()
         assert old[step_id] in [p.read_bytes() for p in archives(h, step_id)]
         audit = h.audit(step_id)[-1]
-        assert (audit["action"], audit["from_status"], audit["to_status"], audit["run_id"]) == (
+        assert (audit.action, audit.from_status, audit.to_status, audit.run_id) == (
             "invalidate",
             "completed",
             "stale",
             run,
         )
-    assert [a["action"] for a in h.audit("alpha")][-2:] == ["force_explicit", "finish"]
+    assert [a.action for a in h.audit("alpha")][-2:] == ["force_explicit", "finish"]
 
     again = h.run("beta", "gamma")
     assert again.success
@@ -561,13 +561,13 @@ def test_both_finalize_paths_perform_all_seven_stages(h: Harness, path: str) -> 
     )
     assert alpha_before in [p.read_bytes() for p in archives(h, "alpha")]
     alpha_audit = h.audit("alpha")[-1]
-    assert (alpha_audit["action"], alpha_audit["run_id"]) == ("mutated", run)
+    assert (alpha_audit.action, alpha_audit.run_id) == ("mutated", run)
     assert h.row("alpha").status == "completed"
     assert (h.snapshot("beta"), h.row("beta")) == beta_before
     observed = [e.asset_key for e in result.get_asset_observation_events()]
     assert dg.AssetKey("alpha") in observed
     # the audit trail of gamma's finalize
-    tail = [(a["action"], a["from_status"], a["to_status"], a["run_id"]) for a in h.audit("gamma")]
+    tail = [(a.action, a.from_status, a.to_status, a.run_id) for a in h.audit("gamma")]
     assert tail[-2:] == [(path, "failed", "running", run), ("finish", "running", "completed", run)]
     cleanups = [c["run_id"] for c in h.calls("gamma", "cleanup")]
     assert cleanups == ([run] if path == "force_explicit" else [])

@@ -310,7 +310,7 @@ def test_a_launch_recovers_a_row_whose_owner_run_has_ended(
         assert row is not None and row.status == "completed" and row.run_id != dead
         audit = stores.ledger.transitions(key)
         said = "FAILURE" if death == "failed" else "DELETED"
-        assert any(f"has ended ({said})" in (t.get("reason") or "") for t in audit), audit
+        assert any(f"has ended ({said})" in (t.reason or "") for t in audit), audit
 
 
 def test_a_call_in_flight_at_a_kill_is_counted_with_an_unknown_outcome(home: CliEnv) -> None:

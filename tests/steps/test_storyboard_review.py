@@ -201,14 +201,14 @@ def test_review_fixes_victims_in_place_and_scene_detail_verifies_clean(env: Env)
         for item in changed
         for field in ("t2i_prompt", "owned_validation.t2i_prompt_hash")
     }
-    mutated = [t for t in env.ledger.transitions() if t["action"] == "mutated"]
-    assert sorted(t["step_id"] for t in mutated) == sorted(VICTIMS)
+    mutated = [t for t in env.ledger.transitions() if t.action == "mutated"]
+    assert sorted(t.step_id for t in mutated) == sorted(VICTIMS)
 
 
 def test_zero_fixes_writes_nothing(env: Env) -> None:
     env.run_direct(["t2i_review"])
     before = victim_bytes(env)
-    mutated_before = [t for t in env.ledger.transitions() if t["action"] == "mutated"]
+    mutated_before = [t for t in env.ledger.transitions() if t.action == "mutated"]
     env.checkpoint_path("t2i_review").unlink()  # completed row, no checkpoint: RERUN_SELF
 
     outcome = env.run_direct(["t2i_review"])["t2i_review"]
@@ -218,7 +218,7 @@ def test_zero_fixes_writes_nothing(env: Env) -> None:
     review = env.checkpoint("t2i_review").data  # type: ignore[union-attr]
     assert review["fixes"] == [] and review["reviewed"] > 0
     assert victim_bytes(env) == before
-    assert [t for t in env.ledger.transitions() if t["action"] == "mutated"] == mutated_before
+    assert [t for t in env.ledger.transitions() if t.action == "mutated"] == mutated_before
 
 
 def test_forced_bad_refresh_fails_the_mutator_and_leaves_victims_identical(
@@ -336,6 +336,6 @@ def test_victim_running_refuses_the_edit(env: Env) -> None:
     assert rival is not None and (rival.status, rival.run_id) == ("running", "rival:0")
     entity = env.row("entity_t2i")
     assert entity == rows_before["entity_t2i"], "the other victim's row is untouched too"
-    assert not [t for t in ledger.transitions() if t["action"] == "mutated"]
+    assert not [t for t in ledger.transitions() if t.action == "mutated"]
     review = env.row("t2i_review")
     assert review is not None and review.status == "failed", review

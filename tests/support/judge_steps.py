@@ -46,6 +46,7 @@ from pipeline_defs.wiring.assets import build_step_assets
 from pipeline_defs.wiring.io_manager import CheckpointIOManager
 from resources.checkpoints.envelope import Checkpoint, canonical_json, sha256_text
 from resources.checkpoints.store import CheckpointStore
+from resources.ledger.audit import Transition
 from resources.ledger.store import LedgerStore
 from resources.pipeline import PipelineResource
 from resources.providers import OfflineImageModel, TextCall, TextModel, TextReply
@@ -366,7 +367,7 @@ class Harness:
     def row(self, step_id: str, partition: str = PARTITION) -> LedgerRow | None:
         return self.ledger.get(step_key(step_id, partition))
 
-    def audit(self, step_id: str, partition: str = PARTITION) -> list[dict[str, Any]]:
+    def audit(self, step_id: str, partition: str = PARTITION) -> list[Transition]:
         return self.ledger.transitions(step_key(step_id, partition))
 
     def path(self, step_id: str, partition: str = PARTITION) -> Path:

@@ -297,8 +297,8 @@ class Env:
             shutil.rmtree(dagster_dir, ignore_errors=True)
         decisions: dict[str, str] = {}
         for row in ledger.transitions(since_seq=seq):
-            if row["episode_id"] == EPISODE_ID and row["action"] in DECISION_ACTIONS:
-                decisions.setdefault(row["step_id"], row["action"])
+            if row.episode_id == EPISODE_ID and row.action in DECISION_ACTIONS:
+                decisions.setdefault(row.step_id, str(row.action))
         calls: dict[str, Counter[str]] = {}
         for call in ledger.provider_calls(episode=EPISODE):
             if call["id"] > last_call:

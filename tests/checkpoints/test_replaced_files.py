@@ -25,7 +25,7 @@ from pipeline_defs.resume.decision import (
     decide,
 )
 from pipeline_defs.resume.settings import ResumeSettings
-from pipeline_defs.resume.status import LedgerRow
+from pipeline_defs.resume.status import LedgerRow, StepStatus
 from pipeline_defs.steps.redraw import REDRAW_TAG
 from resources.checkpoints.store import ARCHIVE_DIR
 from resources.providers import ImageCall, ImageReply, OfflineImageModel
@@ -212,7 +212,7 @@ def test_the_table_judges_an_unusable_checkpoint_as_on_a_completed_row(
         checkpoint=CheckpointSummary(
             present=True,
             schema_version=1,
-            status="completed",
+            status=StepStatus.COMPLETED,
             config_hash=config.hash,
             unusable=unusable,
         ),

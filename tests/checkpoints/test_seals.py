@@ -26,6 +26,7 @@ from sensor_steps import (
 from pipeline_defs.judging.evaluation import BatchJudge
 from pipeline_defs.judging.stores import Stores
 from pipeline_defs.resume.partition import Episode, StepKey
+from pipeline_defs.resume.status import StepStatus
 from resources.checkpoints.seal import ABSENT, Seal, identity_of, make_seal
 from resources.checkpoints.store import CheckpointStore
 
@@ -255,7 +256,7 @@ def _seal(
 ) -> Seal | None:
     from pipeline_defs.resume.decision import CheckpointSummary
 
-    summary = CheckpointSummary(True, 1, "completed", "h", {})
+    summary = CheckpointSummary(True, 1, StepStatus.COMPLETED, "h", {})
     sealed = make_seal(
         home=home,
         checkpoint_file=envelope,
@@ -309,7 +310,7 @@ def _a_seal(version: str = "2026-12-02T15:00:00+00:00|run-1:0|0", path: str = "a
 
     return Seal(
         checkpoint=(1_764_690_000_123_456_789, 2345, 12345678),
-        summary=CheckpointSummary(True, 3, "completed", "h" * 64, {"scenes.n": "f" * 16}),
+        summary=CheckpointSummary(True, 3, StepStatus.COMPLETED, "h" * 64, {"scenes.n": "f" * 16}),
         version=version,
         artifacts=("refs/C01.png",),
         files=((path, 1_764_690_000_123_456_789, 2056, 12345679, None),),

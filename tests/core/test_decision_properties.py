@@ -19,7 +19,7 @@ from pipeline_defs.resume.decision import (
 )
 from pipeline_defs.resume.errors import PipelineError
 from pipeline_defs.resume.settings import ResumeSettings
-from pipeline_defs.resume.status import LedgerRow
+from pipeline_defs.resume.status import LedgerRow, StepStatus
 
 BASE = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
 STATUSES = ["running", "completed", "failed", "partial", "stale", "pending", "not_applicable"]
@@ -97,7 +97,7 @@ def checkpoints(draw: st.DrawFn) -> CheckpointSummary:
     return CheckpointSummary(
         present=True,
         schema_version=draw(st.one_of(st.none(), st.integers(1, 3))),
-        status=draw(st.one_of(st.none(), st.sampled_from(STATUSES))),
+        status=draw(st.one_of(st.none(), st.sampled_from(STATUSES).map(StepStatus))),
         config_hash=draw(st.one_of(st.none(), st.just(config_hash(fps)), st.just("x"))),
         config_fingerprints=fps,
     )

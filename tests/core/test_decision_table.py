@@ -27,7 +27,7 @@ from pipeline_defs.resume.decision import (
 )
 from pipeline_defs.resume.errors import PipelineError
 from pipeline_defs.resume.settings import ResumeSettings
-from pipeline_defs.resume.status import LedgerRow
+from pipeline_defs.resume.status import LedgerRow, StepStatus
 
 NOW = datetime(2026, 11, 30, 13, 0, 0, tzinfo=UTC)
 SETTINGS = ResumeSettings()
@@ -65,7 +65,7 @@ def good_checkpoint(**overrides: Any) -> CheckpointSummary:
     values: dict[str, Any] = {
         "present": True,
         "schema_version": 2,
-        "status": "completed",
+        "status": StepStatus.COMPLETED,
         "config_hash": CONFIG.hash,
         "config_fingerprints": dict(CONFIG.fingerprints),
     }
@@ -235,7 +235,7 @@ CASES = [
     ),
     pytest.param(
         Case(
-            checkpoint=good_checkpoint(status="failed"),
+            checkpoint=good_checkpoint(status=StepStatus.FAILED),
             action=ResumeAction.RERUN_SELF,
             auto_recovery=True,
             reason_has=("auto recovery from failed",),

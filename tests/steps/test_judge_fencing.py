@@ -22,6 +22,7 @@ from judge_steps import (
 )
 
 from pipeline_defs.resume.errors import PipelineError
+from pipeline_defs.resume.status import StepStatus
 from resources.checkpoints.envelope import Checkpoint
 
 REPO = ROOT
@@ -159,7 +160,7 @@ def test_a_stale_lease_is_recovered_and_the_dead_worker_cannot_publish(h: Harnes
         step_id="alpha",
         project_id="proj1",
         episode_id="ep1",
-        status="completed",
+        status=StepStatus.COMPLETED,
         schema_version=1,
         config_hash="stale",
         resume_config_keys=(),

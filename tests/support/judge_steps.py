@@ -39,7 +39,7 @@ import dagster as dg
 from pipeline_defs.resume.completion import CompletionReport, Origin
 from pipeline_defs.resume.errors import PipelineError
 from pipeline_defs.resume.partition import StepKey
-from pipeline_defs.resume.status import LedgerRow
+from pipeline_defs.resume.status import LedgerRow, StepStatus
 from pipeline_defs.steps.context import StepContext
 from pipeline_defs.steps.spec import CleanupReport, Mutation, Step, StepResult
 from pipeline_defs.wiring.assets import build_step_assets
@@ -281,7 +281,7 @@ def steal(ctx: StepContext, *, publish: bool) -> None:
         step_id=ctx.key.step_id,
         project_id=ctx.key.project_id,
         episode_id=ctx.key.episode_id,
-        status="completed",
+        status=StepStatus.COMPLETED,
         schema_version=1,
         config_hash="thief",
         resume_config_keys=(),

@@ -220,7 +220,7 @@ def bench_runtime(home: Path, url: str, runs: int) -> dict[str, Any]:
     atomic = [_timed(lambda: atomic_write_bytes(target, b"{}")) for _ in range(runs)]
     rows = runtime.ledger.get_many(step_ids=["noop"])
     expected = runs + len(warm) + len(extra)
-    assert sum(1 for r in rows.values() if r["status"] == "completed") == expected
+    assert sum(1 for r in rows.values() if r.status == "completed") == expected
     return {
         "rerun_self": _ms(rerun),
         "skip": _ms(skip),

@@ -83,6 +83,7 @@ from pipeline_defs.judging.scrub import scrub_for  # noqa: E402
 from pipeline_defs.judging.stores import Stores  # noqa: E402
 from pipeline_defs.judging.tick_result import TickConfig  # noqa: E402
 from pipeline_defs.resume.partition import StepKey  # noqa: E402
+from pipeline_defs.resume.status import StepStatus  # noqa: E402
 from pipeline_defs.storyboard import STORYBOARD_STEPS  # noqa: E402
 from pipeline_defs.wiring.assets import build_step_assets  # noqa: E402
 from resources.checkpoints.bucket import BucketCheckpoints, sha256_bytes  # noqa: E402
@@ -116,7 +117,7 @@ def checkpoint_for(key: StepKey, run_id: str, objects: dict[str, bytes]) -> Chec
         step_id=key.step_id,
         project_id=key.project_id,
         episode_id=key.episode_id,
-        status="completed",
+        status=StepStatus.COMPLETED,
         schema_version=1,
         config_hash="c",
         resume_config_keys=(),

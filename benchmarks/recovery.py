@@ -53,6 +53,7 @@ sys.path.insert(0, str(ROOT))
 import dagster as dg  # noqa: E402
 
 from pipeline_defs.resume.partition import Episode  # noqa: E402
+from pipeline_defs.resume.status import LedgerRow  # noqa: E402
 from pipeline_defs.steps.graph import StepGraph  # noqa: E402
 from pipeline_defs.storyboard import STORYBOARD_STEPS, sample_stories  # noqa: E402
 from resources.ledger.store import LedgerStore  # noqa: E402
@@ -139,8 +140,10 @@ def _storyboard(env: dict[str, str], cwd: Path, *args: str) -> float:
     return time.monotonic() - started
 
 
-def _row(ledger: LedgerStore) -> dict[str, Any]:
-    return ledger.get(Episode.parse(PARTITION).step(STEP)) or {}
+def _row(ledger: LedgerStore) -> LedgerRow:
+    return (
+        ledger.get(Episode.parse(PARTITION).step(STEP)) or LedgerRow()
+    )  # no row yet: every column None
 
 
 def _wait(what: str, predicate: Any, timeout: float) -> float:
@@ -162,25 +165,25 @@ def scenario_kill(heartbeat: float, lease: float, latency_s: float) -> dict[str,
         env = _home(root, heartbeat, lease, latency_s)
         ledger = LedgerStore(f"sqlite:///{root / 'home' / 'ledger.sqlite3'}")
         with deployment(root, env):
-            _wait("the first claim", lambda: _row(ledger).get("status") == "running", 300)
+            _wait("the first claim", lambda: _row(ledger).status == "running", 300)
             first = _row(ledger)
             time.sleep(min(2.0, latency_s / 2))  # mid-call
-            pid = int(str(first["lock_owner"]).rsplit("/", 1)[1])
+            pid = int(str(first.lock_owner).rsplit("/", 1)[1])
             os.kill(pid, signal.SIGKILL)
             killed = time.monotonic()
             took_over = _wait(
                 "the takeover",
-                lambda: _row(ledger).get("run_id") not in (None, first["run_id"]),
+                lambda: _row(ledger).run_id not in (None, first.run_id),
                 600,
             )
-            done = _wait("completed", lambda: _row(ledger).get("status") == "completed", 600)
+            done = _wait("completed", lambda: _row(ledger).status == "completed", 600)
         return {
             "kill_to_takeover_s": round(took_over - killed, 1),
             "kill_to_completed_s": round(done - killed, 1),
             "bound_s": lease + SENSOR_INTERVAL,
             "before_leases_bound_s": 3600 + SENSOR_INTERVAL,
             "provider_calls": _calls(ledger),
-            "recovery_count": _row(ledger).get("recovery_count"),
+            "recovery_count": _row(ledger).recovery_count,
         }
 
 
@@ -191,18 +194,18 @@ def scenario_long_step(heartbeat: float, lease: float) -> dict[str, Any]:
         env = _home(root, heartbeat, lease, latency_s)
         ledger = LedgerStore(f"sqlite:///{root / 'home' / 'ledger.sqlite3'}")
         with deployment(root, env):
-            _wait("the claim", lambda: _row(ledger).get("status") == "running", 300)
-            owner = _row(ledger)["run_id"]
+            _wait("the claim", lambda: _row(ledger).status == "running", 300)
+            owner = _row(ledger).run_id
             started = time.monotonic()
-            _wait("completed", lambda: _row(ledger).get("status") == "completed", 600)
+            _wait("completed", lambda: _row(ledger).status == "completed", 600)
             took = time.monotonic() - started
         row = _row(ledger)
         return {
             "step_seconds": round(took, 1),
             "lease_s": lease,
-            "same_owner": row["run_id"] == owner,
+            "same_owner": row.run_id == owner,
             "provider_calls": _calls(ledger),
-            "recovery_count": row["recovery_count"],
+            "recovery_count": row.recovery_count,
         }
 
 

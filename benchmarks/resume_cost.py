@@ -358,13 +358,13 @@ def measure(env: Env, action: Callable[[Env, Cost], None]) -> Cost:
     action(env, cost)
     cost.seconds = time.perf_counter() - started
     for row in ledger.transitions(since_seq=seq):
-        if row["episode_id"] != EPISODE_ID:
+        if row.episode_id != EPISODE_ID:
             continue
-        if row["action"] in CLAIMS:
+        if row.action in CLAIMS:
             cost.executions += 1
-            cost.executed.append(f"{row['step_id']}:{row['action']}")
-        elif row["action"] == "block" and row["step_id"] not in cost.blocked:
-            cost.blocked.append(row["step_id"])
+            cost.executed.append(f"{row.step_id}:{row.action}")
+        elif row.action == "block" and row.step_id not in cost.blocked:
+            cost.blocked.append(row.step_id)
     for call in ledger.provider_calls(episode=EPISODE):
         if call["id"] > last_call:
             if call["kind"] == "text":
@@ -437,9 +437,9 @@ def policy_plain(affected: Sequence[str], reset_running: bool) -> Callable[[Env,
         if reset_running:  # plain Dagster has no lease that would refuse the re-run
             for step_id in selection:
                 row = env.ledger.get(env.key(step_id))
-                if row is not None and row["status"] == "running":
+                if row is not None and row.status == "running":
                     env.ledger.reset_running(
-                        env.key(step_id), row["started_at"], "benchmark: plain Dagster, no lease"
+                        env.key(step_id), row.started_at, "benchmark: plain Dagster, no lease"
                     )
                     cost.notes.append(f"lease of {step_id} reset first")
         cost.notes.extend(failures(env.materialize(selection, force=True)))
@@ -572,7 +572,7 @@ def kill_mid_run(
                 os.kill(child.pid, signal.SIGKILL)
             child.wait()
     row = env.ledger.get(env.key(SHOT_STEP))
-    assert row is not None and row["status"] == "running", row
+    assert row is not None and row.status == "running", row
     written = len(list(shots.glob("*.png")))
     facts.update(
         {
@@ -584,7 +584,7 @@ def kill_mid_run(
         }
     )
     # Wait until the dead run's lease is older than the running timeout.
-    started = parse_timestamp(row["started_at"])
+    started = parse_timestamp(row.started_at)
     assert started is not None
     wait = running_timeout + 0.5 - (datetime.now(UTC) - started).total_seconds()
     if wait > 0:
@@ -783,7 +783,7 @@ def build_template(args: argparse.Namespace) -> tuple[Env, Cost]:
     env.write_episode()
     cost = measure(env, policy_ours)
     rows = env.ledger.get_many(episodes=[EPISODE])
-    statuses = {k.step_id: r["status"] for k, r in rows.items()}
+    statuses = {k.step_id: r.status for k, r in rows.items()}
     if statuses != dict.fromkeys(STEP_IDS, "completed") or cost.notes:
         raise RuntimeError(f"template run did not complete: {statuses} {cost.notes}")
     scene_detail = env.checkpoints.load(env.key("scene_detail"))

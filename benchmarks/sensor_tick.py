@@ -75,6 +75,7 @@ from pipeline_defs.resume.decision import config_hash  # noqa: E402
 from pipeline_defs.resume.errors import PipelineError  # noqa: E402
 from pipeline_defs.resume.partition import StepKey  # noqa: E402
 from pipeline_defs.resume.settings import ResumeSettings  # noqa: E402
+from pipeline_defs.resume.status import StepStatus  # noqa: E402
 from pipeline_defs.steps.context import StepContext  # noqa: E402
 from pipeline_defs.steps.graph import StepGraph  # noqa: E402
 from pipeline_defs.steps.judge import StepJudge  # noqa: E402
@@ -184,7 +185,7 @@ def _template(home: Path, ledger: LedgerStore, ts: str) -> dict[str, tuple[bytes
             step_id=step.step_id,
             project_id=project,
             episode_id=episode,
-            status="completed",
+            status=StepStatus.COMPLETED,
             schema_version=step.schema_version,
             config_hash=config_hash(fingerprints),
             resume_config_keys=tuple(step.resume_config_keys),

@@ -9,7 +9,6 @@ partitions left over are returned unjudged, so the next tick judges them first.
 import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any
 
 from pipeline_defs.judging.evaluation import BatchJudge, rows_by_partition
 from pipeline_defs.judging.parallel import JudgePool, JudgeSpec, default_workers
@@ -18,6 +17,7 @@ from pipeline_defs.judging.step_evaluation import PartitionRows, StepEvaluation
 from pipeline_defs.judging.stores import ReadStores
 from pipeline_defs.resume.identity import Identity
 from pipeline_defs.resume.partition import StepKey
+from pipeline_defs.resume.status import LedgerRow
 
 _BUDGET_SLICE = 100  # partitions judged between two looks at the clock
 
@@ -74,7 +74,7 @@ class JudgeDispatch:
         self,
         chosen: Sequence[str],
         now: datetime,
-        rows: Mapping[StepKey, Mapping[str, Any]],
+        rows: Mapping[StepKey, LedgerRow],
         scanned: Mapping[str, Scan],
         shape: PartitionScan,
         blocked: Mapping[str, str],

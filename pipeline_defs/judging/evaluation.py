@@ -36,7 +36,6 @@ import posixpath
 from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence, Sized
 from dataclasses import replace
 from datetime import datetime, timedelta
-from typing import Any
 
 from pipeline_defs.judging.projects import ProjectCache
 from pipeline_defs.judging.step_evaluation import (
@@ -155,7 +154,7 @@ class BatchJudge:
         self,
         partition_keys: Iterable[str],
         now: datetime,
-        rows: Mapping[StepKey, Mapping[str, Any]],
+        rows: Mapping[StepKey, LedgerRow],
         directories: Callable[[str, str], Identity] | None = None,
         *,
         keep_skips: Container[str] | None = None,
@@ -268,8 +267,7 @@ class BatchJudge:
                 if found is None:
                     key = (episode or Episode.parse(pk)).step(step_id)  # a bad key raises, typed
                 else:
-                    key, raw = found  # the store's own key: not built (and validated) again
-                    row = LedgerRow.of(raw)  # the store's rows pass as they are
+                    key, row = found  # the store's own key: not built (and validated) again
                 judge = self.judges[step_id]
                 self.judged += 1
                 sealed = self._sealed(key, row)
@@ -322,12 +320,12 @@ class BatchJudge:
 
 
 def rows_by_partition(
-    rows: Mapping[StepKey, Mapping[str, Any]],
-) -> dict[str, dict[str, tuple[StepKey, Mapping[str, Any]]]]:
+    rows: Mapping[StepKey, LedgerRow],
+) -> dict[str, dict[str, tuple[StepKey, LedgerRow]]]:
     """``rows`` by partition key, then step id: grouped once per tick, so judging a
     partition builds no key and hashes none per step to find its rows (a cold tick over
     10,000 episodes built 100,000 ``StepKey`` objects for that)."""
-    grouped: dict[str, dict[str, tuple[StepKey, Mapping[str, Any]]]] = {}
+    grouped: dict[str, dict[str, tuple[StepKey, LedgerRow]]] = {}
     for key, row in rows.items():
         pk = key.partition_key
         part = grouped.get(pk)
@@ -417,7 +415,7 @@ def _verdict(
 
 
 def next_wake(
-    rows: Iterable[LedgerRow | Mapping[str, Any]], settings: ResumeSettings, now: datetime
+    rows: Iterable[LedgerRow], settings: ResumeSettings, now: datetime
 ) -> datetime | None:
     """Earliest future moment at which time alone can change a decision of these rows.
 
@@ -432,9 +430,7 @@ def next_wake(
     timeout = timedelta(seconds=settings.running_timeout_seconds)
     lease = timedelta(seconds=settings.lease_seconds)
     found: list[datetime] = []
-    for raw in rows:
-        row = LedgerRow.of(raw)
-        assert row is not None
+    for row in rows:
         if row.status is StepStatus.RUNNING:
             started = parse_timestamp(row.started_at)
             beat = parse_timestamp(row.heartbeat_at)
@@ -462,7 +458,7 @@ def evaluate_partitions(
     partition_keys: Iterable[str],
     now: datetime,
     *,
-    rows: Mapping[StepKey, Mapping[str, Any]] | None = None,
+    rows: Mapping[StepKey, LedgerRow] | None = None,
 ) -> list[StepEvaluation]:
     """What the resume sensor would do now for every step of these partitions.
 

@@ -19,7 +19,6 @@ from concurrent.futures import TimeoutError as FuturesTimeout
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 from pipeline_defs.judging.evaluation import BatchJudge
 from pipeline_defs.judging.step_evaluation import StepEvaluation
@@ -27,6 +26,7 @@ from pipeline_defs.judging.stores import ReadStores
 from pipeline_defs.resume.identity import ABSENT, Identity
 from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.resume.settings import ResumeSettings
+from pipeline_defs.resume.status import LedgerRow
 from pipeline_defs.steps.spec import Step
 from resources.checkpoints.store import CheckpointStore
 from resources.ledger.store import LedgerStore
@@ -67,7 +67,7 @@ def _ready() -> int:
 
 def judge_chunk(
     keys: Sequence[str],
-    rows: Mapping[StepKey, Mapping[str, Any]],
+    rows: Mapping[StepKey, LedgerRow],
     now: datetime,
     directories: Mapping[str, Mapping[str, Identity]],
     keep: frozenset[str],
@@ -131,7 +131,7 @@ class JudgePool:
         self,
         keys: Sequence[str],
         now: datetime,
-        rows: Mapping[StepKey, Mapping[str, Any]],
+        rows: Mapping[StepKey, LedgerRow],
         directories: Mapping[str, Mapping[str, Identity]],
         keep: Iterable[str],
         deadline: float | None = None,
@@ -144,7 +144,7 @@ class JudgePool:
         self.warm()
         assert self._executor is not None
         kept = frozenset(keep)
-        by_pk: dict[str, dict[StepKey, Mapping[str, Any]]] = {}
+        by_pk: dict[str, dict[StepKey, LedgerRow]] = {}
         for key, row in rows.items():
             by_pk.setdefault(key.partition_key, {})[key] = row
         size = max(50, -(-len(keys) // (self.workers * 4)))

@@ -12,7 +12,6 @@ another run of that partition is in flight (docs/DESIGN.md#sensor).
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from pipeline_defs.judging.cursor import CursorState
 from pipeline_defs.judging.evaluation import rows_by_partition
@@ -39,14 +38,14 @@ class TickPlan:
     tree: str
     memory_ok: bool
     full_at: float
-    rows: Mapping[StepKey, Mapping[str, Any]] = field(default_factory=dict)
+    rows: Mapping[StepKey, LedgerRow] = field(default_factory=dict)
     chosen: list[str] = field(default_factory=list)
     # Partitions due (never judged, or not yet reached by a refresh) that this tick leaves
     # to the next ones (budget): pending in the cursor, so the next tick is not idle.
     deferred: list[str] = field(default_factory=list)
-    _grouped: tuple[object, dict[str, dict[str, tuple[StepKey, Mapping[str, Any]]]]] | None = None
+    _grouped: tuple[object, dict[str, dict[str, tuple[StepKey, LedgerRow]]]] | None = None
 
-    def by_partition(self) -> dict[str, dict[str, tuple[StepKey, Mapping[str, Any]]]]:
+    def by_partition(self) -> dict[str, dict[str, tuple[StepKey, LedgerRow]]]:
         """``rows`` by partition, then step id (grouped once: the judge and the memos both
         read them per partition)."""
         if self._grouped is None or self._grouped[0] is not self.rows:
@@ -103,7 +102,7 @@ def changed_partitions(
 def add_ledger_changes(
     targets: dict[str, str],
     keys: Sequence[str],
-    rows: Mapping[StepKey, Mapping[str, Any]],
+    rows: Mapping[StepKey, LedgerRow],
     memos: Mapping[str, Memo],
 ) -> None:
     """Add (as ``ledger``) the partitions whose rows' judged fields differ from their memo."""
@@ -118,7 +117,7 @@ def add_ledger_changes(
 def hold_back(
     launches: Sequence[StepEvaluation],
     in_flight: Mapping[str, float | None],
-    rows: Mapping[StepKey, Mapping[str, Any]],
+    rows: Mapping[StepKey, LedgerRow],
     epoch: float,
     lease_seconds: float,
 ) -> tuple[list[StepEvaluation], dict[str, float | None]]:
@@ -163,10 +162,7 @@ def hold_back(
     return kept, held
 
 
-def _last_trace(row: Mapping[str, Any]) -> float:
+def _last_trace(row: LedgerRow) -> float:
     """The latest moment a run left in a ledger row (update, heartbeat), as epoch seconds."""
-    typed = LedgerRow.of(row)
-    moments = (
-        [parse_timestamp(typed.updated_at), parse_timestamp(typed.heartbeat_at)] if typed else []
-    )
+    moments = [parse_timestamp(row.updated_at), parse_timestamp(row.heartbeat_at)]
     return max((m.timestamp() for m in moments if m is not None), default=0.0)

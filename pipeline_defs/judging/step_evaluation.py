@@ -48,7 +48,7 @@ RUN_KEY_PREFIX = "resume"
 
 
 # One partition's ledger rows by step id, each with its key as the ledger store built it.
-PartitionRows = Mapping[str, tuple[StepKey, Mapping[str, Any]]]
+PartitionRows = Mapping[str, tuple[StepKey, LedgerRow]]
 
 
 class Verdict(StrEnum):

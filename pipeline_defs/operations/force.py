@@ -9,6 +9,7 @@ from pipeline_defs.operations.workspace import Workspace
 from pipeline_defs.resume.partition import Episode
 from pipeline_defs.steps.graph import downstream_of
 from pipeline_defs.wiring.assets import MODE_TAG
+from resources.ledger.audit import AuditAction
 
 FORCE_TAGS: Mapping[str, str] = {**CLI_TAGS, MODE_TAG: "force"}
 
@@ -53,6 +54,6 @@ def invalidated_by(ws: Workspace, run_id: str, partition_key: str, step_id: str)
         t
         for other in downstream_of(ws.steps, ws.step(step_id).step_id)
         for t in ws.ledger.transitions(episode.step(other))
-        if t["action"] == "invalidate" and str(t["run_id"] or "").startswith(owner)
+        if t.action is AuditAction.INVALIDATE and str(t.run_id or "").startswith(owner)
     ]
-    return [str(t["step_id"]) for t in sorted(found, key=lambda t: t["transition_seq"])]
+    return [t.step_id for t in sorted(found, key=lambda t: t.transition_seq)]

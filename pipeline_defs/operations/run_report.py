@@ -146,9 +146,9 @@ WATCHED = {
 }
 
 
-def _owned_by(run_id: str) -> Callable[[Mapping[str, Any]], bool]:
+def _owned_by(run_id: str) -> Callable[[str | None], bool]:
     prefix = f"{run_id}:"
-    return lambda row: str(row.get("run_id") or "").startswith(prefix)
+    return lambda owner: str(owner or "").startswith(prefix)
 
 
 def summarize_run(
@@ -170,9 +170,9 @@ def summarize_run(
     report = RunReport(run_id, partition_key, success, launch_path, dagster_status=dagster_status)
     for step_id in step_ids:
         key = episode.step(step_id)
-        audit = [t for t in ws.ledger.transitions(key) if mine(t)]
-        decided = next((t for t in audit if t["action"] in DECISION_ACTIONS), None)
-        decision = shown_action(decided["action"], decided["reason"]) if decided else None
+        audit = [t for t in ws.ledger.transitions(key) if mine(t.run_id)]
+        decided = next((t for t in audit if t.action in DECISION_ACTIONS), None)
+        decision = shown_action(str(decided.action), decided.reason) if decided else None
         progress = timeline.finished.get(step_id)
         row = rows.get(key)
         step = StepReport(
@@ -180,7 +180,7 @@ def summarize_run(
             outcome="not_run" if progress is None else "materialized" if progress.ok else "failed",
             decision=decision or (progress.decision if progress else None),
             status=str(row.status) if row else "none",
-            provider_calls=sum(1 for c in ws.ledger.provider_calls(key) if mine(c)),
+            provider_calls=sum(1 for c in ws.ledger.provider_calls(key) if mine(c.get("run_id"))),
             duration_seconds=progress.duration_seconds if progress else None,
         )
         if progress is not None and not progress.ok:

@@ -33,6 +33,7 @@ from pipeline_defs.resume.clock import parse_timestamp
 from pipeline_defs.resume.decision import CODE_RECOVERY_EXHAUSTED, ResumeAction
 from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.resume.status import LedgerRow, StepStatus
+from resources.ledger.audit import Transition
 
 if TYPE_CHECKING:  # at run time it is imported where judged (shadow_decide.evaluate_now)
     from pipeline_defs.judging.step_evaluation import StepEvaluation
@@ -103,13 +104,11 @@ class StatusReport:
         }
 
 
-def _last_decisions(
-    transitions: Iterable[Mapping[str, Any]],
-) -> dict[StepKey, Mapping[str, Any]]:
-    latest: dict[StepKey, Mapping[str, Any]] = {}
+def _last_decisions(transitions: Iterable[Transition]) -> dict[StepKey, Transition]:
+    latest: dict[StepKey, Transition] = {}
     for row in transitions:  # ordered by transition_seq
-        if row["action"] in DECISION_ACTIONS:
-            latest[StepKey(row["project_id"], row["episode_id"], row["step_id"])] = row
+        if row.action in DECISION_ACTIONS:
+            latest[row.key] = row
     return latest
 
 
@@ -157,7 +156,7 @@ def status_report(
         episodes = ws.known_episodes()
     wanted = {e.partition_key for e in episodes}
     rows = ws.ledger.get_many(episodes=episodes) if episodes else {}
-    audit = [t for t in ws.ledger.transitions() if f"{t['project_id']}/{t['episode_id']}" in wanted]
+    audit = [t for t in ws.ledger.transitions() if t.key.partition_key in wanted]
     decisions = _last_decisions(audit)
     evaluations = {(ev.partition_key, ev.step_id): ev for ev in evaluate_now(ws, episodes, now)}
     ended = owner_ended_rule(ws)
@@ -205,9 +204,9 @@ def status_report(
                     state.block_reason = now_judged["reason"]
                     state.what_to_do = now_judged["what_to_do"]
             if decision is not None:
-                state.last_decision = shown_action(decision["action"], decision["reason"])
-                state.decided_at = decision["at"]
-                state.launch_path = decision["launch_path"]
+                state.last_decision = shown_action(str(decision.action), decision.reason)
+                state.decided_at = decision.at
+                state.launch_path = decision.launch_path
             if row is not None:
                 state.recovery_count = row.recovery_count
                 state.last_recovery_reason = row.last_recovery_reason

@@ -4,7 +4,7 @@ exhausted recoveries, and the last hour's run endings from the audit rows.
 
 import re
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -15,6 +15,7 @@ from pipeline_defs.resume.clock import format_timestamp, parse_timestamp
 from pipeline_defs.resume.errors import ErrorCode
 from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.resume.status import StepStatus
+from resources.ledger.audit import AuditAction, Transition
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,10 @@ _CODE_PREFIX = re.compile(r"\s*\[([a-z][a-z0-9_]*(?:\.[a-z][a-z0-9_]*)*)\]")
 # What an ending that carries no error text failed with: ``finish`` records the failed
 # status of a run whose every item failed (the runner then raises ``step.execute_failed``);
 # ``reset_running`` is an operator's word, not an error: it is named as the action.
-_ENDING_CODES = {"finish": ErrorCode.STEP_EXECUTE_FAILED.value, "reset_running": "reset_running"}
+_ENDING_CODES: dict[str, str] = {
+    AuditAction.FINISH: ErrorCode.STEP_EXECUTE_FAILED.value,
+    AuditAction.RESET_RUNNING: AuditAction.RESET_RUNNING.value,
+}
 
 
 def failure_code(text: str | None) -> str:
@@ -110,7 +114,7 @@ def failure_code(text: str | None) -> str:
     return found.group(1) if found else root_cause_of_text(text).code
 
 
-def last_hour(transitions: Iterable[Mapping[str, Any]], now: datetime) -> LastHour:
+def last_hour(transitions: Iterable[Transition], now: datetime) -> LastHour:
     """Runs that ended in the last hour: counts by outcome, failure codes, durations.
 
     From the audit rows (``step_transition``), not the ledger rows: a row keeps only its
@@ -120,26 +124,25 @@ def last_hour(transitions: Iterable[Mapping[str, Any]], now: datetime) -> LastHo
     """
     since = now - LAST_HOUR
     claimed: dict[tuple[StepKey, str], datetime] = {}
-    outcomes: Counter[str] = Counter()
+    outcomes: Counter[StepStatus] = Counter()
     codes: Counter[str] = Counter()
     durations: list[float] = []
     for row in transitions:  # ordered by transition_seq
-        at = parse_timestamp(row["at"])
-        run_id = row["run_id"]
+        at = parse_timestamp(row.at)
+        run_id = row.run_id
         if at is None:
             continue
-        key = StepKey(row["project_id"], row["episode_id"], row["step_id"])
-        if row["to_status"] == StepStatus.RUNNING and run_id:
+        key = row.key
+        if row.to_status is StepStatus.RUNNING and run_id:
             claimed[key, run_id] = at  # a claim, or a takeover of an expired lease
             continue
-        ended = row["from_status"] == StepStatus.RUNNING and row["to_status"] in _ENDED
-        if not ended or at < since:
+        outcome = row.to_status
+        ended = row.from_status is StepStatus.RUNNING and outcome in _ENDED
+        if not ended or at < since or outcome is None:  # (None is never in _ENDED)
             continue
-        outcome = str(row["to_status"])
         outcomes[outcome] += 1
-        if outcome == StepStatus.FAILED:
-            action = row["action"]
-            codes[_ENDING_CODES.get(action) or failure_code(row["reason"])] += 1
+        if outcome is StepStatus.FAILED:
+            codes[_ENDING_CODES.get(row.action) or failure_code(row.reason)] += 1
             continue
         began = claimed.get((key, run_id)) if run_id else None
         if began is not None and at >= began:

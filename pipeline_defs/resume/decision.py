@@ -23,7 +23,7 @@ from pipeline_defs.resume.clock import (
 )
 from pipeline_defs.resume.completion import CompletionReport, Origin, report_from_exception
 from pipeline_defs.resume.settings import ResumeSettings
-from pipeline_defs.resume.status import LedgerRow, StepStatus, parse_status
+from pipeline_defs.resume.status import LedgerRow, StepStatus
 
 CODE_RESUME_BLOCKED = "step.resume_blocked"
 CODE_VERIFY_CRASHED = "step.verify_crashed"
@@ -102,7 +102,7 @@ class CheckpointSummary:
 
     present: bool
     schema_version: int | None = None
-    status: str | None = None
+    status: StepStatus | None = None
     config_hash: str | None = None
     config_fingerprints: Mapping[str, str] = field(default_factory=dict)
     # Present but unreadable or tampered (corrupt JSON, no or a wrong content_hash, not a
@@ -417,7 +417,7 @@ def decide(
     *,
     mode: LaunchMode,
     applicable: bool,
-    row: LedgerRow | Mapping[str, Any] | None,
+    row: LedgerRow | None,
     checkpoint: CheckpointSummary,
     verify: Callable[[], CompletionReport],
     step: JudgedStep,
@@ -433,11 +433,8 @@ def decide(
 
     ``verify`` is called at most once, and only for a completed step whose contract and
     scoped config still match (row 10, also reached through row 4).
-
-    ``row``: the store's :class:`LedgerRow`; a hand-built mapping (tests) is converted.
     """
     now = as_utc(now)
-    row = LedgerRow.of(row)
     # Row 1.
     if not applicable:
         return ResumeDecision(
@@ -471,10 +468,8 @@ def decide(
         if not checkpoint.present:
             return ResumeDecision(ResumeAction.RERUN_SELF, FIRST_RUN_REASON, first_run=True)
         # Row 4: judge the orphan checkpoint by its own status; a clean one is adopted.
-        status = (
-            parse_status(checkpoint.status)
-            if checkpoint.status is not None
-            else StepStatus.COMPLETED
+        status: StepStatus | str = (
+            checkpoint.status if checkpoint.status is not None else StepStatus.COMPLETED
         )
         decision = _judge_settled(status, checkpoint, verify, step, config)
         if decision.action is ResumeAction.SKIP:

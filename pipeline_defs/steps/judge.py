@@ -404,16 +404,15 @@ class StepJudge:
         if sealed is None and loaded is None:
             loaded = self.load_checkpoint(key)
         checkpoint, summary, verify = self._evidence(ctx, config, loaded, sealed)
-        typed = LedgerRow.of(row)  # a hand-built mapping (a test's) is converted here
         ended = (
-            self.owner_ended(str(typed.run_id))
-            if self.owner_ended is not None and typed is not None and typed.is_running
+            self.owner_ended(str(row.run_id))
+            if self.owner_ended is not None and row is not None and row.is_running
             else None
         )
         decision = decide(
             mode=mode,
             applicable=self.step.is_applicable(ctx),
-            row=typed,
+            row=row,
             owner_ended=ended,
             checkpoint=summary,
             verify=verify,
@@ -459,7 +458,7 @@ class StepJudge:
                 origin=Origin.CONTRACT_DRIFT,
                 code=CODE_RESUME_BLOCKED,
             )
-        return Judgement(key, decision, checkpoint, typed)
+        return Judgement(key, decision, checkpoint, row)
 
     def _evidence(
         self,

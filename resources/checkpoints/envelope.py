@@ -11,6 +11,7 @@ from pipeline_defs.resume.completion import Origin
 from pipeline_defs.resume.decision import CheckpointSummary
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.partition import StepKey
+from pipeline_defs.resume.status import StepStatus
 
 SECRET_MARKERS = ("api_key", "password", "secret", "token", "credential")
 MASK = "***"
@@ -41,6 +42,8 @@ ARTIFACTS_SHAPE = "a list of objects with a string 'path', a string 'sha256' and
 # How a content hash that does not match reads; operator views key "storyboard accept" on it.
 EDITED_OUTSIDE = "edited outside the pipeline"
 SHOWN_CHARS = 120  # how much of a wrong value an error message quotes
+# An envelope's status is the exact text of a StepStatus (its content hash covers the text).
+_STATUSES: dict[str, StepStatus] = {s.value: s for s in StepStatus}
 
 
 def canonical_json(value: Any) -> str:
@@ -156,7 +159,7 @@ class Checkpoint:
     step_id: str
     project_id: str
     episode_id: str
-    status: str
+    status: StepStatus
     schema_version: int
     config_hash: str
     resume_config_keys: tuple[str, ...]
@@ -189,7 +192,7 @@ class Checkpoint:
             canonical_json(
                 {
                     "schema_version": self.schema_version,
-                    "status": self.status,
+                    "status": self.status.value,
                     "data": self.data,
                     "artifacts": [asdict(a) for a in self.artifacts],
                 }
@@ -230,7 +233,7 @@ class Checkpoint:
             "step_id": self.step_id,
             "project_id": self.project_id,
             "episode_id": self.episode_id,
-            "status": self.status,
+            "status": self.status.value,  # the file holds the text
             "schema_version": self.schema_version,
             "config_hash": self.config_hash,
             "resume_config_keys": list(self.resume_config_keys),
@@ -293,6 +296,9 @@ class Checkpoint:
         for name in OBJECT_FIELDS:
             if not isinstance(raw[name], Mapping):
                 raise invalid(name, "an object", raw[name])
+        status = _STATUSES.get(raw["status"])
+        if status is None:
+            raise invalid("status", f"one of {sorted(_STATUSES)}", raw["status"])
         if not _is_list(raw["artifacts"]):
             raise invalid("artifacts", ARTIFACTS_SHAPE, raw["artifacts"])
         for entry in raw["artifacts"]:
@@ -306,7 +312,7 @@ class Checkpoint:
             step_id=raw["step_id"],
             project_id=raw["project_id"],
             episode_id=raw["episode_id"],
-            status=raw["status"],
+            status=status,
             schema_version=raw["schema_version"],
             config_hash=raw["config_hash"],
             resume_config_keys=tuple(raw["resume_config_keys"]),

@@ -50,6 +50,7 @@ from pipeline_defs.resume.identity import (
     is_link,
     own_file_identity,
 )
+from pipeline_defs.resume.status import StepStatus
 
 SEAL_VERSION = 1
 _loads = json.loads
@@ -119,7 +120,10 @@ class SealedFile(NamedTuple):
 
 @functools.lru_cache(maxsize=4096)
 def _summary(
-    schema_version: int, status: str, config_hash: str, fingerprints: tuple[tuple[str, str], ...]
+    schema_version: int,
+    status: StepStatus,
+    config_hash: str,
+    fingerprints: tuple[tuple[str, str], ...],
 ) -> CheckpointSummary:
     """Shared summaries: a cold tick decodes 100,000 seals with a handful of distinct ones."""
     return CheckpointSummary(
@@ -152,7 +156,7 @@ def summary_of(
     if found is None:
         found = _summary(
             int(schema_version),
-            str(status),
+            StepStatus(str(status)),  # not a status (a tampered seal): ValueError
             str(config_hash),
             tuple(sorted((str(k), str(v)) for k, v in fingerprints.items()))
             if fingerprints
@@ -162,6 +166,11 @@ def summary_of(
             _RAW_SUMMARIES.clear()
         _RAW_SUMMARIES[key] = found
     return found
+
+
+def _status_text(summary: CheckpointSummary) -> str | None:
+    # The text, never the member: a seal's bytes are compared and hashed as written.
+    return summary.status.value if summary.status is not None else None
 
 
 def verdict_fields(
@@ -176,7 +185,7 @@ def verdict_fields(
     return {
         "at": sealed_ns,
         "sv": summary.schema_version,
-        "st": summary.status,
+        "st": _status_text(summary),
         "ch": summary.config_hash,
         "fp": dict(summary.config_fingerprints),
         "ver": version,
@@ -274,7 +283,7 @@ class Seal:
         verdict = json.dumps(
             {
                 "sv": self.summary.schema_version,
-                "st": self.summary.status,
+                "st": _status_text(self.summary),
                 "ch": self.summary.config_hash,
                 "fp": dict(self.summary.config_fingerprints),
                 "art": list(self.artifacts),

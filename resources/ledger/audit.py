@@ -7,13 +7,16 @@ store refuses (the owner lost the row, a claim that lost the race) is recorded a
 was, a refusal, in the transaction that found it out.
 """
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from enum import StrEnum
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from pipeline_defs.resume.partition import StepKey
+from pipeline_defs.resume.status import StepStatus
 from resources.ledger.tables import step_transition
 
 AUDIT_COLUMNS = (
@@ -63,6 +66,59 @@ class AuditAction(StrEnum):
     EDIT_REFUSED = "edit_refused"  # an edit of a victim refused: running, unsettled, changed
     ACCEPTED = "accepted"  # ``storyboard accept``: a hand edit adopted
     RESET_RUNNING = "reset_running"  # ``storyboard reset-running``: a dead owner's row released
+
+
+_ACTIONS: dict[str, AuditAction] = {a.value: a for a in AuditAction}
+
+
+@dataclass(frozen=True)
+class Transition:
+    """One ``step_transition`` row as read back (``LedgerStore.transitions``).
+
+    ``action`` is the :class:`AuditAction` it names; text that names none (a caller of
+    ``append_transition`` recording its own word) stays text. The statuses are the
+    ledger's (its CHECK constraints allow only :class:`StepStatus` values, or none).
+    """
+
+    transition_seq: int
+    project_id: str
+    episode_id: str
+    step_id: str
+    from_status: StepStatus | None
+    to_status: StepStatus | None
+    action: AuditAction | str
+    origin: str | None
+    reason: str | None
+    run_id: str | None
+    launch_path: str | None
+    at: str
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> "Transition":
+        """Build from a ``step_transition`` database row."""
+        action = str(row["action"])
+        return cls(
+            transition_seq=int(row["transition_seq"]),
+            project_id=str(row["project_id"]),
+            episode_id=str(row["episode_id"]),
+            step_id=str(row["step_id"]),
+            from_status=_status(row["from_status"]),
+            to_status=_status(row["to_status"]),
+            action=_ACTIONS.get(action, action),
+            origin=row["origin"],
+            reason=row["reason"],
+            run_id=row["run_id"],
+            launch_path=row["launch_path"],
+            at=str(row["at"]),
+        )
+
+    @property
+    def key(self) -> StepKey:
+        return StepKey(self.project_id, self.episode_id, self.step_id)
+
+
+def _status(value: str | None) -> StepStatus | None:
+    return None if value is None else StepStatus(value)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,6 @@ import functools
 import os
 import socket
 import uuid
-from collections.abc import Mapping
 from typing import Any, Final, Literal
 
 import sqlalchemy as sa
@@ -123,9 +122,7 @@ class Claims(LedgerSession):
         auto_recovery: bool = False,
         reason: str | None = None,
         now: str | None = None,
-        # Mapping: pipeline_defs/steps/runner.py still types its judged row so; LedgerRow
-        # is what it holds (``LedgerRow.of`` keeps a LedgerRow as it is).
-        seen: LedgerRow | Mapping[str, Any] | Literal[_NotJudged.NOT_JUDGED] | None = NOT_JUDGED,
+        seen: LedgerRow | Literal[_NotJudged.NOT_JUDGED] | None = NOT_JUDGED,
         audit: Audit | None = None,
         refused: Audit | None = None,
     ) -> bool:
@@ -143,8 +140,7 @@ class Claims(LedgerSession):
         Success = a row came back.
         """
         ts = now or now_text()
-        # A hand-built mapping (tests) is read as the row it stands for.
-        seen_row = None if seen is NOT_JUDGED else LedgerRow.of(seen)
+        seen_row = None if seen is NOT_JUDGED else seen
         shape = "any" if seen is NOT_JUDGED else "none" if seen_row is None else "row"
         steal = (
             allow_stale_steal and expected_started_at is not None and expected_run_id is not None

@@ -13,6 +13,7 @@ from sqlalchemy.engine import Connection
 
 from pipeline_defs.resume.partition import Episode, StepKey
 from pipeline_defs.resume.status import LedgerRow, StepStatus
+from resources.ledger.audit import Transition
 from resources.ledger.session import LedgerSession
 from resources.ledger.tables import provider_call, step_run, step_transition
 
@@ -119,9 +120,7 @@ class Reads(LedgerSession):
 
         return self._in_read("read the ledger cursor", read)
 
-    def transitions(
-        self, key: StepKey | None = None, *, since_seq: int = 0
-    ) -> list[dict[str, Any]]:
+    def transitions(self, key: StepKey | None = None, *, since_seq: int = 0) -> list[Transition]:
         query = sa.select(step_transition).where(step_transition.c.transition_seq > since_seq)
         if key is not None:
             query = query.where(
@@ -131,7 +130,10 @@ class Reads(LedgerSession):
             )
         ordered = query.order_by(step_transition.c.transition_seq)
         return self._in_read(
-            "read transitions", lambda conn: [dict(r) for r in conn.execute(ordered).mappings()]
+            "read transitions",
+            lambda conn: [
+                Transition.from_row(cast(_Mapping, r)) for r in conn.execute(ordered).mappings()
+            ],
         )
 
     def provider_calls(

@@ -160,7 +160,7 @@ def test_a_replaced_corrupt_checkpoint_is_archived_not_destroyed(h: Harness) -> 
     h.knobs("alpha", fail="all")
     # a forced rebuild that fails: the row is failed, the old checkpoint is still there
     assert not h.run("alpha", tags={"resume/mode": "force"}).success
-    assert h.row("alpha")["status"] == "failed"  # type: ignore[index]
+    assert h.row("alpha").status == "failed"
     h.knobs("alpha", fail=None)
     corrupt_json(h)
     evidence = h.path("alpha").read_bytes()
@@ -172,7 +172,7 @@ def test_a_replaced_corrupt_checkpoint_is_archived_not_destroyed(h: Harness) -> 
     description, _ = failure(blocked, "alpha")
     assert "step.resume_blocked" in description and str(h.path("alpha")) in description
     assert h.path("alpha").read_bytes() == evidence
-    assert h.row("alpha")["status"] == "failed"  # type: ignore[index]
+    assert h.row("alpha").status == "failed"
 
     result = h.run("alpha", tags={"resume/mode": "force"})  # only a force rebuilds over it
     assert result.success
@@ -189,7 +189,7 @@ def test_a_body_returning_corrupt_data_publishes_nothing(h: Harness) -> None:
     assert "io.integrity_violation" in description and "items_hash" in description
     assert not h.path("alpha").exists()
     row = h.row("alpha")
-    assert row is not None and row["status"] == "failed"
+    assert row is not None and row.status == "failed"
 
 
 def test_io_manager_output_side_refuses_corrupt_data_and_skips_identical(

@@ -8,6 +8,7 @@ import sqlalchemy as sa
 import yaml
 from judge_steps import Alpha, failure, open_harness
 
+from pipeline_defs.resume.status import StepStatus
 from resources.checkpoints.envelope import MASK, Checkpoint, mask_secrets
 from resources.ledger.tables import provider_call, step_run, step_transition
 
@@ -101,7 +102,7 @@ def test_the_envelope_masks_its_snapshot_even_if_handed_an_unmasked_one() -> Non
         step_id="alpha",
         project_id="proj1",
         episode_id="ep1",
-        status="completed",
+        status=StepStatus.COMPLETED,
         schema_version=1,
         config_hash="h",
         resume_config_keys=(),

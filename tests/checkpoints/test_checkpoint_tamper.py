@@ -30,6 +30,7 @@ from pipeline_defs.judging.stores import Stores
 from pipeline_defs.resume.completion import Origin
 from pipeline_defs.resume.decision import LaunchMode, ResumeAction, ResumeDecision
 from pipeline_defs.resume.errors import STATUS_BY_CODE, PipelineError
+from pipeline_defs.resume.status import StepStatus
 from pipeline_defs.steps.graph import StepGraph
 from pipeline_defs.steps.judge import StepJudge
 from resources.checkpoints.envelope import Artifact, Checkpoint
@@ -47,7 +48,7 @@ def envelope() -> dict[str, Any]:
         step_id="alpha",
         project_id="proj1",
         episode_id="ep1",
-        status="completed",
+        status=StepStatus.COMPLETED,
         schema_version=1,
         config_hash="c",
         resume_config_keys=("style",),
@@ -69,6 +70,9 @@ def test_a_valid_envelope_round_trips() -> None:
     raw = envelope()
     loaded = load(copy.deepcopy(raw))
     assert loaded.to_dict() == raw
+    # Typed once loaded; the file holds the text, exactly as before it was typed.
+    assert loaded.status is StepStatus.COMPLETED and type(raw["status"]) is str
+    assert '\n "status": "completed",\n' in loaded.to_json()
 
 
 def test_a_missing_content_hash_is_contract_drift_naming_the_file() -> None:
@@ -134,6 +138,8 @@ MALFORMED: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
     ("fingerprints_a_list", _set("config_fingerprints", [["a", "b"]]), "config_fingerprints"),
     ("fingerprints_not_text", _set("config_fingerprints", {"style": 1}), "config_fingerprints"),
     ("status_an_int", _set("status", 5), "status"),
+    ("status_not_a_step_status", _set("status", "done"), "status"),
+    ("status_not_its_exact_text", _set("status", "Completed"), "status"),
     ("step_id_null", _set("step_id", None), "step_id"),
     ("config_hash_a_list", _set("config_hash", ["c"]), "config_hash"),
     ("created_at_an_int", _set("created_at", 5), "created_at"),
@@ -234,6 +240,11 @@ def artifact_bytes_a_string(raw: dict[str, Any]) -> None:
     rehash_envelope(raw)
 
 
+def status_unknown(raw: dict[str, Any]) -> None:
+    raw["status"] = "finished"  # no StepStatus: nothing may judge by it
+    rehash_envelope(raw)
+
+
 def artifacts_a_string(raw: dict[str, Any]) -> None:
     raw["artifacts"] = "x"
     rehash_envelope(raw)
@@ -245,6 +256,7 @@ TAMPERS: list[tuple[Callable[[dict[str, Any]], None], str, str]] = [
     (mutations_of_ints, "checkpoint.invalid", "field 'mutations'"),
     (produced_by_a_list, "checkpoint.invalid", "field 'produced_by'"),
     (artifact_bytes_a_string, "checkpoint.invalid", "field 'artifacts'"),
+    (status_unknown, "checkpoint.invalid", "field 'status'"),
 ]
 
 
@@ -254,6 +266,20 @@ def _assert_blocks(decision: ResumeDecision, path: str, text: str) -> None:
     assert decision.code == "step.resume_blocked", decision
     assert path in decision.reason and text in decision.reason, decision.reason
     assert "crashed" not in decision.reason
+
+
+def test_an_unknown_status_on_disk_is_checkpoint_invalid_naming_the_file(h: Harness) -> None:
+    """The envelope's status is a StepStatus when loaded, or the load is the typed error."""
+    assert h.run("alpha").success
+    raw = h.envelope("alpha")
+    status_unknown(raw)
+    _write(h, raw)
+    with pytest.raises(PipelineError) as caught:
+        _stores(h).checkpoints.load(step_key("alpha"))
+    error = caught.value
+    assert (error.code, error.origin) == ("checkpoint.invalid", Origin.CONTRACT_DRIFT.value)
+    assert error.details == {"path": str(h.path("alpha")), "field": "status"}
+    assert str(h.path("alpha")) in error.message and "'finished'" in error.message
 
 
 @pytest.mark.parametrize(
@@ -317,5 +343,5 @@ def test_an_explicit_force_archives_the_bad_file_and_rebuilds(
     assert evidence in archived  # the bad file is kept as evidence
     rebuilt = h.checkpoints.load(step_key("alpha"))
     assert rebuilt is not None and rebuilt.data == h.envelope("alpha")["data"]
-    assert h.row("alpha")["status"] == "completed"  # type: ignore[index]
+    assert h.row("alpha").status == "completed"
     assert _judge(h).action is ResumeAction.SKIP

@@ -164,6 +164,6 @@ def test_a_run_whose_publish_hits_a_full_disk_fails_without_a_temp_file(
     assert errno.ENOSPC in _errnos(caught.value), caught.value
     key = StepKey("p", "e1", "src")
     row = stores.ledger.get(key)
-    assert row is not None and row["status"] != "completed"
+    assert row is not None and row.status != "completed"
     assert stores.checkpoints.load(key) is None
     assert temp_files(stores.checkpoints.root) == []

@@ -25,6 +25,7 @@ from pipeline_defs.resume.decision import (
     decide,
 )
 from pipeline_defs.resume.settings import ResumeSettings
+from pipeline_defs.resume.status import LedgerRow, StepStatus
 from pipeline_defs.steps.redraw import REDRAW_TAG
 from resources.checkpoints.store import ARCHIVE_DIR
 from resources.providers import ImageCall, ImageReply, OfflineImageModel
@@ -109,7 +110,7 @@ def test_an_older_copy_put_back_on_a_partial_row_blocks_too(env: Env) -> None:
         raise_on_error=False,
     )
     assert outage.calls_of(step) == 3
-    assert env.row(step)["status"] == "partial"  # type: ignore[index]
+    assert env.row(step).status == "partial"
     assert target.read_bytes() != old
     published = env.checkpoint(step)
     assert published is not None
@@ -169,7 +170,7 @@ def test_a_tampered_checkpoint_on_an_unfinished_row_blocks(
         raise_on_error=False,
     )
     assert outage.calls_of(step) > 0
-    assert env.row(step)["status"] == status  # type: ignore[index]
+    assert env.row(step).status == status
     path = env.checkpoint_path(step)
     TAMPERS[tamper](path)
     tampered = path.read_bytes()
@@ -183,7 +184,7 @@ def test_a_tampered_checkpoint_on_an_unfinished_row_blocks(
     assert outcome.decisions[step] == "block"
     assert outcome.calls_of(step) == 0
     assert path.read_bytes() == tampered  # the evidence stays where it was
-    assert env.row(step)["status"] == status  # type: ignore[index]
+    assert env.row(step).status == status
 
 
 # ----------------------------------------------------------------------------- the table
@@ -207,11 +208,11 @@ def test_the_table_judges_an_unusable_checkpoint_as_on_a_completed_row(
     decision = decide(
         mode=LaunchMode.RESUME,
         applicable=True,
-        row={"status": status, "run_id": "r:0", "recovery_count": 0},
+        row=LedgerRow(status=status, run_id="r:0", recovery_count=0),
         checkpoint=CheckpointSummary(
             present=True,
             schema_version=1,
-            status="completed",
+            status=StepStatus.COMPLETED,
             config_hash=config.hash,
             unusable=unusable,
         ),

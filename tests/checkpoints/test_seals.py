@@ -26,6 +26,7 @@ from sensor_steps import (
 from pipeline_defs.judging.evaluation import BatchJudge
 from pipeline_defs.judging.stores import Stores
 from pipeline_defs.resume.partition import Episode, StepKey
+from pipeline_defs.resume.status import StepStatus
 from resources.checkpoints.seal import ABSENT, Seal, identity_of, make_seal
 from resources.checkpoints.store import CheckpointStore
 
@@ -44,7 +45,7 @@ def _key(pk: str, step_id: str) -> StepKey:
 def _seal_text(stores: Stores, key: StepKey) -> Any:
     row = stores.ledger.get(key)
     assert row is not None
-    return row["checkpoint_seal"]
+    return row.checkpoint_seal
 
 
 def _settle() -> None:
@@ -102,12 +103,12 @@ def test_only_a_clean_completed_publish_leaves_a_seal(stores: Stores) -> None:
     write_input(stores.checkpoints.home, "p/e2", "verify.json", {"src": "missing"})
     seed(stores, "p/e2", "src")
     row = stores.ledger.get(_key("p/e2", "src"))
-    assert row is not None and row["status"] == "partial" and row["checkpoint_seal"] is None
+    assert row is not None and row.status == "partial" and row.checkpoint_seal is None
     # An operator reset of a running row clears it too.
     key2 = _key("p/e1", "mid")
     assert ledger.claim(key2, "r2:0")
     set_row(stores, key2, checkpoint_seal=_seal_text(stores, _key("p/e1", "end")))
-    assert ledger.reset_running(key2, ledger.get(key2)["started_at"], "dead")  # type: ignore[index]
+    assert ledger.reset_running(key2, ledger.get(key2).started_at, "dead")  # type: ignore[union-attr]
     assert _seal_text(stores, key2) is None
 
 
@@ -119,9 +120,9 @@ def test_an_adopted_orphan_checkpoint_is_sealed(stores: Stores) -> None:
     _settle()
     seed(stores, "p/e1", "mid", run_id="adopter")
     row = stores.ledger.get(key)
-    assert row is not None and (row["status"], row["run_id"]) == ("completed", "adopter-mid:0")
-    assert [t["action"] for t in stores.ledger.transitions()][-1] == "adopt"
-    assert stores.checkpoints.sealed(key, row["checkpoint_seal"]) is not None
+    assert row is not None and (row.status, row.run_id) == ("completed", "adopter-mid:0")
+    assert [t.action for t in stores.ledger.transitions()][-1] == "adopt"
+    assert stores.checkpoints.sealed(key, row.checkpoint_seal) is not None
 
 
 def test_a_published_envelope_is_sealed_only_as_the_version_that_was_verified(
@@ -255,7 +256,7 @@ def _seal(
 ) -> Seal | None:
     from pipeline_defs.resume.decision import CheckpointSummary
 
-    summary = CheckpointSummary(True, 1, "completed", "h", {})
+    summary = CheckpointSummary(True, 1, StepStatus.COMPLETED, "h", {})
     sealed = make_seal(
         home=home,
         checkpoint_file=envelope,
@@ -309,7 +310,7 @@ def _a_seal(version: str = "2026-12-02T15:00:00+00:00|run-1:0|0", path: str = "a
 
     return Seal(
         checkpoint=(1_764_690_000_123_456_789, 2345, 12345678),
-        summary=CheckpointSummary(True, 3, "completed", "h" * 64, {"scenes.n": "f" * 16}),
+        summary=CheckpointSummary(True, 3, StepStatus.COMPLETED, "h" * 64, {"scenes.n": "f" * 16}),
         version=version,
         artifacts=("refs/C01.png",),
         files=((path, 1_764_690_000_123_456_789, 2056, 12345679, None),),

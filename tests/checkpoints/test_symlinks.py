@@ -169,7 +169,7 @@ def test_a_planted_link_blocks_every_path_and_nothing_outside_changes(
     assert not outside.is_relative_to(env.home)
     before = tree(outside)
     row = env.row(step_id)
-    assert row is not None and row["status"] == "completed"
+    assert row is not None and row.status == "completed"
 
     def unchanged(after: str) -> None:
         assert tree(outside) == before, f"outside changed by {after}"
@@ -190,8 +190,8 @@ def test_a_planted_link_blocks_every_path_and_nothing_outside_changes(
     # not looked for there: the seal holds (SKIP, nothing read through it) and every writer
     # refuses it (steps 3-5). The long way (seals not trusted) blocks on every link.
     if step_id != "t2i_review":
-        assert row["checkpoint_seal"]
-        holds = env.checkpoints.sealed(env.key(step_id), row["checkpoint_seal"]) is not None
+        assert row.checkpoint_seal
+        holds = env.checkpoints.sealed(env.key(step_id), row.checkpoint_seal) is not None
         assert holds is (case in NOT_SEALED_ENTRIES), case
     if case not in NOT_SEALED_ENTRIES:
         assert_names_link(sensor_block(env, step_id), link)
@@ -467,7 +467,7 @@ def test_a_force_refuses_a_downstream_link_before_changing_the_ledger(built: Env
     assert env.rows() == rows
     # the judge's refusal is audited as a block; no row moved (no claim, no invalidation)
     audit = [
-        (t["step_id"], t["action"], t["from_status"], t["to_status"])
+        (t.step_id, t.action, t.from_status, t.to_status)
         for t in env.ledger.transitions(since_seq=seq)
     ]
     assert audit == [("ref_image_gen", "block", "completed", "completed")]

@@ -93,8 +93,8 @@ def test_an_edited_prompt_is_accepted_with_no_call_and_downstream_judges_itself(
     assert accepted.mutations[-1]["by_step"] == "manual"
     assert Path(payload["archived"]).is_file()  # the edited file as it was, kept
     assert len(env.ledger.provider_calls()) == calls_before  # no model call
-    audit = [t for t in env.ledger.transitions() if t["action"] == "accepted"]
-    assert len(audit) == 1 and audit[0]["origin"] == "manual"
+    audit = [t for t in env.ledger.transitions() if t.action == "accepted"]
+    assert len(audit) == 1 and audit[0].origin == "manual"
     assert env.judge("scene_detail").action.value == "skip"
     # The next run keeps the edit: scene_detail SKIPs, its consumers judge themselves.
     outcome = env.materialize()
@@ -219,9 +219,9 @@ def test_a_launch_tagged_accept_keeps_the_edit_and_the_other_steps_judge_themsel
 
     assert outcome.result.success
     run_id = outcome.result.run_id
-    audit = [t for t in env.ledger.transitions(since_seq=seq) if t["action"] == "accepted"]
-    assert [(t["step_id"], t["origin"]) for t in audit] == [("scene_detail", "manual")]
-    assert (audit[0]["run_id"], audit[0]["launch_path"]) == (f"{run_id}:0", "api")
+    audit = [t for t in env.ledger.transitions(since_seq=seq) if t.action == "accepted"]
+    assert [(t.step_id, t.origin) for t in audit] == [("scene_detail", "manual")]
+    assert (audit[0].run_id, audit[0].launch_path) == (f"{run_id}:0", "api")
     assert outcome.calls_of("scene_detail") == 0  # no model call
     metadata = mat_metadata(outcome.result, "scene_detail")
     assert metadata["resume/decision"] == "accepted"

@@ -340,10 +340,10 @@ def test_reset_running_is_an_expected_match(cli_db: CliEnv) -> None:
     )  # fmt: skip
     assert done["ok"] and done["previous_run_id"] == "dead:0"
     row = ledger.get(key)
-    assert row is not None and row["status"] == "failed"
-    assert row["error_message"] == "worker host died"
+    assert row is not None and row.status == "failed"
+    assert row.error_message == "worker host died"
     audit = ledger.transitions(key)[-1]
-    assert (audit["action"], audit["from_status"], audit["to_status"]) == (
+    assert (audit.action, audit.from_status, audit.to_status) == (
         "reset_running",
         "running",
         "failed",
@@ -358,7 +358,8 @@ def test_reset_running_is_an_expected_match(cli_db: CliEnv) -> None:
     ledger.claim(null_key, "ghost:0")
     _set_started_at(cli.db_url, null_key, None)
     cli.ok("reset-running", "--partition", "p1/e2", "--step", "outline", "--null-started-at")
-    assert (ledger.get(null_key) or {})["status"] == "failed"
+    released = ledger.get(null_key)
+    assert released is not None and released.status == "failed"
 
 
 # --------------------------------------------------------------------------- force
@@ -375,10 +376,11 @@ def test_force_runs_one_step_with_the_force_tag_and_invalidates_downstream(cli: 
     assert run.tags["resume/launch_path"] == "cli"
     assert run.tags["dagster/partition"] == "p1/e1"
     ledger = cli.ledger
-    assert (ledger.get(StepKey("p1", "e1", "sketch")) or {})["status"] == "stale"
-    audit = [t for t in ledger.transitions() if t["run_id"] == f"{payload['run_id']}:0"]
-    assert {t["action"] for t in audit} >= {"force_explicit", "invalidate", "finish"}
-    assert {t["launch_path"] for t in audit} == {"cli"}
+    sketch = ledger.get(StepKey("p1", "e1", "sketch"))
+    assert sketch is not None and sketch.status == "stale"
+    audit = [t for t in ledger.transitions() if t.run_id == f"{payload['run_id']}:0"]
+    assert {t.action for t in audit} >= {"force_explicit", "invalidate", "finish"}
+    assert {t.launch_path for t in audit} == {"cli"}
 
     resumed = cli.json("materialize", "--partition", "p1/e1")
     decisions = {s["step"]: s["decision"] for s in resumed["steps"]}

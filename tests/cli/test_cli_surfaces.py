@@ -160,7 +160,7 @@ def test_an_invalidated_row_and_a_lapsed_lease_have_two_words(cli: CliEnv) -> No
     cli.ok("force", "--partition", "p1/e1", "--step", "outline")  # sketch, probe: invalidated
     invalidated = StepKey("p1", "e1", "sketch")
     stored = cli.ledger.get(invalidated)
-    assert stored is not None and stored["status"] == "stale", "the stored value stays"
+    assert stored is not None and stored.status == "stale", "the stored value stays"
     add(cli, "p2")
     lapsed = StepKey("p2", "e1", "source")
     long_ago = format_timestamp(datetime.now(UTC) - timedelta(hours=2))

@@ -37,10 +37,12 @@ from pipeline_defs.operations.workspace import Workspace, load_workspace
 from pipeline_defs.resume.clock import format_timestamp
 from pipeline_defs.resume.decision import LaunchMode
 from pipeline_defs.resume.partition import Episode, StepKey
+from pipeline_defs.resume.status import LedgerRow
 from pipeline_defs.steps.graph import StepGraph
 from pipeline_defs.steps.judge import StepJudge
 from pipeline_defs.steps.runner import RunInfo, StepRunner
 from pipeline_defs.storyboard import STORYBOARD_STEPS, sample_stories
+from resources.ledger.audit import Transition
 from resources.pipeline import PipelineResource
 from sensors.report import reported
 
@@ -373,9 +375,9 @@ class Outcome:
     claimed: bool
     provider_calls: int
     launch_path: str | None
-    row_before: dict[str, Any] | None
-    row_after: dict[str, Any] | None
-    audit: list[dict[str, Any]]
+    row_before: LedgerRow | None
+    row_after: LedgerRow | None
+    audit: list[Transition]
     runs: list[str]
 
 
@@ -383,20 +385,20 @@ def outcome_of(
     deployment: Deployment,
     key: StepKey,
     run_ids: Sequence[str],
-    row_before: dict[str, Any] | None,
+    row_before: LedgerRow | None,
     decision: str | None = None,
 ) -> Outcome:
     """Decision and claim from the audit rows of these runs; cost from the cost ledger."""
     ledger = deployment.ws.ledger
     prefixes = tuple(f"{r}:" for r in run_ids)
-    audit = [t for t in ledger.transitions(key) if str(t["run_id"] or "").startswith(prefixes)]
-    judged = [t for t in audit if t["action"] in DECISION_ACTIONS]
+    audit = [t for t in ledger.transitions(key) if str(t.run_id or "").startswith(prefixes)]
+    judged = [t for t in audit if t.action in DECISION_ACTIONS]
     calls = [c for c in ledger.provider_calls(key) if str(c["run_id"] or "").startswith(prefixes)]
     return Outcome(
-        decision=judged[0]["action"] if judged else decision,
-        claimed=any(t["action"] in CLAIMING and t["to_status"] == "running" for t in audit),
+        decision=judged[0].action if judged else decision,
+        claimed=any(t.action in CLAIMING and t.to_status == "running" for t in audit),
         provider_calls=len(calls),
-        launch_path=judged[0]["launch_path"] if judged else None,
+        launch_path=judged[0].launch_path if judged else None,
         row_before=row_before,
         row_after=ledger.get(key),
         audit=audit,
@@ -482,10 +484,10 @@ def batch(deployment: Deployment) -> Batch:
             sensor_runs[case] = [d.execute_request(request, only=[STEP])]
         else:
             check = checks.get(partition)
-            row = d.ws.ledger.get(Episode.parse(partition).step(STEP)) or {}
+            row = d.ws.ledger.get(Episode.parse(partition).step(STEP)) or LedgerRow()
             # A live lease is held (no launch) but not reported as a failed check
             # (docs/DESIGN.md#reports): the owner's run shows the check in progress.
-            held = check is None and row.get("status") == "running"
+            held = check is None and row.status == "running"
             blocked = held or (check is not None and not check.passed)
             sensor_decisions[case] = "block" if blocked else "skip"
             sensor_runs[case] = []
@@ -544,19 +546,19 @@ def test_every_launch_path_reaches_the_same_decision_claim_and_cost(
     for path, outcome in got.items():
         if outcome.runs and outcome.audit:
             assert outcome.launch_path == path, (path, outcome.audit)
-        judged = [t for t in outcome.audit if t["action"] in DECISION_ACTIONS]
+        judged = [t for t in outcome.audit if t.action in DECISION_ACTIONS]
         if judged:
             first = judged[0]
-            assert expect.reason in (first["reason"] or ""), (path, first)
+            assert expect.reason in (first.reason or ""), (path, first)
             if expect.origin and expect.decision != "skip":
-                assert first["origin"] == expect.origin, (path, first)
+                assert first.origin == expect.origin, (path, first)
         if not expect.claims:
             # SKIP and BLOCK claim nothing and change no ledger row.
             assert outcome.row_after == outcome.row_before, path
         else:
-            row = outcome.row_after or {}
-            assert row["status"] == "completed", (path, row)
-            assert str(row["run_id"]).split(":")[0] in outcome.runs, (path, row)
+            row = outcome.row_after
+            assert row is not None and row.status == "completed", (path, row)
+            assert str(row.run_id).split(":")[0] in outcome.runs, (path, row)
     cli_exit = got["cli"].runs[-1]
     assert cli_exit == ("exit=1" if expect.decision == "block" else "exit=0")
 
@@ -604,7 +606,7 @@ def test_ui_launch_and_sensor_launch_race_for_one_claim(deployment: Deployment) 
         # The winner holds inside the step until the loser's claim was refused, so the
         # two claims overlap however slow the machine is.
         deadline = time.monotonic() + 600
-        while not any(t["action"] == "claim_rejected" for t in ledger.transitions(key)):
+        while not any(t.action == "claim_rejected" for t in ledger.transitions(key)):
             assert time.monotonic() < deadline, f"no refused claim:\n{d.log_tail()}"
             assert thread.is_alive() or sensor_run, "the sensor-path run ended early"
             time.sleep(0.2)
@@ -624,13 +626,14 @@ def test_ui_launch_and_sensor_launch_race_for_one_claim(deployment: Deployment) 
     winner = next(run_id for run_id in runs if run_id != loser)
     assert d.failure_code(loser) == "step.already_running"
     assert len(ledger.provider_calls(key)) == 1
-    audit = [t for t in ledger.transitions(key) if t["action"] in DECISION_ACTIONS]
-    assert sorted((t["action"], t["run_id"]) for t in audit) == sorted(
+    audit = [t for t in ledger.transitions(key) if t.action in DECISION_ACTIONS]
+    assert sorted((t.action, t.run_id) for t in audit) == sorted(
         [("rerun_self", f"{winner}:0"), ("claim_rejected", f"{loser}:0")]
     )
-    assert {t["launch_path"] for t in audit} == {"ui", "sensor"}
-    row = ledger.get(key) or {}
-    assert row["status"] == "completed" and row["run_id"] == f"{winner}:0"
+    assert {t.launch_path for t in audit} == {"ui", "sensor"}
+    row = ledger.get(key)
+    assert row is not None
+    assert row.status == "completed" and row.run_id == f"{winner}:0"
 
 
 def test_cli_force_through_the_webserver(deployment: Deployment) -> None:
@@ -693,25 +696,25 @@ def test_backfill_of_many_episodes_under_the_queued_coordinator(
     ledger = d.ws.ledger
     rows = ledger.get_many(episodes=[Episode.parse(p) for p in partitions], step_ids=SCALE_STEPS)
     assert len(rows) == len(partitions) * len(SCALE_STEPS)
-    assert {r["status"] for r in rows.values()} == {"completed"}
+    assert {r.status for r in rows.values()} == {"completed"}
     run_ids = {r.dagster_run.run_id for r in records}
     for key, row in rows.items():
-        audit = [t for t in ledger.transitions(key) if t["action"] in DECISION_ACTIONS]
-        claims = [t for t in audit if t["action"] in CLAIMING]
+        audit = [t for t in ledger.transitions(key) if t.action in DECISION_ACTIONS]
+        claims = [t for t in audit if t.action in CLAIMING]
         assert len(claims) == 1, (key, audit)
-        assert claims[0]["run_id"] == row["run_id"]
-        assert claims[0]["launch_path"] == "backfill"
-        assert row["run_id"].split(":")[0] in run_ids
-        assert int(row["recovery_count"]) == 0
+        assert claims[0].run_id == row.run_id
+        assert claims[0].launch_path == "backfill"
+        assert row.run_id.split(":")[0] in run_ids
+        assert int(row.recovery_count) == 0
         checkpoint = d.ws.checkpoints.load(key)
-        assert checkpoint is not None and checkpoint.run_id == row["run_id"]
+        assert checkpoint is not None and checkpoint.run_id == row.run_id
         if key.step_id == STEP:  # provider calls counted once, by the one owner
             owners = {c["run_id"] for c in ledger.provider_calls(key)}
-            assert owners == {row["run_id"]}, key
+            assert owners == {row.run_id}, key
     duplicates = {
         Episode.parse(p).step(s) for p in partitions[:SCALE_DUPLICATES] for s in SCALE_STEPS
     }
     for key in duplicates:  # the second launch judged SKIP: nothing executed twice
-        actions = [t["action"] for t in ledger.transitions(key) if t["action"] in DECISION_ACTIONS]
+        actions = [t.action for t in ledger.transitions(key) if t.action in DECISION_ACTIONS]
         assert sorted(actions) == ["rerun_self", "skip"], (key, actions)
-    assert not [r for r in ledger.running_rows() if r["project_id"] == "scale"]
+    assert not [r for r in ledger.running_rows() if r.project_id == "scale"]

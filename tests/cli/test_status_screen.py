@@ -26,6 +26,7 @@ from pipeline_defs.cli import main
 from pipeline_defs.operations.inspect import failure_code, last_hour
 from pipeline_defs.operations.workspace import PARTITIONS_NAME
 from pipeline_defs.resume.clock import format_timestamp
+from resources.ledger.audit import Transition
 from resources.ledger.tables import step_run, step_transition
 
 WIDTH = 120
@@ -302,12 +303,13 @@ NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 def _audit(
     step: str, action: str, from_status: str | None, to_status: str, run_id: str | None,
     minutes: float, reason: str | None = None,
-) -> dict[str, Any]:  # fmt: skip
-    return {
-        "project_id": "p", "episode_id": "e", "step_id": step, "action": action,
-        "from_status": from_status, "to_status": to_status, "run_id": run_id,
-        "reason": reason, "at": format_timestamp(NOW + timedelta(minutes=minutes)),
-    }  # fmt: skip
+) -> Transition:  # fmt: skip
+    return Transition.from_row({
+        "transition_seq": 0, "project_id": "p", "episode_id": "e", "step_id": step,
+        "action": action, "from_status": from_status, "to_status": to_status, "origin": None,
+        "reason": reason, "run_id": run_id, "launch_path": None,
+        "at": format_timestamp(NOW + timedelta(minutes=minutes)),
+    })  # fmt: skip
 
 
 def test_last_hour_times_a_takeover_from_its_own_claim_and_names_a_reset() -> None:

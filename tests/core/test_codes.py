@@ -9,7 +9,7 @@ with the member's.
 
 import ast
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import pytest
@@ -267,16 +267,25 @@ def test_parse_status(raw: object, expected: str) -> None:
     assert isinstance(parsed, StepStatus) == isinstance(expected, StepStatus)
 
 
-def test_ledger_row_is_typed_frozen_and_reads_as_a_mapping() -> None:
+def test_ledger_row_is_typed_and_frozen() -> None:
     row = LedgerRow.from_row({"status": "running", "recovery_count": None, "extra": 1})
     assert row.status is StepStatus.RUNNING and row.is_running and row.recovery_count == 0
-    assert row["status"] == "running" and row.get("run_id") is None and row.get("extra") is None
-    with pytest.raises(KeyError):
-        row["extra"]
+    assert row.status == "running" and row.run_id is None and not hasattr(row, "extra")
     with pytest.raises(AttributeError):
         row.status = StepStatus.FAILED  # type: ignore[misc]
-    assert LedgerRow.of(row) is row and LedgerRow.of(None) is None
-    assert dict(row)["status"] is StepStatus.RUNNING
+    # Built by hand, the same types as the store's: a status text becomes the member.
+    assert LedgerRow(status=" Running ", recovery_count=None) == row  # type: ignore[arg-type]
+
+
+def test_ledger_row_is_not_a_mapping() -> None:
+    """A column is an attribute: ``row["status"]`` or ``row.get(...)`` fail at once."""
+    row = LedgerRow.from_row({"status": "completed", "run_id": "r:0"})
+    assert not isinstance(row, Mapping)
+    with pytest.raises(TypeError):
+        row["status"]  # type: ignore[index]
+    assert not hasattr(row, "get") and not hasattr(row, "keys")
+    with pytest.raises(TypeError):
+        dict(row)  # type: ignore[call-overload]
 
 
 @pytest.mark.parametrize(

@@ -19,6 +19,7 @@ from pipeline_defs.resume.decision import (
 )
 from pipeline_defs.resume.errors import PipelineError
 from pipeline_defs.resume.settings import ResumeSettings
+from pipeline_defs.resume.status import LedgerRow, StepStatus
 
 BASE = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
 STATUSES = ["running", "completed", "failed", "partial", "stale", "pending", "not_applicable"]
@@ -70,15 +71,14 @@ timestamp_texts = st.one_of(
 
 rows = st.one_of(
     st.none(),
-    st.fixed_dictionaries(
-        {
-            "status": st.one_of(st.sampled_from(STATUSES), st.text(max_size=6)),
-            "run_id": st.one_of(st.none(), st.text(min_size=1, max_size=10)),
-            "started_at": timestamp_texts,
-            "recovery_count": st.one_of(st.none(), st.integers(min_value=0, max_value=6)),
-            "last_recovery_reason": st.one_of(st.none(), st.text(max_size=20)),
-            "retry_not_before": timestamp_texts,
-        }
+    st.builds(
+        LedgerRow,
+        status=st.one_of(st.sampled_from(STATUSES), st.text(max_size=6)),
+        run_id=st.one_of(st.none(), st.text(min_size=1, max_size=10)),
+        started_at=timestamp_texts,
+        recovery_count=st.one_of(st.none(), st.integers(min_value=0, max_value=6)),
+        last_recovery_reason=st.one_of(st.none(), st.text(max_size=20)),
+        retry_not_before=timestamp_texts,
     ),
 )
 
@@ -97,7 +97,7 @@ def checkpoints(draw: st.DrawFn) -> CheckpointSummary:
     return CheckpointSummary(
         present=True,
         schema_version=draw(st.one_of(st.none(), st.integers(1, 3))),
-        status=draw(st.one_of(st.none(), st.sampled_from(STATUSES))),
+        status=draw(st.one_of(st.none(), st.sampled_from(STATUSES).map(StepStatus))),
         config_hash=draw(st.one_of(st.none(), st.just(config_hash(fps)), st.just("x"))),
         config_fingerprints=fps,
     )
@@ -191,9 +191,9 @@ def test_stale_recovery_carries_the_row_texts(state: dict[str, Any]) -> None:
     decision, _ = run(state)
     if decision.action is ResumeAction.STALE_RUNNING_RECOVERY:
         row = state["row"]
-        assert row is not None and row["status"] == "running"
-        assert decision.expected_started_at is row["started_at"]
-        assert decision.expected_run_id is row["run_id"]
+        assert row is not None and row.status == "running"
+        assert decision.expected_started_at is row.started_at
+        assert decision.expected_run_id is row.run_id
         assert decision.auto_recovery
 
 
@@ -227,5 +227,5 @@ def test_blocks_have_a_known_code_and_exhaustion_respects_limit(state: dict[str,
         }
     if decision.auto_recovery:
         row = state["row"]
-        count = (row or {}).get("recovery_count") or 0
+        count = row.recovery_count if row is not None else 0
         assert count < state["settings"].max_recovery_attempts

@@ -1,6 +1,6 @@
 """One case per row of docs/DESIGN.md#decision-table (plus boundaries); reports and clock."""
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
@@ -27,6 +27,7 @@ from pipeline_defs.resume.decision import (
 )
 from pipeline_defs.resume.errors import PipelineError
 from pipeline_defs.resume.settings import ResumeSettings
+from pipeline_defs.resume.status import LedgerRow, StepStatus
 
 NOW = datetime(2026, 11, 30, 13, 0, 0, tzinfo=UTC)
 SETTINGS = ResumeSettings()
@@ -64,7 +65,7 @@ def good_checkpoint(**overrides: Any) -> CheckpointSummary:
     values: dict[str, Any] = {
         "present": True,
         "schema_version": 2,
-        "status": "completed",
+        "status": StepStatus.COMPLETED,
         "config_hash": CONFIG.hash,
         "config_fingerprints": dict(CONFIG.fingerprints),
     }
@@ -72,7 +73,7 @@ def good_checkpoint(**overrides: Any) -> CheckpointSummary:
     return CheckpointSummary(**values)
 
 
-def row(status: str, **overrides: Any) -> dict[str, Any]:
+def row(status: str, **overrides: Any) -> LedgerRow:
     values: dict[str, Any] = {
         "status": status,
         "run_id": "run-1:a1",
@@ -82,7 +83,7 @@ def row(status: str, **overrides: Any) -> dict[str, Any]:
         "retry_not_before": None,
     }
     values.update(overrides)
-    return values
+    return LedgerRow(**values)
 
 
 def iso_z(dt: datetime) -> str:
@@ -105,7 +106,7 @@ MISSING = CompletionReport.incomplete(Origin.ARTIFACT_MISSING, missing=("panel_1
 class Case:
     mode: LaunchMode = LaunchMode.RESUME
     applicable: bool = True
-    row: Mapping[str, Any] | None = None
+    row: LedgerRow | None = None
     checkpoint: CheckpointSummary = field(default_factory=good_checkpoint)
     verify: CompletionReport | BaseException | None = NO_VERIFY
     step: Step = field(default_factory=Step)
@@ -234,7 +235,7 @@ CASES = [
     ),
     pytest.param(
         Case(
-            checkpoint=good_checkpoint(status="failed"),
+            checkpoint=good_checkpoint(status=StepStatus.FAILED),
             action=ResumeAction.RERUN_SELF,
             auto_recovery=True,
             reason_has=("auto recovery from failed",),

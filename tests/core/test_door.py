@@ -25,6 +25,7 @@ from openai_server import FakeOpenAI, serving
 from pipeline_defs.resume.clock import MAX_CLOCK_SKEW, format_timestamp
 from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.resume.settings import ENV_NAMES
+from pipeline_defs.resume.status import LedgerRow
 from resources.ledger.tables import step_run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -239,15 +240,15 @@ def test_a_heartbeat_beyond_the_skew_is_no_healthy_lease_for_the_judge() -> None
         return decide(
             mode=LaunchMode.RESUME,
             applicable=True,
-            row={
-                "status": "running",
-                "run_id": "run-1:a1",
-                "started_at": format_timestamp(now - timedelta(seconds=5)),
-                "heartbeat_at": beat,
-                "recovery_count": 0,
-                "last_recovery_reason": None,
-                "retry_not_before": None,
-            },
+            row=LedgerRow(
+                status="running",
+                run_id="run-1:a1",
+                started_at=format_timestamp(now - timedelta(seconds=5)),
+                heartbeat_at=beat,
+                recovery_count=0,
+                last_recovery_reason=None,
+                retry_not_before=None,
+            ),
             checkpoint=CheckpointSummary.absent(),
             verify=never,
             step=_Step(),
@@ -311,7 +312,7 @@ def _materialize(cli: CliEnv, *steps: str, key: str | None = None) -> tuple[int,
 
 
 def _statuses(cli: CliEnv) -> dict[str, str]:
-    return {k.step_id: str(r["status"]) for k, r in cli.ledger.get_many().items()}
+    return {k.step_id: str(r.status) for k, r in cli.ledger.get_many().items()}
 
 
 def test_story_source_calls_no_model_and_needs_no_key(

@@ -26,6 +26,7 @@ from pipeline_defs.resume.settings import (
     MAX_SETTING_SECONDS,
     ResumeSettings,
 )
+from pipeline_defs.resume.status import LedgerRow
 
 NOW = datetime(2026, 11, 30, 13, 0, 0, tzinfo=UTC)
 THIRTY_DAYS = 30 * 24 * 3600
@@ -42,7 +43,7 @@ def _judge_running(settings: ResumeSettings, started_at: str) -> ResumeAction:
     decision = decide(
         mode=LaunchMode.RESUME,
         applicable=True,
-        row={"status": "running", "run_id": "r:1", "started_at": started_at, "recovery_count": 0},
+        row=LedgerRow(status="running", run_id="r:1", started_at=started_at, recovery_count=0),
         checkpoint=CheckpointSummary.absent(),
         verify=CompletionReport.clean,
         step=_Step(),

@@ -84,7 +84,7 @@ def _setup(tmp_path: Path, db_url: str | None = None) -> CliEnv:
 def _state(cli: CliEnv) -> dict[str, Any]:
     store = CheckpointStore(cli.home)
     episode = Episode.parse(PARTITION)
-    rows = {r["step_id"]: r["status"] for r in cli.ledger.get_many(episodes=[episode]).values()}
+    rows = {r.step_id: r.status for r in cli.ledger.get_many(episodes=[episode]).values()}
     hashes = {}
     for step in STORYBOARD_STEPS:
         checkpoint = store.load(episode.step(step.step_id))

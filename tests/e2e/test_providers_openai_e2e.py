@@ -19,6 +19,7 @@ from cli_helpers import CliEnv, ledger_dump, make_env
 from click.testing import Result
 from openai_server import CHAT, IMAGES, FakeOpenAI, Reply, serving
 
+from pipeline_defs.resume.status import LedgerRow
 from pipeline_defs.storyboard import STORYBOARD_STEPS, sample_stories
 from resources.ledger.store import LedgerStore
 
@@ -70,7 +71,7 @@ def materialize(cli: CliEnv, *, key: str | None = API_KEY) -> tuple[Result, dict
     return result, json.loads(result.stdout)
 
 
-def rows(ledger: LedgerStore) -> dict[str, dict[str, Any]]:
+def rows(ledger: LedgerStore) -> dict[str, LedgerRow]:
     return {k.step_id: r for k, r in ledger.get_many().items()}
 
 
@@ -108,7 +109,7 @@ def test_openai_project_runs_through_the_shipped_defs(cli: CliEnv, server: FakeO
     assert report["ok"] is True
     ledger = cli.ledger
     by_step = rows(ledger)
-    assert {s: r["status"] for s, r in by_step.items()} == dict.fromkeys(STEPS, "completed")
+    assert {s: r.status for s, r in by_step.items()} == dict.fromkeys(STEPS, "completed")
     # The project's models were called, with the key from the environment variable it names.
     chats, images = server.seen(CHAT), server.seen(IMAGES)
     assert {r.body["model"] for r in chats} == {TEXT_MODEL}
@@ -124,7 +125,7 @@ def test_openai_project_runs_through_the_shipped_defs(cli: CliEnv, server: FakeO
         expected = (
             TEXT_MODEL if step_id in TEXT_STEPS else IMAGE_MODEL if step_id in IMAGE_STEPS else None
         )
-        assert row["resolved_model"] == expected, step_id
+        assert row.resolved_model == expected, step_id
     assert calls and all(c["finished_at"] for c in calls)
     assert {c["model"] for c in calls if c["kind"] == "text"} == {TEXT_MODEL}
     assert {c["model"] for c in calls if c["kind"] == "image"} == {IMAGE_MODEL}
@@ -149,9 +150,9 @@ def test_malformed_body_fails_the_step_typed(cli: CliEnv, server: FakeOpenAI) ->
     assert list(failed) == ["entity_canon"]
     assert failed["entity_canon"]["error_code"] == "provider.bad_response"
     by_step = rows(cli.ledger)
-    assert by_step["story_source"]["status"] == "completed"
-    assert by_step["entity_canon"]["status"] == "failed"
-    assert "provider.bad_response" in by_step["entity_canon"]["error_message"]
+    assert by_step["story_source"].status == "completed"
+    assert by_step["entity_canon"].status == "failed"
+    assert "provider.bad_response" in by_step["entity_canon"].error_message
     (call,) = cli.ledger.provider_calls()
     assert (call["model"], call["units"]) == (TEXT_MODEL, 0)  # answered, but unusable
     assert_key_nowhere(cli, result)
@@ -166,7 +167,7 @@ def test_missing_key_refuses_before_any_model_step_runs(cli: CliEnv, server: Fak
     assert server.requests == []
     # story_source calls no model, so it needs no key; every step that would
     # call one is refused before its claim.
-    assert {step: row["status"] for step, row in rows(cli.ledger).items()} == {
+    assert {step: row.status for step, row in rows(cli.ledger).items()} == {
         "story_source": "completed"
     }
     assert cli.ledger.provider_calls() == []
@@ -231,7 +232,7 @@ def test_a_force_after_an_image_model_switch_draws_with_the_new_model(
         json.loads(p.read_text()) for p in refs.rglob("*.receipt.json") if "archive" not in p.parts
     ]
     assert {r["model"] for r in receipts} == {"gpt-e2e-image-2"}
-    assert rows(cli.ledger)["ref_image_gen"]["resolved_model"] == "gpt-e2e-image-2"
+    assert rows(cli.ledger)["ref_image_gen"].resolved_model == "gpt-e2e-image-2"
     assert_key_nowhere(cli, result, forced)
 
 

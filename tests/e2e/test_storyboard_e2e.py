@@ -97,7 +97,7 @@ def _materialized_metadata(result: Any) -> dict[str, dict[str, Any]]:
 def test_whole_pipeline_builds_every_step(built: Env) -> None:
     assert built.first is not None and built.first.result.success
     rows = built.rows()
-    assert {s: r["status"] for s, r in rows.items()} == dict.fromkeys(STEP_IDS, "completed")
+    assert {s: r.status for s, r in rows.items()} == dict.fromkeys(STEP_IDS, "completed")
     for step_id in STEP_IDS:
         assert built.judge(step_id).action is ResumeAction.SKIP, step_id
 
@@ -170,11 +170,11 @@ def test_incident_replay_after_review_fixes_never_reruns_scene_detail(env: Env) 
         assert outcome.decisions[step_id] == "skip", step_id
     assert outcome.total_calls == 0
     assert env.snapshot() == before
-    assert all(r["status"] == "completed" for r in env.rows().values())
-    assert {s: r["updated_at"] for s, r in env.rows().items()} == {
-        s: r["updated_at"] for s, r in rows_before.items()
+    assert all(r.status == "completed" for r in env.rows().values())
+    assert {s: r.updated_at for s, r in env.rows().items()} == {
+        s: r.updated_at for s, r in rows_before.items()
     }
-    actions = {t["action"] for t in env.ledger.transitions()}
+    actions = {t.action for t in env.ledger.transitions()}
     assert "invalidate" not in actions and "force_explicit" not in actions
     # Each asset is judged on its own and still yields its checkpoint (docs/DESIGN.md#launch-paths).
     metadata = _materialized_metadata(outcome.result)
@@ -201,7 +201,7 @@ def test_lost_composite_png_costs_exactly_one_image_call(env: Env) -> None:
     assert outcome.calls == {"composite_image_gen": {"image": 1}}
     assert file_sha256(lost) == sha
     assert env.checkpoint_path("composite_image_gen").read_bytes() == checkpoint_bytes
-    assert env.row("composite_image_gen")["status"] == "completed"  # type: ignore[index]
+    assert env.row("composite_image_gen").status == "completed"
 
 
 def test_lost_ledger_rows_are_adopted_after_verification(env: Env) -> None:
@@ -214,7 +214,7 @@ def test_lost_ledger_rows_are_adopted_after_verification(env: Env) -> None:
     assert outcome.result.success
     assert outcome.decisions == dict.fromkeys(STEP_IDS, "adopt")
     assert outcome.total_calls == 0
-    assert {s: r["status"] for s, r in env.rows().items()} == dict.fromkeys(STEP_IDS, "completed")
+    assert {s: r.status for s, r in env.rows().items()} == dict.fromkeys(STEP_IDS, "completed")
     assert env.snapshot() == before
 
 
@@ -254,9 +254,9 @@ def test_scoped_config_edit_blocks_scene_detail_naming_the_key(env: Env) -> None
     failures = step_failure_messages(outcome.result)
     assert set(failures) == {"scene_detail"}
     assert "scenes.shots_per_scene" in failures["scene_detail"]
-    block = [t for t in env.ledger.transitions(env.key("scene_detail")) if t["action"] == "block"]
-    assert block and block[-1]["origin"] == "contract_drift"
-    assert "scenes.shots_per_scene" in block[-1]["reason"]
+    block = [t for t in env.ledger.transitions(env.key("scene_detail")) if t.action == "block"]
+    assert block and block[-1].origin == "contract_drift"
+    assert "scenes.shots_per_scene" in block[-1].reason
     assert outcome.total_calls == 0
     assert env.rows() == rows_before  # a BLOCK changes no ledger row
     assert env.snapshot() == before
@@ -271,13 +271,13 @@ def test_explicit_force_of_scene_detail_reruns_it_and_stales_downstream(env: Env
     assert outcome.decisions == {"scene_detail": "force_explicit"}
     assert outcome.calls == {"scene_detail": {"text": scenes}}
     rows = env.rows()
-    assert rows["scene_detail"]["status"] == "completed"
+    assert rows["scene_detail"].status == "completed"
     for step_id in SCENE_DOWNSTREAM:
-        assert rows[step_id]["status"] == "stale", step_id
+        assert rows[step_id].status == "stale", step_id
         assert env.checkpoint(step_id) is None
         assert (env.step_dir(step_id) / FORCE_MARKER).exists()
     for step_id in ("story_source", "entity_canon", "world_guide", "entity_t2i"):
-        assert rows[step_id]["status"] == "completed", step_id
+        assert rows[step_id].status == "completed", step_id
     # The rebuilt scene_detail is the model's raw output again: no review edits yet.
     assert env.checkpoint("scene_detail").mutations == ()  # type: ignore[union-attr]
     assert env.judge("shot_dependency_t2i").action is ResumeAction.RERUN_SELF
@@ -322,8 +322,8 @@ def test_shots_missing_a_composite_fail_soft_then_resume_fills_only_them(
 
         assert outcome.result.success  # partial is not a failure
         rows = env.rows()
-        assert rows["composite_image_gen"]["status"] == "partial"
-        assert rows["scene_image_pipeline"]["status"] == "partial"
+        assert rows["composite_image_gen"].status == "partial"
+        assert rows["scene_image_pipeline"].status == "partial"
         shots = env.checkpoint("scene_image_pipeline").data  # type: ignore[union-attr]
         failed = {f["item_id"] for f in shots["failed"]}
         scenes = env.checkpoint("scene_detail").data["scenes"]  # type: ignore[union-attr]
@@ -347,9 +347,7 @@ def test_shots_missing_a_composite_fail_soft_then_resume_fills_only_them(
             "composite_image_gen": {"image": 1},
             "scene_image_pipeline": {"image": len(failed)},
         }
-        assert {s: r["status"] for s, r in env.rows().items()} == dict.fromkeys(
-            STEP_IDS, "completed"
-        )
+        assert {s: r.status for s, r in env.rows().items()} == dict.fromkeys(STEP_IDS, "completed")
 
 
 def test_offline_pipeline_is_deterministic_across_homes(sqlite_built: Env) -> None:
@@ -388,7 +386,7 @@ def test_images_of_a_run_killed_before_publishing_are_reused(env: Env) -> None:
     assert outcome.decisions[step] == "rerun_self"
     assert outcome.calls == {step: {"image": len(lost)}}
     assert len(kept) > 0
-    assert env.row(step)["status"] == "completed"  # type: ignore[index]
+    assert env.row(step).status == "completed"
 
 
 def test_a_receipt_never_vouches_for_changed_bytes(env: Env) -> None:

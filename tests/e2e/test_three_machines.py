@@ -60,6 +60,7 @@ from storyboard_support import create_pg_database, drop_pg_database
 from pipeline_defs.resume.clock import parse_timestamp
 from pipeline_defs.resume.partition import Episode
 from pipeline_defs.resume.settings import ENV_NAMES
+from pipeline_defs.resume.status import LedgerRow
 from pipeline_defs.steps.graph import StepGraph
 from pipeline_defs.storyboard import STORYBOARD_STEPS, sample_stories
 from resources.checkpoints.manifest import Manifest
@@ -178,7 +179,7 @@ class Deployment:
     def ledger(self) -> LedgerStore:
         return ledger_for(self.ledger_url)
 
-    def rows(self) -> dict[str, Any]:
+    def rows(self) -> dict[str, LedgerRow]:
         return {k.step_id: r for k, r in self.ledger.get_many(episodes=[EPISODE]).items()}
 
     def manifest(self, step_id: str) -> Manifest:

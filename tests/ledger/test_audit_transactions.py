@@ -35,7 +35,7 @@ def settled(store: LedgerStore, status: str = "completed", seal: str = "seal-bef
 
 
 def lines(store: LedgerStore, action: AuditAction) -> list[dict[str, Any]]:
-    return [t for t in store.transitions(KEY) if t["action"] == action.value]
+    return [t for t in store.transitions(KEY) if t.action == action.value]
 
 
 def changed_since_read() -> None:
@@ -51,9 +51,9 @@ def test_an_edit_writes_its_line_with_the_row_status(store: LedgerStore) -> None
     )
     assert ran == [1]
     row = store.get(KEY)
-    assert row is not None and row["checkpoint_seal"] == "seal-after"
+    assert row is not None and row.checkpoint_seal == "seal-after"
     (line,) = lines(store, AuditAction.MUTATED)
-    assert (line["from_status"], line["to_status"], line["run_id"]) == (
+    assert (line.from_status, line.to_status, line.run_id) == (
         "completed",
         "completed",
         RUN,
@@ -88,9 +88,9 @@ def test_an_invalidation_whose_line_is_refused_stales_nothing(
     assert store.get(KEY) == before
     assert store.invalidate([KEY], "forced upstream", audit=INVALIDATE) == [KEY]
     row = store.get(KEY)
-    assert row is not None and row["status"] == "stale" and row["checkpoint_seal"] is None
+    assert row is not None and row.status == "stale" and row.checkpoint_seal is None
     (line,) = lines(store, AuditAction.INVALIDATE)
-    assert (line["from_status"], line["to_status"]) == ("completed", "stale")
+    assert (line.from_status, line.to_status) == ("completed", "stale")
 
 
 # --------------------------------------------------------------------------- refusals
@@ -120,8 +120,8 @@ def test_an_edit_of_a_row_without_a_settled_result_is_refused_and_recorded(
     assert store.get(KEY) == before
     assert lines(store, AuditAction.MUTATED) == []
     (line,) = lines(store, AuditAction.EDIT_REFUSED)
-    assert (line["from_status"], line["to_status"]) == (status, status)
-    assert line["reason"].startswith("edit refused: ") and line["run_id"] == RUN
+    assert (line.from_status, line.to_status) == (status, status)
+    assert line.reason.startswith("edit refused: ") and line.run_id == RUN
 
 
 def test_an_edit_whose_compare_and_set_fails_is_refused_and_recorded(store: LedgerStore) -> None:
@@ -141,7 +141,7 @@ def test_an_edit_whose_compare_and_set_fails_is_refused_and_recorded(store: Ledg
     assert refused.value.code == ErrorCode.MUTATION_VICTIM_CHANGED and ran == []
     assert store.get(KEY) == before
     (line,) = lines(store, AuditAction.EDIT_REFUSED)
-    assert "changed since it was read" in line["reason"]
+    assert "changed since it was read" in line.reason
     assert lines(store, AuditAction.MUTATED) == []
 
 

@@ -180,7 +180,7 @@ def test_sessions_dropped_between_operations_cost_nothing(
     assert blip.drop() >= 1
     assert store.transition(KEY, RUN, "completed", completed_count=2)
     assert blip.drop() >= 1
-    assert store.get(KEY)["status"] == "completed"  # type: ignore[index]
+    assert store.get(KEY).status == "completed"  # type: ignore[union-attr]
 
     calls = blip.rows(provider_call)
     assert [(c["id"], c["units"]) for c in calls] == [(call, 7), (second, 5)]
@@ -213,7 +213,7 @@ def test_a_session_dropped_inside_a_fenced_publish_reruns_the_lock_not_the_renam
         assert store.transition(KEY, RUN, "completed")
     assert renames == ["checkpoint.json"]
     row = store.get(KEY)
-    assert row is not None and row["status"] == "completed" and row["run_id"] == RUN
+    assert row is not None and row.status == "completed" and row.run_id == RUN
 
 
 @pytest.mark.pg
@@ -229,7 +229,7 @@ def test_a_publish_whose_row_was_taken_while_the_session_was_down_publishes_noth
         .render_as_string(hide_password=False)
     )
     try:
-        started = store.get(KEY)["started_at"]  # type: ignore[index]
+        started = store.get(KEY).started_at  # type: ignore[union-attr]
         assert other.reset_running(KEY, started, "operator reset")
         assert other.claim(KEY, "run-2:attempt-a")  # the row has another owner now
     finally:
@@ -333,10 +333,10 @@ def test_the_heartbeat_survives_a_terminate_of_its_session(
         assert wait_until(lambda: lease.renewals >= 2, 10)
         for _ in range(2):
             before = lease.renewals
-            beat = store.get(KEY)["heartbeat_at"]  # type: ignore[index]
+            beat = store.get(KEY).heartbeat_at  # type: ignore[union-attr]
             assert blip.drop() >= 1
             assert _renewed(lease, before + 3)
-            assert store.get(KEY)["heartbeat_at"] > beat  # type: ignore[index]
+            assert store.get(KEY).heartbeat_at > beat  # type: ignore[union-attr]
         lease.check()  # not lost
     assert not lease.lost
     assert "lease renewal failed" not in caplog.text, "a renewal was lost to one blip"
@@ -626,7 +626,7 @@ def test_a_materialize_whose_sessions_are_terminated_mid_scene_detail_pays_no_ca
     assert terminated >= 1, "the worker's sessions were terminated mid-step"
     assert "connection lost during" in out + err, "the worker retried (and said so)"
     row = reader.get(Episode.parse(PARTITION).step("scene_detail"))
-    assert row is not None and row["status"] == "completed"
+    assert row is not None and row.status == "completed"
     calls = _scene_calls(reader)
     assert len(calls) == expected, (calls, expected)
     assert all(c["finished_at"] for c in calls)

@@ -172,16 +172,16 @@ def _check(
             row = rows[key]
             (index,) = winners[(phase, r)]
             run_id = f"{phase}-{r}-w{index}"
-            assert (row["status"], row["run_id"], row["result_summary"]) == (
+            assert (row.status, row.run_id, row.result_summary) == (
                 "completed",
                 run_id,
                 run_id,
             )
             if phase == "stale":
-                assert row["recovery_count"] == 1, (key, row["recovery_count"])
-                assert row["last_recovery_reason"] == "stale lease"
+                assert row.recovery_count == 1, (key, row.recovery_count)
+                assert row.last_recovery_reason == "stale lease"
             else:
-                assert row["recovery_count"] == 0
+                assert row.recovery_count == 0
 
 
 def _run_processes(url: str, tag: str) -> float:

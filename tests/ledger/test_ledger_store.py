@@ -20,6 +20,8 @@ import sqlalchemy as sa
 from pipeline_defs.resume.clock import parse_timestamp
 from pipeline_defs.resume.errors import PipelineError
 from pipeline_defs.resume.partition import Episode, StepKey
+from pipeline_defs.resume.status import StepStatus
+from resources.ledger.audit import AuditAction, Transition
 from resources.ledger.store import LedgerStore, lock_owner
 from resources.ledger.tables import STEP_STATUSES, step_run
 
@@ -100,32 +102,32 @@ def test_first_claim_inserts_a_complete_running_row(store: LedgerStore) -> None:
     assert store.claim(KEY, "run-a") is True
     row = store.get(KEY)
     assert row is not None
-    assert row["status"] == "running"
-    assert row["run_id"] == "run-a"
-    assert str(uuid.UUID(row["id"])) == row["id"]
-    assert row["recovery_count"] == 0
-    assert row["last_recovery_reason"] is None
-    assert row["completed_at"] is None
-    assert row["lock_owner"] == lock_owner()
-    started = parse_timestamp(row["started_at"])
+    assert row.status == "running"
+    assert row.run_id == "run-a"
+    assert str(uuid.UUID(row.id)) == row.id
+    assert row.recovery_count == 0
+    assert row.last_recovery_reason is None
+    assert row.completed_at is None
+    assert row.lock_owner == lock_owner()
+    started = parse_timestamp(row.started_at)
     assert started is not None
     assert before - 5 <= started.timestamp() <= time.time() + 5
-    assert row["created_at"] == row["updated_at"] == row["started_at"] == row["heartbeat_at"]
+    assert row.created_at == row.updated_at == row.started_at == row.heartbeat_at
     for column in step_run.columns:
         if not column.nullable:
-            assert row[column.name] is not None, column.name
+            assert getattr(row, column.name) is not None, column.name
     # Exactly one row, and the raw column values agree (no ORM-side defaults in play).
     assert _count(store) == 1
     with store.engine.connect() as conn:
         raw = conn.execute(sa.select(step_run.c.recovery_count, step_run.c.created_at)).one()
-    assert tuple(raw) == (0, row["started_at"])
+    assert tuple(raw) == (0, row.started_at)
 
 
 def test_first_claim_uses_the_given_timestamp_text_verbatim(store: LedgerStore) -> None:
     assert store.claim(KEY, "run-a", now=T0)
     row = store.get(KEY)
     assert row is not None
-    assert (row["started_at"], row["created_at"], row["updated_at"]) == (T0, T0, T0)
+    assert (row.started_at, row.created_at, row.updated_at) == (T0, T0, T0)
 
 
 def test_second_claim_on_running_row_is_refused_and_changes_nothing(store: LedgerStore) -> None:
@@ -147,18 +149,18 @@ def test_claim_takes_any_settled_row(store: LedgerStore, status: str, via: str) 
     else:
         _update(store, KEY, status=status, error_message="boom", completed_at=T1, updated_at=T1)
     before = store.get(KEY)
-    assert before is not None and before["status"] == status
+    assert before is not None and before.status == status
     assert store.claim(KEY, "run-b", now=T2) is True
     row = store.get(KEY)
     assert row is not None
-    assert row["status"] == "running"
-    assert row["run_id"] == "run-b"
-    assert row["started_at"] == row["updated_at"] == T2
-    assert row["completed_at"] is None
-    assert row["error_message"] is None
-    assert row["id"] == before["id"]
-    assert row["created_at"] == T0
-    assert row["recovery_count"] == 0
+    assert row.status == "running"
+    assert row.run_id == "run-b"
+    assert row.started_at == row.updated_at == T2
+    assert row.completed_at is None
+    assert row.error_message is None
+    assert row.id == before.id
+    assert row.created_at == T0
+    assert row.recovery_count == 0
     assert _count(store) == 1
 
 
@@ -166,7 +168,7 @@ def test_claim_on_row_inserted_without_optional_columns(store: LedgerStore) -> N
     _insert(store, KEY, status="failed")  # run_id, started_at, ... all NULL
     assert store.claim(KEY, "run-b", now=T1)
     row = store.get(KEY)
-    assert row is not None and (row["status"], row["run_id"], row["started_at"]) == (
+    assert row is not None and (row.status, row.run_id, row.started_at) == (
         "running",
         "run-b",
         T1,
@@ -179,9 +181,9 @@ def test_stale_steal_with_exact_texts_succeeds(store: LedgerStore) -> None:
     assert _steal(store, "run-b", T0, "run-a", now=T1) is True
     row = store.get(KEY)
     assert row is not None
-    assert (row["status"], row["run_id"], row["started_at"]) == ("running", "run-b", T1)
-    assert row["recovery_count"] == 0  # not an automatic recovery
-    assert row["last_recovery_reason"] is None
+    assert (row.status, row.run_id, row.started_at) == ("running", "run-b", T1)
+    assert row.recovery_count == 0  # not an automatic recovery
+    assert row.last_recovery_reason is None
 
 
 @pytest.mark.parametrize(
@@ -232,7 +234,7 @@ def test_stale_steal_refused_when_row_changed_since_read(store: LedgerStore, cha
     seen = store.get(KEY)
     assert seen is not None
     if change == "other-steal-first":  # a second judge read the same row and stole first
-        assert _steal(store, "run-c", seen["started_at"], seen["run_id"], now=T1)
+        assert _steal(store, "run-c", seen.started_at, seen.run_id, now=T1)
     elif change == "completed-then-reclaimed":
         assert store.transition(KEY, "run-a", "completed", now=T1)
         assert store.claim(KEY, "run-c", now=T1)
@@ -246,12 +248,12 @@ def test_stale_steal_refused_when_row_changed_since_read(store: LedgerStore, cha
         assert store.transition(KEY, "run-a", "failed", now=T0)
         assert store.claim(KEY, "run-a", now=T1)
     before = store.get(KEY)
-    assert before is not None and before["status"] == "running"
+    assert before is not None and before.status == "running"
     won = _steal(
         store,
         "run-b",
-        seen["started_at"],
-        seen["run_id"],
+        seen.started_at,
+        seen.run_id,
         auto_recovery=True,
         reason="stale",
         now=T2,
@@ -266,24 +268,24 @@ def test_steal_of_a_row_that_settled_since_read_is_an_ordinary_claim(store: Ledg
     assert store.transition(KEY, "run-a", "failed", now=T1)
     assert _steal(store, "run-b", "whatever", "whoever", now=T2) is True
     row = store.get(KEY)
-    assert row is not None and (row["run_id"], row["started_at"]) == ("run-b", T2)
+    assert row is not None and (row.run_id, row.started_at) == ("run-b", T2)
 
 
 def test_recovery_count_only_moves_with_auto_recovery(store: LedgerStore) -> None:
     assert store.claim(KEY, "run-a", now=T0)
     # Refused attempts never count.
     assert not _steal(store, "run-x", T1, "run-a", auto_recovery=True, reason="nope")
-    assert store.get(KEY)["recovery_count"] == 0  # type: ignore[index]
+    assert store.get(KEY).recovery_count == 0  # type: ignore[union-attr]
 
     assert _steal(store, "run-b", T0, "run-a", auto_recovery=True, reason="stale lease", now=T1)
     row = store.get(KEY)
     assert row is not None
-    assert (row["recovery_count"], row["last_recovery_reason"]) == (1, "stale lease")
+    assert (row.recovery_count, row.last_recovery_reason) == (1, "stale lease")
 
     assert _steal(store, "run-c", T1, "run-b", auto_recovery=True, reason="stale again", now=T2)
     row = store.get(KEY)
     assert row is not None
-    assert (row["recovery_count"], row["last_recovery_reason"]) == (2, "stale again")
+    assert (row.recovery_count, row.last_recovery_reason) == (2, "stale again")
 
     # A manual steal and a plain claim leave the count and the reason alone.
     assert _steal(store, "run-d", T2, "run-c", now="2026-11-30T13:00:00.000000Z")
@@ -291,22 +293,22 @@ def test_recovery_count_only_moves_with_auto_recovery(store: LedgerStore) -> Non
     assert store.claim(KEY, "run-e")
     row = store.get(KEY)
     assert row is not None
-    assert (row["recovery_count"], row["last_recovery_reason"]) == (2, "stale again")
+    assert (row.recovery_count, row.last_recovery_reason) == (2, "stale again")
 
     # An automatic recovery of a settled row counts too.
     assert store.transition(KEY, "run-e", "partial")
     assert store.claim(KEY, "run-f", auto_recovery=True, reason="auto recovery from partial")
     row = store.get(KEY)
     assert row is not None
-    assert (row["recovery_count"], row["last_recovery_reason"]) == (3, "auto recovery from partial")
+    assert (row.recovery_count, row.last_recovery_reason) == (3, "auto recovery from partial")
 
     # The owner's reset_recovery clears it; a non-owner's does not.
     assert store.reset_recovery(KEY, "run-a") is False
-    assert store.get(KEY)["recovery_count"] == 3  # type: ignore[index]
+    assert store.get(KEY).recovery_count == 3  # type: ignore[union-attr]
     assert store.reset_recovery(KEY, "run-f") is True
     row = store.get(KEY)
     assert row is not None
-    assert (row["recovery_count"], row["last_recovery_reason"], row["retry_not_before"]) == (
+    assert (row.recovery_count, row.last_recovery_reason, row.retry_not_before) == (
         0,
         None,
         None,
@@ -317,7 +319,7 @@ def test_first_claim_as_auto_recovery_counts_one(store: LedgerStore) -> None:
     assert store.claim(KEY, "run-a", auto_recovery=True, reason="orphan checkpoint invalid")
     row = store.get(KEY)
     assert row is not None
-    assert (row["recovery_count"], row["last_recovery_reason"]) == (1, "orphan checkpoint invalid")
+    assert (row.recovery_count, row.last_recovery_reason) == (1, "orphan checkpoint invalid")
 
 
 # --------------------------------------------------------------------------- bad started_at
@@ -327,12 +329,12 @@ def test_bad_started_at_never_breaks_reads_or_writes(store: LedgerStore, bad: st
     assert store.claim(ELSEWHERE, "run-z", now=T0)
 
     row = store.get(KEY)
-    assert row is not None and row["started_at"] == bad and row["status"] == "running"
+    assert row is not None and row.started_at == bad and row.status == "running"
     assert set(store.get_many()) == {KEY, ELSEWHERE}
     assert set(store.get_many(episodes=[KEY.episode])) == {KEY}
     assert set(store.get_many(step_ids=[KEY.step_id])) == {KEY, ELSEWHERE}
-    assert store.get_many(episodes=[KEY.episode])[KEY]["started_at"] == bad
-    assert {(r["episode_id"], r["started_at"]) for r in store.running_rows()} == {
+    assert store.get_many(episodes=[KEY.episode])[KEY].started_at == bad
+    assert {(r.episode_id, r.started_at) for r in store.running_rows()} == {
         ("ep1", bad),
         ("ep2", T0),
     }
@@ -352,7 +354,7 @@ def test_bad_started_at_never_breaks_reads_or_writes(store: LedgerStore, bad: st
     assert store.reset_running(KEY, bad, "operator reset") is True
     row = store.get(KEY)
     assert row is not None
-    assert (row["status"], row["error_message"]) == ("failed", "operator reset")
+    assert (row.status, row.error_message) == ("failed", "operator reset")
     assert store.cursor() != (seq, updated)
     assert store.claim(KEY, "run-b") is True
 
@@ -363,13 +365,13 @@ def test_stale_steal_of_unparseable_started_at_needs_the_exact_text(
 ) -> None:
     _insert(store, KEY, status="running", run_id="run-a", started_at=bad)
     assert _steal(store, "run-b", bad, "run-a", now=T1) is True
-    assert store.get(KEY)["started_at"] == T1  # type: ignore[index]
+    assert store.get(KEY).started_at == T1  # type: ignore[union-attr]
 
 
 def test_unparseable_updated_at_does_not_break_cursor(store: LedgerStore) -> None:
     _insert(store, KEY, status="completed", updated_at="not a time")
     assert store.cursor() == (0, "not a time")
-    assert store.get_many()[KEY]["updated_at"] == "not a time"
+    assert store.get_many()[KEY].updated_at == "not a time"
 
 
 # --------------------------------------------------------------------------- ownership
@@ -408,7 +410,7 @@ def test_non_owner_small_writes_are_refused(store: LedgerStore) -> None:
     assert store.heartbeat(KEY, "run-a", now=T1) is True
     assert store.set_retry_not_before(KEY, "run-a", T2) is True
     row = store.get(KEY)
-    assert row is not None and (row["heartbeat_at"], row["retry_not_before"]) == (T1, T2)
+    assert row is not None and (row.heartbeat_at, row.retry_not_before) == (T1, T2)
 
 
 def test_non_owner_publish_raises_ownership_lost_and_runs_nothing(store: LedgerStore) -> None:
@@ -444,16 +446,16 @@ def test_owner_transition_records_status_and_counts(store: LedgerStore, status: 
     assert publish.count == 1
     row = store.get(KEY)
     assert row is not None
-    assert row["status"] == status
-    assert (row["applicable_count"], row["completed_count"], row["failed_count"]) == (4, 3, 1)
-    assert (row["result_summary"], row["resolved_model"], row["input_hash"]) == (
+    assert row.status == status
+    assert (row.applicable_count, row.completed_count, row.failed_count) == (4, 3, 1)
+    assert (row.result_summary, row.resolved_model, row.input_hash) == (
         "3/4",
         "model-x",
         "abc",
     )
-    assert row["updated_at"] == T1
-    assert row["completed_at"] == (T1 if status in TERMINAL else None)
-    assert row["run_id"] == "run-a" and row["started_at"] == T0
+    assert row.updated_at == T1
+    assert row.completed_at == (T1 if status in TERMINAL else None)
+    assert row.run_id == "run-a" and row.started_at == T0
 
 
 def test_failing_publish_rolls_the_status_back(store: LedgerStore) -> None:
@@ -503,11 +505,11 @@ def test_after_a_steal_old_owner_cannot_publish_over_new_owner(
     assert final.read_text() == "B"
     assert sorted(p.name for p in out.iterdir()) == ["checkpoint.json"]
     row = store.get(KEY)
-    assert row is not None and (row["status"], row["run_id"]) == ("running", "run-b")
+    assert row is not None and (row.status, row.run_id) == ("running", "run-b")
 
     assert store.transition(KEY, "run-b", "completed", publish=lambda: _write_checkpoint(out, "B2"))
     assert final.read_text() == "B2"
-    assert store.get(KEY)["status"] == "completed"  # type: ignore[index]
+    assert store.get(KEY).status == "completed"  # type: ignore[union-attr]
 
 
 # ------------------------------------------------------------- publish holds the row lock
@@ -583,8 +585,8 @@ def test_steal_waits_for_an_in_flight_publish(
     assert (tmp_path / "checkpoint.json").read_text() == "run-a"
     row = store.get(KEY)
     assert row is not None
-    assert (row["status"], row["run_id"], row["started_at"]) == ("running", "run-b", T1)
-    assert row["recovery_count"] == 1
+    assert (row.status, row.run_id, row.started_at) == ("running", "run-b", T1)
+    assert row.recovery_count == 1
     # And now the old owner is fenced out.
     with pytest.raises(PipelineError, match="ownership_lost"):
         store.publish(KEY, "run-a", lambda: _write_checkpoint(tmp_path, "late"))
@@ -596,13 +598,13 @@ def test_adopt_inserts_completed_row_once(store: LedgerStore) -> None:
     assert store.adopt(KEY, "run-a", summary="orphan checkpoint verified", now=T0) is True
     row = store.get(KEY)
     assert row is not None
-    assert (row["status"], row["run_id"], row["result_summary"]) == (
+    assert (row.status, row.run_id, row.result_summary) == (
         "completed",
         "run-a",
         "orphan checkpoint verified",
     )
-    assert (row["completed_at"], row["created_at"], row["updated_at"]) == (T0, T0, T0)
-    assert row["recovery_count"] == 0 and row["started_at"] is None
+    assert (row.completed_at, row.created_at, row.updated_at) == (T0, T0, T0)
+    assert row.recovery_count == 0 and row.started_at is None
     before = store.get(KEY)
     assert store.adopt(KEY, "run-b", summary="again", now=T1) is False
     assert store.get(KEY) == before
@@ -623,7 +625,7 @@ def test_mark_not_applicable_inserts_and_never_touches_running(store: LedgerStor
     assert store.mark_not_applicable(KEY, "run-a", "no panels", now=T0) is True
     row = store.get(KEY)
     assert row is not None
-    assert (row["status"], row["run_id"], row["result_summary"], row["completed_at"]) == (
+    assert (row.status, row.run_id, row.result_summary, row.completed_at) == (
         "not_applicable",
         "run-a",
         "no panels",
@@ -631,7 +633,7 @@ def test_mark_not_applicable_inserts_and_never_touches_running(store: LedgerStor
     )
     for column in step_run.columns:
         if not column.nullable:
-            assert row[column.name] is not None, column.name
+            assert getattr(row, column.name) is not None, column.name
 
     assert store.claim(OTHER, "run-a", now=T0)
     before = store.get(OTHER)
@@ -646,7 +648,7 @@ def test_mark_not_applicable_takes_settled_rows(store: LedgerStore, status: str)
     assert store.mark_not_applicable(KEY, "run-b", "no longer applies", now=T2) is True
     row = store.get(KEY)
     assert row is not None
-    assert (row["status"], row["run_id"], row["error_message"], row["updated_at"]) == (
+    assert (row.status, row.run_id, row.error_message, row.updated_at) == (
         "not_applicable",
         "run-b",
         None,
@@ -667,7 +669,7 @@ def test_invalidate_marks_settled_rows_stale_and_skips_running(store: LedgerStor
     assert store.get(KEY) == running_before
     row = store.get(OTHER)
     assert row is not None
-    assert (row["status"], row["result_summary"], row["updated_at"]) == (
+    assert (row.status, row.result_summary, row.updated_at) == (
         "stale",
         "upstream forced",
         T2,
@@ -687,12 +689,12 @@ def test_reset_running_requires_the_exact_unchanged_row(store: LedgerStore) -> N
     assert store.reset_running(KEY, T0, "stuck since yesterday") is True
     row = store.get(KEY)
     assert row is not None
-    assert (row["status"], row["error_message"], row["run_id"]) == (
+    assert (row.status, row.error_message, row.run_id) == (
         "failed",
         "stuck since yesterday",
         "run-a",
     )
-    assert parse_timestamp(row["completed_at"]) is not None
+    assert parse_timestamp(row.completed_at) is not None
     # The row is no longer running: a second reset refuses.
     assert store.reset_running(KEY, T0, "again") is False
     # The old owner is still the recorded run_id but its lease is gone: a new claim wins.
@@ -728,20 +730,36 @@ def test_append_transition_seqs_strictly_increase(store: LedgerStore) -> None:
         )
     assert all(a < b for a, b in itertools.pairwise(seqs))
     everything = store.transitions()
-    assert [t["transition_seq"] for t in everything] == seqs
+    assert [t.transition_seq for t in everything] == seqs
     mine = store.transitions(KEY)
-    assert [t["reason"] for t in mine] == ["r0", "r3", "r6", "r9"]
-    assert {(t["step_id"], t["episode_id"]) for t in mine} == {(KEY.step_id, KEY.episode_id)}
+    assert [t.reason for t in mine] == ["r0", "r3", "r6", "r9"]
+    assert {(t.step_id, t.episode_id) for t in mine} == {(KEY.step_id, KEY.episode_id)}
     later = store.transitions(since_seq=seqs[5])
-    assert [t["transition_seq"] for t in later] == seqs[6:]
+    assert [t.transition_seq for t in later] == seqs[6:]
     first = everything[0]
-    assert (first["action"], first["from_status"], first["to_status"], first["origin"]) == (
+    assert (first.action, first.from_status, first.to_status, first.origin) == (
         "finish",
         "pending",
         "running",
         "judge",
     )
-    assert (first["run_id"], first["launch_path"], first["at"]) == ("run-0", "sensor", T0)
+    assert (first.run_id, first.launch_path, first.at) == ("run-0", "sensor", T0)
+
+
+def test_transitions_read_back_typed(store: LedgerStore) -> None:
+    """An audit row comes back as a Transition: its action the AuditAction it names (text
+    naming none stays text), its statuses StepStatus members, its key the step's."""
+    store.append_transition(
+        KEY, action=AuditAction.FINISH, from_status="running", to_status="partial"
+    )
+    store.append_transition(KEY, action="claim", from_status=None, to_status="running")
+    named, own_word = store.transitions(KEY)
+    assert isinstance(named, Transition) and named.key == KEY
+    assert named.action is AuditAction.FINISH
+    assert (named.from_status, named.to_status) == (StepStatus.RUNNING, StepStatus.PARTIAL)
+    assert named.to_status is StepStatus.PARTIAL
+    assert own_word.action == "claim" and not isinstance(own_word.action, AuditAction)
+    assert own_word.from_status is None and own_word.to_status is StepStatus.RUNNING
 
 
 def test_append_transition_from_threads_gives_unique_increasing_seqs(store: LedgerStore) -> None:
@@ -755,7 +773,7 @@ def test_append_transition_from_threads_gives_unique_increasing_seqs(store: Ledg
     with ThreadPoolExecutor(max_workers=6) as pool:
         seqs = list(pool.map(append, range(60)))
     assert len(set(seqs)) == 60
-    assert [t["transition_seq"] for t in store.transitions(KEY)] == sorted(seqs)
+    assert [t.transition_seq for t in store.transitions(KEY)] == sorted(seqs)
 
 
 def test_cursor_changes_after_each_kind_of_write(store: LedgerStore) -> None:
@@ -788,7 +806,7 @@ def test_cursor_changes_after_each_kind_of_write(store: LedgerStore) -> None:
     store.claim(OTHER, "run-c")
     changed()
     time.sleep(0.002)
-    started = store.get(OTHER)["started_at"]  # type: ignore[index]
+    started = store.get(OTHER).started_at  # type: ignore[union-attr]
     store.reset_running(OTHER, started, "op")
     changed()
 
@@ -849,7 +867,7 @@ def test_get_many_is_keyed_and_filtered(store: LedgerStore) -> None:
     everything = store.get_many()
     assert set(everything) == set(keys)
     assert all(
-        everything[k]["run_id"] == f"run-{k.project_id}-{k.episode_id}-{k.step_id}" for k in keys
+        everything[k].run_id == f"run-{k.project_id}-{k.episode_id}-{k.step_id}" for k in keys
     )
     assert set(store.get_many(episodes=[Episode("p1", "e1")])) == set(keys[:2])
     # (p1, e1) and (p2, e2) must not leak (p2, e1) or (p1, e2).
@@ -866,7 +884,7 @@ def test_a_claim_for_a_judged_absent_row_only_inserts(store: LedgerStore) -> Non
     assert store.transition(KEY, "run-a", "completed")
     # judged "no row" before run-a claimed, finished and completed: nothing to win
     assert not store.claim(KEY, "run-b", seen=None)
-    assert store.get(KEY)["run_id"] == "run-a"  # type: ignore[index]
+    assert store.get(KEY).run_id == "run-a"  # type: ignore[union-attr]
 
 
 def test_a_claim_is_a_compare_and_set_on_the_judged_row(store: LedgerStore) -> None:
@@ -878,6 +896,6 @@ def test_a_claim_is_a_compare_and_set_on_the_judged_row(store: LedgerStore) -> N
     assert store.transition(KEY, "run-b", "completed")
     assert not store.claim(KEY, "run-c", seen=judged)
     row = store.get(KEY)
-    assert (row["run_id"], row["status"]) == ("run-b", "completed")  # type: ignore[index]
+    assert (row.run_id, row.status) == ("run-b", "completed")  # type: ignore[union-attr]
     # judged afresh, the claim goes through
     assert store.claim(KEY, "run-c", seen=store.get(KEY))

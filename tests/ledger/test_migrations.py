@@ -168,7 +168,7 @@ def test_a_ledger_from_before_seals_is_upgraded_in_place(db_url: str) -> None:
     store = LedgerStore(db_url)
     row = store.get(StepKey("p", "e", "s"))  # first use migrates to head
     assert _current(engine) == _head() and _diff(engine) == []
-    assert row is not None and row["status"] == "completed" and row["checkpoint_seal"] is None
+    assert row is not None and row.status == "completed" and row.checkpoint_seal is None
     _run(engine, command.downgrade, "0001_initial")  # and back, the row kept
     with engine.connect() as conn:
         assert conn.exec_driver_sql("SELECT status FROM step_run").all() == [("completed",)]

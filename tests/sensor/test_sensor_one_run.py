@@ -107,7 +107,7 @@ def env(template: Env) -> Iterator[Env]:
 
 
 def _statuses(env: Env) -> dict[str, str]:
-    return {step: str(row["status"]) for step, row in env.rows().items()}
+    return {step: str(row.status) for step, row in env.rows().items()}
 
 
 def test_a_new_episode_is_one_run_of_all_ten_steps(instance: dg.DagsterInstance) -> None:

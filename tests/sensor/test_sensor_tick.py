@@ -437,7 +437,7 @@ def test_a_new_partition_is_finished_by_the_one_run_of_one_tick(sqlite_rig: Rig)
     assert order == [["src", "mid", "end", "side"]]
     for step_id in ("src", "mid", "end", "side"):
         row = rig.stores.ledger.get(rig.key("p/e1", step_id))
-        assert row is not None and row["status"] == "completed", step_id
+        assert row is not None and row.status == "completed", step_id
     rig.tick()
     assert not rig.last.run_requests and not rig.checks()
 
@@ -590,7 +590,7 @@ def test_a_row_whose_owner_run_ended_is_relaunched_without_waiting(
     result = materialize(rig.instance, rig.pipeline, "p/e1", ["mid"], tags=request.tags)
     assert result.success
     row = rig.stores.ledger.get(key)
-    assert row is not None and row["status"] == "completed"
+    assert row is not None and row.status == "completed"
 
 
 def test_a_partition_with_a_run_in_flight_waits_for_it(sqlite_rig: Rig) -> None:

@@ -246,7 +246,7 @@ def test_hold_back_waits_for_a_run_in_flight_unless_it_looks_dead() -> None:
         return StepEvaluation("src", pk, ResumeDecision(action, "x"), Verdict.LAUNCH, "")
 
     trace = format_timestamp(datetime.fromtimestamp(epoch - 10, UTC))
-    rows = {StepKey("p", "busy", "src"): LedgerRow.of({"status": "completed", "updated_at": trace})}
+    rows = {StepKey("p", "busy", "src"): LedgerRow(status="completed", updated_at=trace)}
     launches = [
         ev("p/idle"),  # nothing in flight
         ev("p/queued"),  # a run queued: held, no wake (the queue starts it)

@@ -24,7 +24,7 @@ def h(db_url: str, pipeline_home: Path) -> Iterator[Harness]:
 
 
 def actions(h: Harness, step_id: str) -> list[str]:
-    return [a["action"] for a in h.audit(step_id)]
+    return [a.action for a in h.audit(step_id)]
 
 
 def test_an_edit_whose_audit_line_is_refused_is_not_applied(h: Harness) -> None:
@@ -47,7 +47,7 @@ def test_an_edit_whose_audit_line_is_refused_is_not_applied(h: Harness) -> None:
     assert h.envelope("alpha")["data"]["items"][-1] == "reviewed-by-gamma"
     assert actions(h, "alpha").count("mutated") == 1
     row = h.row("alpha")
-    assert row is not None and row["checkpoint_seal"] != alpha_row["checkpoint_seal"]  # type: ignore[index]
+    assert row is not None and row.checkpoint_seal != alpha_row.checkpoint_seal
 
 
 def test_an_edit_refused_because_the_victim_is_running_is_recorded(h: Harness) -> None:
@@ -61,11 +61,11 @@ def test_an_edit_refused_because_the_victim_is_running_is_recorded(h: Harness) -
     assert "step.victim_running" in failure(result, "gamma")[0]
     assert h.snapshot("alpha") == before
     new = h.audit("alpha")[lines_before:]
-    assert [a["action"] for a in new] == ["edit_refused"]
+    assert [a.action for a in new] == ["edit_refused"]
     (line,) = new
-    assert line["run_id"] == f"{result.run_id}:0"
-    assert (line["from_status"], line["to_status"]) == ("running", "running")
-    assert "edit by gamma refused" in line["reason"] and "running" in line["reason"]
+    assert line.run_id == f"{result.run_id}:0"
+    assert (line.from_status, line.to_status) == ("running", "running")
+    assert "edit by gamma refused" in line.reason and "running" in line.reason
 
 
 def test_an_edit_of_a_victim_rebuilt_since_it_was_read_is_refused_and_recorded(
@@ -80,8 +80,8 @@ def test_an_edit_of_a_victim_rebuilt_since_it_was_read_is_refused_and_recorded(
     items = h.envelope("alpha")["data"]["items"]
     assert "rebuilt-meanwhile" in items and "reviewed-by-gamma" not in items
     assert h.row("alpha") == alpha_row  # no seal of the edit
-    refused = [a for a in h.audit("alpha") if a["action"] == "edit_refused"]
+    refused = [a for a in h.audit("alpha") if a.action == "edit_refused"]
     assert len(refused) == 1
-    assert refused[0]["run_id"] == f"{result.run_id}:0"
-    assert "no longer the checkpoint gamma read" in refused[0]["reason"]
+    assert refused[0].run_id == f"{result.run_id}:0"
+    assert "no longer the checkpoint gamma read" in refused[0].reason
     assert "mutated" not in actions(h, "alpha")

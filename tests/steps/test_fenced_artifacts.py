@@ -75,7 +75,7 @@ def test_a_paused_image_worker_cannot_touch_the_files_the_new_owner_published(
         assert "stale_running_recovery" in out, out[-3000:]
         winner = _files(step_dir)
         archive = _archive(step_dir)
-        owner = _row(cli, STEP)["run_id"]
+        owner = _row(cli, STEP).run_id
     finally:
         os.kill(zombie.pid, signal.SIGCONT)
     out, err = zombie.communicate(timeout=120)
@@ -84,7 +84,7 @@ def test_a_paused_image_worker_cannot_touch_the_files_the_new_owner_published(
     assert _files(step_dir) == winner  # same bytes, inode and mtime
     assert _archive(step_dir) == archive
     row = _row(cli, STEP)
-    assert row["run_id"] == owner and row["status"] == "completed"
+    assert row.run_id == owner and row.status == "completed"
     before = len(cli.ledger.provider_calls())
     code, out = _run(cli, "materialize", "--partition", PARTITION, "--step", STEP)
     assert code == 0, out[-2000:]
@@ -123,7 +123,7 @@ def test_on_s3_a_paused_image_worker_cannot_touch_the_winners_objects_or_pointer
         code, out = _run(cli, "materialize", "--partition", PARTITION, env=s3)
         assert code == 0, out[-2000:]
         assert not (cli.home / "checkpoints").exists()  # published to the bucket only
-        first = Manifest.decode(_row(cli, STEP)["checkpoint_pointer"])
+        first = Manifest.decode(_row(cli, STEP).checkpoint_pointer)
         for ref in first.artifacts.values():  # every picture lost: all drawn again
             client.delete_object(Bucket=bucket, Key=f"sb/{ref.key}")
         slow = {**s3, **FAST_LEASE, "PIPELINE_OFFLINE_LATENCY_MS": "1500"}
@@ -144,7 +144,7 @@ def test_on_s3_a_paused_image_worker_cannot_touch_the_winners_objects_or_pointer
             assert code == 0, out[-3000:]
             assert "stale_running_recovery" in out, out[-3000:]
             row = _row(cli, STEP)
-            pointer, owner = row["checkpoint_pointer"], row["run_id"]
+            pointer, owner = row.checkpoint_pointer, row.run_id
             winner = _objects(client, bucket, f"sb/checkpoints/demo/ep01/{STEP}/")
         finally:
             os.kill(zombie.pid, signal.SIGCONT)
@@ -152,7 +152,7 @@ def test_on_s3_a_paused_image_worker_cannot_touch_the_winners_objects_or_pointer
         assert zombie.returncode != 0
         assert "step.ownership_lost" in out + err, (out + err)[-3000:]
         row = _row(cli, STEP)
-        assert (row["checkpoint_pointer"], row["run_id"]) == (pointer, owner)
+        assert (row.checkpoint_pointer, row.run_id) == (pointer, owner)
         assert _objects(client, bucket, f"sb/checkpoints/demo/ep01/{STEP}/") == winner
         published = Manifest.decode(pointer)
         assert all(f"sb/{ref.key}" in winner for ref in published.artifacts.values())

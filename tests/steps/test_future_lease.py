@@ -27,6 +27,7 @@ from pipeline_defs.resume.decision import (
 )
 from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.resume.settings import ResumeSettings
+from pipeline_defs.resume.status import LedgerRow
 from resources.ledger.tables import step_run
 
 NOW = datetime(2026, 11, 30, 13, 0, 0, tzinfo=UTC)
@@ -48,14 +49,14 @@ def judge(started_at: Any, mode: LaunchMode = LaunchMode.RESUME) -> ResumeDecisi
     return decide(
         mode=mode,
         applicable=True,
-        row={
-            "status": "running",
-            "run_id": "run-1:a1",
-            "started_at": started_at,
-            "recovery_count": 0,
-            "last_recovery_reason": None,
-            "retry_not_before": None,
-        },
+        row=LedgerRow(
+            status="running",
+            run_id="run-1:a1",
+            started_at=started_at,
+            recovery_count=0,
+            last_recovery_reason=None,
+            retry_not_before=None,
+        ),
         checkpoint=CheckpointSummary.absent(),
         verify=_never_verify,
         step=_Step(),
@@ -166,7 +167,7 @@ def test_audit_running_classifies_a_future_started_at_as_future(cli_db: CliEnv) 
 def test_the_sensor_wake_time_survives_a_year_9999_lease() -> None:
     """``started_at + timeout`` past ``datetime.max`` must not fail the sensor's tick."""
     now = datetime(2026, 12, 1, tzinfo=UTC)
-    rows = [{"status": "running", "started_at": "9999-12-31T23:59:59+00:00"}]
+    rows = [LedgerRow(status="running", started_at="9999-12-31T23:59:59+00:00")]
     wake = next_wake(rows, ResumeSettings(), now)
     # The lease turns from "investigate" to healthy once it is within the allowed skew.
     assert wake is not None and wake.year == 9999

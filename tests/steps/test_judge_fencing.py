@@ -22,6 +22,7 @@ from judge_steps import (
 )
 
 from pipeline_defs.resume.errors import PipelineError
+from pipeline_defs.resume.status import StepStatus
 from resources.checkpoints.envelope import Checkpoint
 
 REPO = ROOT
@@ -46,22 +47,22 @@ def test_a_run_that_lost_its_claim_cannot_publish(h: Harness, steal: str) -> Non
     assert [c["victim"] for c in h.calls("alpha", "steal")] == [victim]
 
     row = h.row("alpha")
-    assert row is not None and row["run_id"] == THIEF_RUN_ID
+    assert row is not None and row.run_id == THIEF_RUN_ID
     if steal == "claim":
-        assert row["status"] == "running"  # still the thief's; the victim wrote nothing
+        assert row.status == "running"  # still the thief's; the victim wrote nothing
         assert not h.path("alpha").exists()
     else:
-        assert row["status"] == "completed"
+        assert row.status == "completed"
         envelope = h.envelope("alpha")  # the thief's checkpoint survives
         assert envelope["produced_by"]["run_id"] == THIEF_RUN_ID
         assert envelope["data"]["items"] == ["written-by-the-thief"]
     # the victim recorded neither a finish nor a failure over the thief's row: its refused
     # publish is in the history, as what it was (written in the transaction that found it)
-    assert [(a["action"], a["run_id"], a["to_status"]) for a in h.audit("alpha")] == [
+    assert [(a.action, a.run_id, a.to_status) for a in h.audit("alpha")] == [
         ("rerun_self", victim, "running"),
         ("ownership_lost", victim, "running"),
     ]
-    assert row["error_message"] is None
+    assert row.error_message is None
 
 
 def test_a_second_concurrent_run_is_refused_and_the_body_runs_once(
@@ -109,9 +110,9 @@ def test_a_second_concurrent_run_is_refused_and_the_body_runs_once(
         assert len(harness.calls("alpha", "verify")) == 1
         row = harness.row("alpha")
         assert row is not None
-        assert (row["status"], row["run_id"]) == ("completed", winners[0]["owner"])
+        assert (row.status, row.run_id) == ("completed", winners[0]["owner"])
         assert harness.envelope("alpha")["produced_by"]["run_id"] == winners[0]["owner"]
-        actions = [(a["action"], a["run_id"]) for a in harness.audit("alpha")]
+        actions = [(a.action, a.run_id) for a in harness.audit("alpha")]
         assert ("claim_rejected", losers[0]["owner"]) in actions
         assert ("finish", winners[0]["owner"]) in actions
         assert len(harness.provider_calls("alpha")) == 1
@@ -151,7 +152,7 @@ def test_a_stale_lease_is_recovered_and_the_dead_worker_cannot_publish(h: Harnes
     assert meta["resume/decision"] == "stale_running_recovery"
     row = h.row("alpha")
     assert row is not None
-    assert (row["status"], row["run_id"]) == ("completed", f"{result.run_id}:0")
+    assert (row.status, row.run_id) == ("completed", f"{result.run_id}:0")
     published = h.snapshot("alpha")
 
     # the dead worker comes back and tries to finish its work
@@ -159,7 +160,7 @@ def test_a_stale_lease_is_recovered_and_the_dead_worker_cannot_publish(h: Harnes
         step_id="alpha",
         project_id="proj1",
         episode_id="ep1",
-        status="completed",
+        status=StepStatus.COMPLETED,
         schema_version=1,
         config_hash="stale",
         resume_config_keys=(),

@@ -33,12 +33,12 @@ def test_every_launch_path_reaches_the_same_decision_and_claim(h: Harness) -> No
         first_runs.add((meta["resume/decision"], meta["resume/reason"], meta["resume/origin"]))
         owner = f"{result.run_id}:0"
         audit = h.audit("alpha", partition)
-        assert [(a["action"], a["launch_path"], a["run_id"]) for a in audit] == [
+        assert [(a.action, a.launch_path, a.run_id) for a in audit] == [
             ("rerun_self", path, owner),
             ("finish", path, owner),
         ]
         row = h.row("alpha", partition)
-        assert row is not None and (row["status"], row["run_id"]) == ("completed", owner)
+        assert row is not None and (row.status, row.run_id) == ("completed", owner)
         assert h.envelope("alpha", partition)["produced_by"]["launch_path"] == path
     assert first_runs == {("first_run", "first run", "none")}
 
@@ -50,7 +50,7 @@ def test_every_launch_path_reaches_the_same_decision_and_claim(h: Harness) -> No
         meta = mat_metadata(result, "alpha")
         skips.add((meta["resume/decision"], meta["resume/reason"]))
         last = h.audit("alpha", "proj1/ep0")[-1]
-        assert (last["action"], last["launch_path"]) == ("skip", path)
+        assert (last.action, last.launch_path) == ("skip", path)
     assert skips == {("skip", "completed and verified clean")}
 
     # the same blocked state: the same BLOCK with the same reason from every path
@@ -64,7 +64,7 @@ def test_every_launch_path_reaches_the_same_decision_and_claim(h: Harness) -> No
         description, meta = failure(result, "alpha")
         blocks.add((meta["error/code"], meta["error/origin"], description))
         last = h.audit("alpha", "proj1/ep0")[-1]
-        assert (last["action"], last["launch_path"]) == ("block", path)
+        assert (last.action, last.launch_path) == ("block", path)
     assert len(blocks) == 1
     (code, origin, description) = blocks.pop()
     assert (code, origin) == ("step.resume_blocked", "contract_drift")
@@ -76,9 +76,9 @@ def test_an_overlong_launch_path_tag_is_clamped_and_never_strands_a_claim(h: Har
     tags = {"resume/launch_path": "nightly-maintenance-script-v2"}
     result = h.run("alpha", tags=tags)
     assert result.success, failure(result, "alpha")
-    assert {a["launch_path"] for a in h.audit("alpha")} == {"nightly-maintena"}
+    assert {a.launch_path for a in h.audit("alpha")} == {"nightly-maintena"}
     row = h.row("alpha")
-    assert row is not None and row["status"] == "completed"
+    assert row is not None and row.status == "completed"
 
 
 def test_a_failure_right_after_the_claim_is_recorded_not_left_running(
@@ -100,6 +100,6 @@ def test_a_failure_right_after_the_claim_is_recorded_not_left_running(
     assert not result.success
     row = h.row("alpha")
     assert row is not None
-    assert row["status"] == "failed"  # not a 'running' row blocking every launch for an hour
-    assert "audit database hiccup" in row["error_message"]
+    assert row.status == "failed"  # not a 'running' row blocking every launch for an hour
+    assert "audit database hiccup" in row.error_message
     assert h.calls("alpha") == []

@@ -5,6 +5,7 @@ An accepted edit is archived first, written under alpha's row lock and recorded 
 nothing downstream is ever invalidated."""
 
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -44,19 +45,18 @@ def test_an_accepted_edit_is_archived_recorded_and_never_cascades(h: Harness) ->
             "origin": "gamma good fix",
         }
     ]
-    assert envelope["produced_by"] == {**envelope["produced_by"], "run_id": alpha_row["run_id"]}
+    assert envelope["produced_by"] == {**envelope["produced_by"], "run_id": alpha_row.run_id}
     assert archived(h, "alpha") == [original]
     # The victim is not auto-staled: its row only gets a new seal, naming the edit.
     row = h.row("alpha")
-    assert {k: v for k, v in row.items() if k != "checkpoint_seal"} == {
-        k: v for k, v in alpha_row.items() if k != "checkpoint_seal"
-    }
-    assert row["checkpoint_seal"] != alpha_row["checkpoint_seal"]
-    assert f"|{alpha_row['run_id']}|1" in row["checkpoint_seal"]  # version: one mutation
+    assert row is not None and alpha_row is not None
+    assert replace(row, checkpoint_seal=None) == replace(alpha_row, checkpoint_seal=None)
+    assert row.checkpoint_seal != alpha_row.checkpoint_seal
+    assert f"|{alpha_row.run_id}|1" in row.checkpoint_seal  # version: one mutation
     assert (h.snapshot("beta"), h.row("beta")) == beta  # nothing downstream invalidated
     audit = h.audit("alpha")[-1]
-    assert (audit["action"], audit["run_id"]) == ("mutated", run)
-    assert "fields ['items']" in audit["reason"]
+    assert (audit.action, audit.run_id) == ("mutated", run)
+    assert "fields ['items']" in audit.reason
 
     # the edited victim still verifies clean: the next run skips it and serves the edit
     again = h.run("alpha")
@@ -79,10 +79,10 @@ def test_a_rejected_edit_leaves_the_victim_byte_identical(h: Harness) -> None:
     assert h.snapshot("alpha") == before
     assert archived(h, "alpha") == []
     assert h.row("alpha") == alpha_row
-    assert "mutated" not in [a["action"] for a in h.audit("alpha")]
+    assert "mutated" not in [a.action for a in h.audit("alpha")]
     row = h.row("gamma")
-    assert row is not None and row["status"] == "failed"  # the mutator fails, not the victim
-    assert "mutation_rejected" in row["error_message"]
+    assert row is not None and row.status == "failed"  # the mutator fails, not the victim
+    assert "mutation_rejected" in row.error_message
 
 
 def test_zero_fixes_write_nothing(h: Harness) -> None:
@@ -91,7 +91,7 @@ def test_zero_fixes_write_nothing(h: Harness) -> None:
     assert h.run("gamma").success
     assert h.snapshot("alpha") == before
     assert archived(h, "alpha") == []
-    assert "mutated" not in [a["action"] for a in h.audit("alpha")]
+    assert "mutated" not in [a.action for a in h.audit("alpha")]
 
 
 def test_an_edit_is_refused_while_the_victim_is_running(h: Harness) -> None:

@@ -69,10 +69,10 @@ def test_first_run_records_row_checkpoint_audit_and_cost(h: Harness) -> None:
     for step_id in ("alpha", "beta"):
         row = h.row(step_id)
         assert row is not None
-        assert row["status"] == "completed"
-        assert row["run_id"] == run
-        assert (row["applicable_count"], row["completed_count"], row["failed_count"]) == (2, 2, 0)
-        assert row["recovery_count"] == 0 and row["error_message"] is None
+        assert row.status == "completed"
+        assert row.run_id == run
+        assert (row.applicable_count, row.completed_count, row.failed_count) == (2, 2, 0)
+        assert row.recovery_count == 0 and row.error_message is None
         envelope = h.envelope(step_id)
         assert envelope["status"] == "completed"
         assert envelope["produced_by"]["run_id"] == run
@@ -83,7 +83,7 @@ def test_first_run_records_row_checkpoint_audit_and_cost(h: Harness) -> None:
         assert meta["resume/reason"] == "first run"
         assert meta["resume/provider_calls"] == 1
         assert meta["checkpoint/path"] == str(h.path(step_id))
-        assert [(a["action"], a["from_status"], a["to_status"]) for a in h.audit(step_id)] == [
+        assert [(a.action, a.from_status, a.to_status) for a in h.audit(step_id)] == [
             ("rerun_self", None, "running"),
             ("finish", "running", "completed"),
         ]
@@ -124,7 +124,7 @@ def test_skip_runs_no_body_rewrites_nothing_and_keeps_the_data_version(hp: Harne
     versions = {data_version(r, "alpha") for r in (first, second, third)}
     assert versions == {h.envelope("alpha")["content_hash"]}
     assert data_version(second, "beta") == data_version(third, "beta")
-    assert [a["action"] for a in h.audit("alpha")] == ["rerun_self", "finish", "skip", "skip"]
+    assert [a.action for a in h.audit("alpha")] == ["rerun_self", "finish", "skip", "skip"]
     # what the instance stored agrees: three materializations, one data version
     stored = h.instance.fetch_materializations(dg.AssetKey("alpha"), limit=10).records
     assert len(stored) == 3
@@ -147,10 +147,10 @@ def test_artifact_missing_reruns_self_and_leaves_downstream_untouched(h: Harness
     assert file_sha256(artifact_path) == artifact["sha256"]
     row = h.row("alpha")
     assert row is not None
-    assert row["status"] == "completed" and row["run_id"] == owner(result)
-    assert row["recovery_count"] == 0  # counted as a recovery, reset on success
+    assert row.status == "completed" and row.run_id == owner(result)
+    assert row.recovery_count == 0  # counted as a recovery, reset on success
     audit = h.audit("alpha")[-2]
-    assert (audit["action"], audit["origin"], audit["from_status"]) == (
+    assert (audit.action, audit.origin, audit.from_status) == (
         "rerun_self",
         "artifact_missing",
         "completed",
@@ -158,7 +158,7 @@ def test_artifact_missing_reruns_self_and_leaves_downstream_untouched(h: Harness
     # downstream: judged on its own (SKIP), never invalidated, never re-executed
     assert mat_metadata(result, "beta")["resume/decision"] == "skip"
     assert (h.snapshot("beta"), h.row("beta")) == beta_before[:2]
-    assert [a["action"] for a in h.audit("beta")[beta_before[2] :]] == ["skip"]
+    assert [a.action for a in h.audit("beta")[beta_before[2] :]] == ["skip"]
     assert len(h.calls("beta")) == 1
     assert not (h.path("beta").parent / FORCE_MARKER).exists()
 
@@ -191,9 +191,9 @@ def test_a_verified_orphan_checkpoint_is_adopted_not_rerun(h: Harness) -> None:
     assert "adopts the verified checkpoint" in meta["resume/reason"]
     row = h.row("alpha")
     assert row is not None
-    assert (row["status"], row["run_id"]) == ("completed", owner(result))
+    assert (row.status, row.run_id) == ("completed", owner(result))
     last = h.audit("alpha")[-1]
-    assert (last["action"], last["from_status"], last["to_status"]) == (
+    assert (last.action, last.from_status, last.to_status) == (
         "adopt",
         None,
         "completed",
@@ -222,7 +222,7 @@ def test_schema_bump_blocks_with_the_reason_in_the_dagster_failure(
     assert (h.snapshot("alpha"), h.row("alpha"), h.snapshot("beta"), h.row("beta")) == before
     assert len(h.calls("alpha")) == 1
     block = h.audit("alpha")[-1]
-    assert (block["action"], block["origin"]) == ("block", "contract_drift")
+    assert (block.action, block.origin) == ("block", "contract_drift")
 
 
 def test_schema_bump_reruns_self_for_an_allow_listed_step(
@@ -303,7 +303,7 @@ def test_verifier_crash_at_entry_blocks_with_verify_crashed(h: Harness) -> None:
     assert "KeyError" in description
     assert (h.snapshot("alpha"), h.row("alpha")) == before
     assert len(h.calls("alpha")) == 1
-    assert h.audit("alpha")[-1]["action"] == "block"
+    assert h.audit("alpha")[-1].action == "block"
 
 
 def test_verifier_crash_at_exit_fails_and_writes_no_checkpoint(h: Harness) -> None:
@@ -317,10 +317,10 @@ def test_verifier_crash_at_exit_fails_and_writes_no_checkpoint(h: Harness) -> No
     assert not h.path("alpha").exists()
     row = h.row("alpha")
     assert row is not None
-    assert row["status"] == "failed"
-    assert "exit verification crashed: KeyError" in row["error_message"]
+    assert row.status == "failed"
+    assert "exit verification crashed: KeyError" in row.error_message
     assert [c["phase"] for c in h.calls("alpha", "verify")] == ["exit"]
-    assert [a["action"] for a in h.audit("alpha")] == ["rerun_self", "failed"]
+    assert [a.action for a in h.audit("alpha")] == ["rerun_self", "failed"]
 
     h.knobs("alpha", verify_crash=None)
     again = h.run("alpha")
@@ -334,7 +334,7 @@ def test_exit_verify_incomplete_publishes_partial(h: Harness) -> None:
     result = h.run("alpha")
     assert result.success
     row = h.row("alpha")
-    assert row is not None and row["status"] == "partial"
+    assert row is not None and row.status == "partial"
     assert h.envelope("alpha")["status"] == "partial"
     assert mat_metadata(result, "alpha")["resume/status"] == "partial"
 
@@ -343,7 +343,7 @@ def test_a_typed_verifier_error_is_contract_drift_not_a_crash(h: Harness) -> Non
     h.knobs("alpha", verify_typed_error="exit")
     result = h.run("alpha")
     assert result.success  # exit: an incomplete verdict → partial, published
-    assert h.row("alpha")["status"] == "partial"  # type: ignore[index]
+    assert h.row("alpha").status == "partial"
     assert h.envelope("alpha")["status"] == "partial"
     h.knobs("alpha", verify_typed_error=None)
     assert h.run("alpha").success  # partial → automatic rerun → completed
@@ -368,11 +368,11 @@ def test_failed_step_reruns_self_then_resets_recovery(h: Harness, how: str) -> N
         assert "body exploded" in description
     assert not h.path("alpha").exists()
     row = h.row("alpha")
-    assert row is not None and row["status"] == "failed"
+    assert row is not None and row.status == "failed"
     if how == "raise":
-        assert "body exploded" in row["error_message"]
+        assert "body exploded" in row.error_message
     # (6) failed → retry_not_before = now + attempts * retry_backoff_seconds (default 30 s)
-    delay = parse_timestamp(row["retry_not_before"]) - parse_timestamp(row["updated_at"])
+    delay = parse_timestamp(row.retry_not_before) - parse_timestamp(row.updated_at)
     assert timedelta(seconds=29) < delay <= timedelta(seconds=31)
 
     h.knobs("alpha", fail=None, **{"raise": None})
@@ -385,14 +385,14 @@ def test_failed_step_reruns_self_then_resets_recovery(h: Harness, how: str) -> N
     )
     row = h.row("alpha")
     assert row is not None
-    assert row["status"] == "completed" and row["error_message"] is None
-    assert (row["recovery_count"], row["retry_not_before"], row["last_recovery_reason"]) == (
+    assert row.status == "completed" and row.error_message is None
+    assert (row.recovery_count, row.retry_not_before, row.last_recovery_reason) == (
         0,
         None,
         None,
     )
     audit = h.audit("alpha")[-2]
-    assert (audit["action"], audit["from_status"], audit["to_status"]) == (
+    assert (audit.action, audit.from_status, audit.to_status) == (
         "rerun_self",
         "failed",
         "running",
@@ -405,7 +405,7 @@ def test_partial_result_is_published_and_rerun(h: Harness) -> None:
     assert result.success
     row = h.row("alpha")
     assert row is not None
-    assert (row["status"], row["completed_count"], row["failed_count"]) == ("partial", 1, 1)
+    assert (row.status, row.completed_count, row.failed_count) == ("partial", 1, 1)
     assert h.envelope("alpha")["status"] == "partial"
     h.knobs("alpha", fail=None)
     again = h.run("alpha")
@@ -418,13 +418,13 @@ def test_recovery_exhausted_after_three_automatic_recoveries(h: Harness) -> None
     h.knobs("alpha", fail="all")
     assert not h.run("alpha").success  # an operator's retries are not counted
     assert not h.run("alpha").success
-    assert h.row("alpha")["recovery_count"] == 0  # type: ignore[index]
+    assert h.row("alpha").recovery_count == 0
     counts = []
     for _ in range(3):  # three automatic recoveries: runs the resume sensor launched
         assert not h.run("alpha", tags=SENSOR_RUN).success
         row = h.row("alpha")
-        assert row is not None and row["status"] == "failed"
-        counts.append(row["recovery_count"])
+        assert row is not None and row.status == "failed"
+        counts.append(row.recovery_count)
     assert counts == [1, 2, 3]
     row_before = h.row("alpha")
 
@@ -437,7 +437,7 @@ def test_recovery_exhausted_after_three_automatic_recoveries(h: Harness) -> None
     assert "storyboard force --partition proj1/ep1 --step alpha" in description  # way out
     assert len(h.calls("alpha")) == 5  # the body did not run again
     assert h.row("alpha") == row_before
-    assert h.audit("alpha")[-1]["action"] == "block"
+    assert h.audit("alpha")[-1].action == "block"
 
 
 def test_not_applicable_is_recorded_in_ledger_and_checkpoint(h: Harness) -> None:
@@ -446,12 +446,12 @@ def test_not_applicable_is_recorded_in_ledger_and_checkpoint(h: Harness) -> None
     assert result.success
     assert mat_metadata(result, "alpha")["resume/decision"] == "not_applicable"
     row = h.row("alpha")
-    assert row is not None and row["status"] == "not_applicable"
-    assert row["run_id"] == owner(result)
+    assert row is not None and row.status == "not_applicable"
+    assert row.run_id == owner(result)
     envelope = h.envelope("alpha")
     assert (envelope["status"], envelope["data"]) == ("not_applicable", {})
     assert h.calls("alpha") == [] and h.provider_calls("alpha") == []
-    assert [a["action"] for a in h.audit("alpha")] == ["not_applicable"]
+    assert [a.action for a in h.audit("alpha")] == ["not_applicable"]
     # downstream is judged on its own and sees the settled, not-applicable upstream
     assert h.envelope("beta")["data"]["items"][0] == "beta-empty"
     before = h.snapshot("alpha")
@@ -475,19 +475,19 @@ def test_force_cleans_invalidates_downstream_and_marks_it(h: Harness) -> None:
     assert len(h.calls("alpha")) == 2
     for step_id in ("beta", "gamma"):
         row = h.row(step_id)
-        assert row is not None and row["status"] == "stale"
-        assert "invalidated by explicit force of alpha" in row["result_summary"]
+        assert row is not None and row.status == "stale"
+        assert "invalidated by explicit force of alpha" in row.result_summary
         assert not h.path(step_id).exists()
         assert (h.path(step_id).parent / FORCE_MARKER).exists()
         assert old[step_id] in [p.read_bytes() for p in archives(h, step_id)]
         audit = h.audit(step_id)[-1]
-        assert (audit["action"], audit["from_status"], audit["to_status"], audit["run_id"]) == (
+        assert (audit.action, audit.from_status, audit.to_status, audit.run_id) == (
             "invalidate",
             "completed",
             "stale",
             run,
         )
-    assert [a["action"] for a in h.audit("alpha")][-2:] == ["force_explicit", "finish"]
+    assert [a.action for a in h.audit("alpha")][-2:] == ["force_explicit", "finish"]
 
     again = h.run("beta", "gamma")
     assert again.success
@@ -497,7 +497,7 @@ def test_force_cleans_invalidates_downstream_and_marks_it(h: Harness) -> None:
         )
         assert not (h.path(step_id).parent / FORCE_MARKER).exists()  # the save removed it
         row = h.row(step_id)
-        assert row is not None and row["status"] == "completed"
+        assert row is not None and row.status == "completed"
 
 
 def test_only_the_force_tag_forces(h: Harness) -> None:
@@ -505,7 +505,7 @@ def test_only_the_force_tag_forces(h: Harness) -> None:
     result = h.run("alpha", tags={"resume/action": "force_explicit", "resume/mode": "resume-ish"})
     assert result.success
     assert mat_metadata(result, "alpha")["resume/decision"] == "skip"
-    assert h.row("beta")["status"] == "completed"  # type: ignore[index]
+    assert h.row("beta").status == "completed"
     assert h.calls("alpha", "cleanup") == []
 
 
@@ -519,8 +519,8 @@ def test_both_finalize_paths_perform_all_seven_stages(h: Harness, path: str) -> 
     assert not h.run("gamma", tags=SENSOR_RUN).success  # one automatic recovery fails too
     row = h.row("gamma")
     assert row is not None
-    assert (row["status"], row["recovery_count"]) == ("failed", 1)
-    assert row["retry_not_before"] is not None
+    assert (row.status, row.recovery_count) == ("failed", 1)
+    assert row.retry_not_before is not None
     alpha_before = h.path("alpha").read_bytes()
     beta_before = (h.snapshot("beta"), h.row("beta"))
     h.knobs("gamma", fail=None, mutate="good")
@@ -537,15 +537,15 @@ def test_both_finalize_paths_perform_all_seven_stages(h: Harness, path: str) -> 
     # (2)+(4) final status written by the owner
     row = h.row("gamma")
     assert row is not None
-    assert (row["status"], row["run_id"], row["error_message"]) == ("completed", run, None)
-    assert (row["applicable_count"], row["completed_count"], row["failed_count"]) == (2, 2, 0)
-    assert row["completed_at"] is not None
+    assert (row.status, row.run_id, row.error_message) == ("completed", run, None)
+    assert (row.applicable_count, row.completed_count, row.failed_count) == (2, 2, 0)
+    assert row.completed_at is not None
     # (5) the checkpoint published is this run's
     envelope = h.envelope("gamma")
     assert (envelope["status"], envelope["produced_by"]["run_id"]) == ("completed", run)
     assert envelope["content_hash"] == data_version(result, "gamma")
     # (6) recovery bookkeeping reset on success
-    assert (row["recovery_count"], row["retry_not_before"], row["last_recovery_reason"]) == (
+    assert (row.recovery_count, row.retry_not_before, row.last_recovery_reason) == (
         0,
         None,
         None,
@@ -561,13 +561,13 @@ def test_both_finalize_paths_perform_all_seven_stages(h: Harness, path: str) -> 
     )
     assert alpha_before in [p.read_bytes() for p in archives(h, "alpha")]
     alpha_audit = h.audit("alpha")[-1]
-    assert (alpha_audit["action"], alpha_audit["run_id"]) == ("mutated", run)
-    assert h.row("alpha")["status"] == "completed"  # type: ignore[index]
+    assert (alpha_audit.action, alpha_audit.run_id) == ("mutated", run)
+    assert h.row("alpha").status == "completed"
     assert (h.snapshot("beta"), h.row("beta")) == beta_before
     observed = [e.asset_key for e in result.get_asset_observation_events()]
     assert dg.AssetKey("alpha") in observed
     # the audit trail of gamma's finalize
-    tail = [(a["action"], a["from_status"], a["to_status"], a["run_id"]) for a in h.audit("gamma")]
+    tail = [(a.action, a.from_status, a.to_status, a.run_id) for a in h.audit("gamma")]
     assert tail[-2:] == [(path, "failed", "running", run), ("finish", "running", "completed", run)]
     cleanups = [c["run_id"] for c in h.calls("gamma", "cleanup")]
     assert cleanups == ([run] if path == "force_explicit" else [])

@@ -18,7 +18,6 @@ import sys
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 import pytest
 from cli_helpers import CliEnv, make_env
@@ -35,6 +34,7 @@ from pipeline_defs.resume.decision import (
 )
 from pipeline_defs.resume.partition import Episode, StepKey
 from pipeline_defs.resume.settings import ResumeSettings
+from pipeline_defs.resume.status import LedgerRow
 from pipeline_defs.storyboard import sample_stories
 from resources.ledger.store import LedgerStore
 
@@ -55,13 +55,13 @@ def _never_verify() -> CompletionReport:
 
 
 def judge(started: datetime, beat: datetime | None) -> ResumeDecision:
-    row = {
-        "status": "running",
-        "run_id": "owner:0",
-        "started_at": format_timestamp(started),
-        "heartbeat_at": format_timestamp(beat) if beat else None,
-        "recovery_count": 0,
-    }
+    row = LedgerRow(
+        status="running",
+        run_id="owner:0",
+        started_at=format_timestamp(started),
+        heartbeat_at=format_timestamp(beat) if beat else None,
+        recovery_count=0,
+    )
     return decide(
         mode=LaunchMode.RESUME,
         applicable=True,
@@ -113,13 +113,13 @@ def test_a_steal_is_a_compare_and_set_on_the_heartbeat(db_url: str) -> None:
     started = format_timestamp(datetime.now(UTC) - timedelta(minutes=5))
     assert ledger.claim(key, "owner:0", now=started)
     seen = ledger.get(key)
-    assert seen is not None and seen["heartbeat_at"] == started
+    assert seen is not None and seen.heartbeat_at == started
     assert ledger.heartbeat(key, "owner:0")  # the owner renews after the judge read
     steal = {"allow_stale_steal": True, "expected_started_at": started}
     assert not ledger.claim(
         key, "thief:0", **steal, expected_run_id="owner:0", expected_heartbeat_at=started
     )
-    renewed = ledger.get(key)["heartbeat_at"]  # type: ignore[index]
+    renewed = ledger.get(key).heartbeat_at  # type: ignore[union-attr]
     assert ledger.claim(
         key, "thief:0", **steal, expected_run_id="owner:0", expected_heartbeat_at=renewed
     )
@@ -160,8 +160,10 @@ def home(tmp_path: Path) -> CliEnv:
 FAST_LEASE = {"PIPELINE_HEARTBEAT_SECONDS": "0.2", "PIPELINE_LEASE_SECONDS": "0.5"}
 
 
-def _row(cli: CliEnv, step_id: str) -> dict[str, Any]:
-    return cli.ledger.get(Episode.parse(PARTITION).step(step_id)) or {}
+def _row(cli: CliEnv, step_id: str) -> LedgerRow:
+    return (
+        cli.ledger.get(Episode.parse(PARTITION).step(step_id)) or LedgerRow()
+    )  # no row yet: every column None
 
 
 def test_a_step_ten_times_longer_than_its_lease_is_never_stolen(home: CliEnv) -> None:
@@ -176,15 +178,15 @@ def test_a_step_ten_times_longer_than_its_lease_is_never_stolen(home: CliEnv) ->
     worker = _storyboard(cli, "materialize", "--partition", PARTITION, "--step", "entity_canon",
                          env=env)  # fmt: skip
     deadline = time.monotonic() + 60
-    while _row(cli, "entity_canon").get("status") != "running":
+    while _row(cli, "entity_canon").status != "running":
         assert time.monotonic() < deadline and worker.poll() is None, worker.communicate()
         time.sleep(0.05)
     beats: set[str] = set()
     rival: tuple[int, str] | None = None
     while worker.poll() is None:
         row = _row(cli, "entity_canon")
-        if row.get("status") == "running":
-            beats.add(row["heartbeat_at"])
+        if row.status == "running":
+            beats.add(row.heartbeat_at)
             if rival is None and len(beats) >= 3:
                 # A rival launch judged with the same short lease, seconds after the step
                 # started: the live owner keeps its row.
@@ -201,7 +203,7 @@ def test_a_step_ten_times_longer_than_its_lease_is_never_stolen(home: CliEnv) ->
     assert "stale_running_recovery" not in rival[1]
     calls = [c for c in cli.ledger.provider_calls() if c["step_id"] == "entity_canon"]
     assert len(calls) == 1, "no call was spent twice"
-    assert _row(cli, "entity_canon")["status"] == "completed"
+    assert _row(cli, "entity_canon").status == "completed"
 
 
 def test_a_paused_worker_past_its_lease_loses_it_and_spends_nothing_more(home: CliEnv) -> None:
@@ -216,7 +218,7 @@ def test_a_paused_worker_past_its_lease_loses_it_and_spends_nothing_more(home: C
     worker = _storyboard(cli, "materialize", "--partition", PARTITION, "--step",
                          "ref_image_gen", env=env)  # fmt: skip
     deadline = time.monotonic() + 60
-    while _row(cli, "ref_image_gen").get("status") != "running":
+    while _row(cli, "ref_image_gen").status != "running":
         assert time.monotonic() < deadline and worker.poll() is None, worker.communicate()
         time.sleep(0.05)
     os.kill(worker.pid, signal.SIGSTOP)
@@ -225,8 +227,8 @@ def test_a_paused_worker_past_its_lease_loses_it_and_spends_nothing_more(home: C
         row = _row(cli, "ref_image_gen")
         stolen_at = len(cli.ledger.provider_calls())
         assert cli.ledger.claim(
-            key, "thief:0", allow_stale_steal=True, expected_started_at=row["started_at"],
-            expected_run_id=row["run_id"], expected_heartbeat_at=row["heartbeat_at"],
+            key, "thief:0", allow_stale_steal=True, expected_started_at=row.started_at,
+            expected_run_id=row.run_id, expected_heartbeat_at=row.heartbeat_at,
         )  # fmt: skip
     finally:
         os.kill(worker.pid, signal.SIGCONT)
@@ -235,8 +237,8 @@ def test_a_paused_worker_past_its_lease_loses_it_and_spends_nothing_more(home: C
     assert "step.ownership_lost" in out + err, (out + err)[-3000:]
     spent_after = len(cli.ledger.provider_calls()) - stolen_at
     assert spent_after <= 1, "at most the call in flight at the steal"
-    assert _row(cli, "ref_image_gen")["run_id"] == "thief:0"  # the new owner's row untouched
-    assert _row(cli, "ref_image_gen")["status"] == "running"
+    assert _row(cli, "ref_image_gen").run_id == "thief:0"  # the new owner's row untouched
+    assert _row(cli, "ref_image_gen").status == "running"
 
 
 # --------------------------------------------------------------------------- dead owners
@@ -305,10 +307,10 @@ def test_a_launch_recovers_a_row_whose_owner_run_has_ended(
         result = materialize(instance, pipeline, "p/e1", ["mid"])
         assert result.success
         row = stores.ledger.get(key)
-        assert row is not None and row["status"] == "completed" and row["run_id"] != dead
+        assert row is not None and row.status == "completed" and row.run_id != dead
         audit = stores.ledger.transitions(key)
         said = "FAILURE" if death == "failed" else "DELETED"
-        assert any(f"has ended ({said})" in (t.get("reason") or "") for t in audit), audit
+        assert any(f"has ended ({said})" in (t.reason or "") for t in audit), audit
 
 
 def test_a_call_in_flight_at_a_kill_is_counted_with_an_unknown_outcome(home: CliEnv) -> None:

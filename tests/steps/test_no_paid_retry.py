@@ -212,13 +212,13 @@ def test_an_operators_own_killed_runs_do_not_exhaust_the_step(home: CliEnv) -> N
     for _kill in range(3):
         killed = storyboard(home, "materialize", "--partition", PARTITION, env=KILL_SHOTS)
         assert killed.returncode == -9, killed.stderr[-2000:]
-        assert row(home, "scene_image_pipeline")["status"] == "running"
+        assert row(home, "scene_image_pipeline").status == "running"
         time.sleep(1.2)  # the dead owner's 1 s lease lapses
-    assert row(home, "scene_image_pipeline")["recovery_count"] == 0  # none was automatic
+    assert row(home, "scene_image_pipeline").recovery_count == 0  # none was automatic
 
     done = storyboard(home, "materialize", "--partition", PARTITION, "--json", env=LEASE)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert row(home, "scene_image_pipeline")["status"] == "completed"
+    assert row(home, "scene_image_pipeline").status == "completed"
 
 
 def test_exhausted_automatic_recoveries_print_the_way_out(
@@ -235,13 +235,13 @@ def test_exhausted_automatic_recoveries_print_the_way_out(
         killed = sensor_run(home, step, env=KILL_SHOTS)
         assert killed.returncode == -9, killed.stderr[-2000:]
         taken = row(home, step)
-        assert (taken["status"], taken["recovery_count"]) == ("running", attempt)
-        assert taken["last_recovery_reason"]
+        assert (taken.status, taken.recovery_count) == ("running", attempt)
+        assert taken.last_recovery_reason
         time.sleep(1.2)
     held = row(home, step)
     reset = (
         f"storyboard reset-running --partition {PARTITION} --step {step} "
-        f"--expected-started-at {held['started_at']!r}"
+        f"--expected-started-at {held.started_at!r}"
     )
     force = f"storyboard force --partition {PARTITION} --step {step}"
 
@@ -254,16 +254,16 @@ def test_exhausted_automatic_recoveries_print_the_way_out(
     error = json.loads(refused.stdout)["error"]
     assert error["code"] == "step.recovery_exhausted", error
     assert commands_in(error["message"]) == [reset, force]
-    assert row(home, step)["status"] == "running"  # a refusal changes nothing
+    assert row(home, step).status == "running"  # a refusal changes nothing
 
     home.ok(*shlex.split(reset)[1:])
     released = row(home, step)
-    assert released["status"] == "failed"
+    assert released.status == "failed"
     # the takeover keeps what the automatic recoveries recorded
-    assert (released["recovery_count"], released["last_recovery_reason"]) == (
-        held["recovery_count"],
-        held["last_recovery_reason"],
+    assert (released.recovery_count, released.last_recovery_reason) == (
+        held.recovery_count,
+        held.last_recovery_reason,
     )
     home.ok(*shlex.split(force)[1:])
-    assert row(home, step)["status"] == "completed"
+    assert row(home, step).status == "completed"
     assert decision_of(home, step)["action"] == "skip"

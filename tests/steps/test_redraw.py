@@ -141,7 +141,7 @@ def test_a_redraw_draws_exactly_that_item_and_touches_nothing_else(env: Env, ste
     checkpoint = env.checkpoint(step_id)
     assert checkpoint is not None
     assert checkpoint.data["images"][item]["sha256"] == file_sha256(target)
-    assert env.row(step_id)["status"] == "completed"  # type: ignore[index]
+    assert env.row(step_id).status == "completed"
     metadata = materialization_metadata(outcome.result)[step_id]
     assert metadata["step/redrawn"] == 1
     assert_clean(env, step_id)
@@ -223,7 +223,7 @@ def test_dependents_are_reported_and_redrawn_only_when_asked(env: Env) -> None:
     lost = shots[0]
     image_path(env, "scene_image_pipeline", lost).unlink()
     outcome = env.materialize(["scene_image_pipeline"])
-    assert outcome.total_calls == 1 and env.row("scene_image_pipeline")["status"] == "completed"  # type: ignore[index]
+    assert outcome.total_calls == 1 and env.row("scene_image_pipeline").status == "completed"
     outdated = outdated_items(STEPS.values(), env.checkpoints.load, EPISODE)
     assert sorted(outdated.get("composite_image_gen", {})) == sorted(composites)
     before = {s: identities(env, s) for s in downstream}
@@ -309,10 +309,10 @@ def _holding(env: Env, proc: subprocess.Popen[str], step_id: str, previous: Any)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         row = env.row(step_id)
-        if row is not None and row["status"] == "running" and row["run_id"] != previous:
-            calls = env.ledger.provider_calls(env.key(step_id), run_id=row["run_id"])
+        if row is not None and row.status == "running" and row.run_id != previous:
+            calls = env.ledger.provider_calls(env.key(step_id), run_id=row.run_id)
             if any(c["finished_at"] is None for c in calls):
-                return str(row["run_id"])
+                return str(row.run_id)
         if proc.poll() is not None:
             out, err = proc.communicate()
             raise AssertionError(f"the first process ended before holding the step: {out}{err}")
@@ -344,7 +344,8 @@ def test_a_redraw_racing_a_force_or_resume_is_serialized(
     lease = {"PIPELINE_LEASE_SECONDS": "600"}
     slow = {**_cli_env(env, tmp_path, latency_ms=2000), **lease}
     fast = {**_cli_env(env, tmp_path), **lease}
-    previous = (env.row(step_id) or {}).get("run_id")
+    before = env.row(step_id)
+    previous = before.run_id if before is not None else None
 
     first = _storyboard(*args[holder], env=slow)
     try:

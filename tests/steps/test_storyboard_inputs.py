@@ -270,6 +270,6 @@ def test_review_disabled_is_not_applicable_and_images_still_follow(env: Env) -> 
     assert outcomes["t2i_review"].status == "not_applicable"
     assert outcomes["t2i_review"].mutated == ()
     assert env.checkpoint("scene_detail").mutations == ()  # type: ignore[union-attr]
-    assert env.row("t2i_review")["status"] == "not_applicable"  # type: ignore[index]
+    assert env.row("t2i_review").status == "not_applicable"
     for step_id in ("ref_image_gen", "composite_image_gen", "scene_image_pipeline"):
         assert outcomes[step_id].status == "completed", step_id

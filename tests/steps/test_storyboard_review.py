@@ -2,6 +2,7 @@
 
 import copy
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any, ClassVar
 
 import pytest
@@ -189,10 +190,8 @@ def test_review_fixes_victims_in_place_and_scene_detail_verifies_clean(env: Env)
         row, then = env.row(victim), rows_before[victim]
         assert row is not None
         # Never staled; the only change to the row is its seal, which names the edit.
-        assert {k: v for k, v in row.items() if k != "checkpoint_seal"} == {
-            k: v for k, v in then.items() if k != "checkpoint_seal"
-        }
-        sealed = env.checkpoints.sealed(env.key(victim), row["checkpoint_seal"])
+        assert replace(row, checkpoint_seal=None) == replace(then, checkpoint_seal=None)
+        sealed = env.checkpoints.sealed(env.key(victim), row.checkpoint_seal)
         assert sealed is not None
         assert sealed.version == env.checkpoint(victim).version  # type: ignore[union-attr]
         assert list((env.step_dir(victim) / "archive").glob("*.json"))  # archived first
@@ -202,14 +201,14 @@ def test_review_fixes_victims_in_place_and_scene_detail_verifies_clean(env: Env)
         for item in changed
         for field in ("t2i_prompt", "owned_validation.t2i_prompt_hash")
     }
-    mutated = [t for t in env.ledger.transitions() if t["action"] == "mutated"]
-    assert sorted(t["step_id"] for t in mutated) == sorted(VICTIMS)
+    mutated = [t for t in env.ledger.transitions() if t.action == "mutated"]
+    assert sorted(t.step_id for t in mutated) == sorted(VICTIMS)
 
 
 def test_zero_fixes_writes_nothing(env: Env) -> None:
     env.run_direct(["t2i_review"])
     before = victim_bytes(env)
-    mutated_before = [t for t in env.ledger.transitions() if t["action"] == "mutated"]
+    mutated_before = [t for t in env.ledger.transitions() if t.action == "mutated"]
     env.checkpoint_path("t2i_review").unlink()  # completed row, no checkpoint: RERUN_SELF
 
     outcome = env.run_direct(["t2i_review"])["t2i_review"]
@@ -219,7 +218,7 @@ def test_zero_fixes_writes_nothing(env: Env) -> None:
     review = env.checkpoint("t2i_review").data  # type: ignore[union-attr]
     assert review["fixes"] == [] and review["reviewed"] > 0
     assert victim_bytes(env) == before
-    assert [t for t in env.ledger.transitions() if t["action"] == "mutated"] == mutated_before
+    assert [t for t in env.ledger.transitions() if t.action == "mutated"] == mutated_before
 
 
 def test_forced_bad_refresh_fails_the_mutator_and_leaves_victims_identical(
@@ -241,8 +240,8 @@ def test_forced_bad_refresh_fails_the_mutator_and_leaves_victims_identical(
     assert victim_bytes(env) == before
     assert env.checkpoint("t2i_review") is None
     row = env.row("t2i_review")
-    assert row is not None and row["status"] == "failed"
-    assert "sentinel_refresh_failed" in row["error_message"]
+    assert row is not None and row.status == "failed"
+    assert "sentinel_refresh_failed" in row.error_message
 
 
 def test_card_hash_change_during_review_is_refused(
@@ -334,9 +333,9 @@ def test_victim_running_refuses_the_edit(env: Env) -> None:
     assert "scene_detail" in info.value.message and "running" in info.value.message
     assert victim_bytes(env) == before
     rival = env.row("scene_detail")
-    assert rival is not None and (rival["status"], rival["run_id"]) == ("running", "rival:0")
+    assert rival is not None and (rival.status, rival.run_id) == ("running", "rival:0")
     entity = env.row("entity_t2i")
     assert entity == rows_before["entity_t2i"], "the other victim's row is untouched too"
-    assert not [t for t in ledger.transitions() if t["action"] == "mutated"]
+    assert not [t for t in ledger.transitions() if t.action == "mutated"]
     review = env.row("t2i_review")
-    assert review is not None and review["status"] == "failed", review
+    assert review is not None and review.status == "failed", review

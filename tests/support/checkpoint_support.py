@@ -3,6 +3,7 @@
 from judge_steps import make_data
 
 from pipeline_defs.resume.partition import StepKey
+from pipeline_defs.resume.status import StepStatus
 from resources.checkpoints.envelope import Checkpoint
 
 KEY = StepKey("proj1", "ep1", "alpha")
@@ -13,7 +14,7 @@ def checkpoint(*items: str, run_id: str = "run-1:0") -> Checkpoint:
         step_id=KEY.step_id,
         project_id=KEY.project_id,
         episode_id=KEY.episode_id,
-        status="completed",
+        status=StepStatus.COMPLETED,
         schema_version=1,
         config_hash="c",
         resume_config_keys=(),

@@ -21,6 +21,7 @@ from cli_helpers import CliEnv, make_env
 from storyboard_support import create_pg_database, drop_pg_database
 
 from pipeline_defs.resume.partition import Episode, StepKey
+from pipeline_defs.resume.status import LedgerRow
 from pipeline_defs.storyboard import sample_stories
 from resources.checkpoints.store import CheckpointStore
 from resources.ledger.store import engine_for
@@ -105,15 +106,15 @@ def decision_of(cli: CliEnv, step_id: str) -> dict[str, Any]:
     return entry
 
 
-def row(cli: CliEnv, step_id: str) -> dict[str, Any]:
+def row(cli: CliEnv, step_id: str) -> LedgerRow:
     found = cli.ledger.get(key(step_id))
     assert found is not None, step_id
-    return dict(found)
+    return found
 
 
 def status_by_step(cli: CliEnv) -> dict[str, str]:
     rows = cli.ledger.get_many(episodes=[EPISODE])
-    return {k.step_id: str(r["status"]) for k, r in rows.items()}
+    return {k.step_id: str(r.status) for k, r in rows.items()}
 
 
 # A run of one step as the resume sensor requests it (Dagster's sensor tag): the launch

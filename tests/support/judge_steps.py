@@ -39,12 +39,14 @@ import dagster as dg
 from pipeline_defs.resume.completion import CompletionReport, Origin
 from pipeline_defs.resume.errors import PipelineError
 from pipeline_defs.resume.partition import StepKey
+from pipeline_defs.resume.status import LedgerRow, StepStatus
 from pipeline_defs.steps.context import StepContext
 from pipeline_defs.steps.spec import CleanupReport, Mutation, Step, StepResult
 from pipeline_defs.wiring.assets import build_step_assets
 from pipeline_defs.wiring.io_manager import CheckpointIOManager
 from resources.checkpoints.envelope import Checkpoint, canonical_json, sha256_text
 from resources.checkpoints.store import CheckpointStore
+from resources.ledger.audit import Transition
 from resources.ledger.store import LedgerStore
 from resources.pipeline import PipelineResource
 from resources.providers import OfflineImageModel, TextCall, TextModel, TextReply
@@ -268,16 +270,16 @@ def steal(ctx: StepContext, *, publish: bool) -> None:
     """Another owner takes the row mid-execute (a stale-lease steal through its own store)."""
     thief = LedgerStore(ctx.ledger.url)
     row = thief.get(ctx.key)
-    assert row is not None and row["status"] == "running"
+    assert row is not None and row.status == "running"
     won = thief.claim(
         ctx.key,
         THIEF_RUN_ID,
         allow_stale_steal=True,
-        expected_started_at=row["started_at"],
-        expected_run_id=row["run_id"],
+        expected_started_at=row.started_at,
+        expected_run_id=row.run_id,
     )
     assert won, "the steal must succeed"
-    record(ctx.home, ctx.key.step_id, "steal", victim=row["run_id"])
+    record(ctx.home, ctx.key.step_id, "steal", victim=row.run_id)
     if not publish:
         return
     store = CheckpointStore(ctx.home)
@@ -285,7 +287,7 @@ def steal(ctx: StepContext, *, publish: bool) -> None:
         step_id=ctx.key.step_id,
         project_id=ctx.key.project_id,
         episode_id=ctx.key.episode_id,
-        status="completed",
+        status=StepStatus.COMPLETED,
         schema_version=1,
         config_hash="thief",
         resume_config_keys=(),
@@ -380,10 +382,10 @@ class Harness:
         )
 
     # -- observations
-    def row(self, step_id: str, partition: str = PARTITION) -> dict[str, Any] | None:
+    def row(self, step_id: str, partition: str = PARTITION) -> LedgerRow | None:
         return self.ledger.get(step_key(step_id, partition))
 
-    def audit(self, step_id: str, partition: str = PARTITION) -> list[dict[str, Any]]:
+    def audit(self, step_id: str, partition: str = PARTITION) -> list[Transition]:
         return self.ledger.transitions(step_key(step_id, partition))
 
     def path(self, step_id: str, partition: str = PARTITION) -> Path:

@@ -23,6 +23,7 @@ from pipeline_defs.definitions import build_resources
 from pipeline_defs.operations.inspect import DECISION_ACTIONS
 from pipeline_defs.resume.decision import LaunchMode, ResumeDecision
 from pipeline_defs.resume.partition import Episode, StepKey
+from pipeline_defs.resume.status import LedgerRow
 from pipeline_defs.steps.graph import StepGraph
 from pipeline_defs.steps.judge import StepJudge
 from pipeline_defs.steps.runner import RunInfo, StepOutcome, StepRunner
@@ -192,10 +193,10 @@ class Env:
     def step_dir(self, step_id: str) -> Path:
         return self.checkpoints.step_dir(self.key(step_id))
 
-    def row(self, step_id: str) -> dict[str, Any] | None:
+    def row(self, step_id: str) -> LedgerRow | None:
         return self.ledger.get(self.key(step_id))
 
-    def rows(self) -> dict[str, dict[str, Any]]:
+    def rows(self) -> dict[str, LedgerRow]:
         return {k.step_id: r for k, r in self.ledger.get_many(episodes=[EPISODE]).items()}
 
     def delete_rows(self) -> None:
@@ -296,8 +297,8 @@ class Env:
             shutil.rmtree(dagster_dir, ignore_errors=True)
         decisions: dict[str, str] = {}
         for row in ledger.transitions(since_seq=seq):
-            if row["episode_id"] == EPISODE_ID and row["action"] in DECISION_ACTIONS:
-                decisions.setdefault(row["step_id"], row["action"])
+            if row.episode_id == EPISODE_ID and row.action in DECISION_ACTIONS:
+                decisions.setdefault(row.step_id, str(row.action))
         calls: dict[str, Counter[str]] = {}
         for call in ledger.provider_calls(episode=EPISODE):
             if call["id"] > last_call:

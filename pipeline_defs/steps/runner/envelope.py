@@ -30,7 +30,7 @@ def envelope(
         step_id=key.step_id,
         project_id=key.project_id,
         episode_id=key.episode_id,
-        status=status.value,  # the checkpoint holds the text
+        status=status,
         schema_version=step.schema_version,
         config_hash=config_hash(fingerprints),
         resume_config_keys=tuple(step.resume_config_keys),

@@ -42,7 +42,7 @@ def exit_verify(
         ) from exc
     if not report.is_complete:
         partial = StepStatus.PARTIAL
-        return Verified(partial, checkpoint.with_changes(status=partial.value), report, None)
+        return Verified(partial, checkpoint.with_changes(status=partial), report, None)
     # A clean completed result is sealed: its files' identities go into the row, so a
     # read-only judge can trust this verification while they stay unchanged.
     return Verified(status, checkpoint, report, judge.verifier_reads(ctx))

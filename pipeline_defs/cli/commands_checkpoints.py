@@ -1,5 +1,6 @@
-"""Commands on published checkpoints: ``accept`` a hand edit, ``sheet`` (an episode as one
-HTML page), ``gc`` of unreferenced attempts, ``storage migrate`` to object storage."""
+"""Commands on published checkpoints: ``accept`` a hand edit, ``seal`` the completed rows a
+ledger from before seals left unsealed, ``sheet`` (an episode as one HTML page), ``gc`` of
+unreferenced attempts, ``storage migrate`` to object storage."""
 
 from datetime import timedelta
 from pathlib import Path
@@ -9,9 +10,9 @@ import click
 
 from pipeline_defs.cli.app import checked_workspace, main
 from pipeline_defs.cli.errors import operation
-from pipeline_defs.cli.options import partition_option
+from pipeline_defs.cli.options import partition_option, partition_or_all_option
 from pipeline_defs.operations import accept as accepting
-from pipeline_defs.operations import garbage, storage_migrate
+from pipeline_defs.operations import garbage, sealing, storage_migrate
 from pipeline_defs.operations import sheet as sheets
 
 
@@ -38,6 +39,31 @@ def accept(*, partition_key: str, step_id: str, as_json: bool) -> dict[str, Any]
         click.echo(f"    the edited file as it was: {report.archived}")
     if report.downstream:
         click.echo(f"    downstream judges itself at its next run: {', '.join(report.downstream)}")
+    return None
+
+
+@main.command("seal")
+@partition_or_all_option
+@operation("seal")
+def seal(*, partition_key: str | None, as_json: bool) -> dict[str, Any] | None:
+    """Seal the completed rows that carry no seal (a ledger from before seals), so the
+    resume sensor judges them with a few stat calls instead of the long way. Each is
+    verified as a run verifies it; only a clean one is sealed, compare-and-set on the row
+    as it was read. No status changes, no checkpoint is written, running rows are left."""
+    ws = checked_workspace()
+    report = sealing.seal_completed(ws, partition_key)
+    if as_json:
+        return report.as_dict()
+    counts = report.as_dict()["counts"]
+    click.echo(
+        f"{counts['sealed']} sealed, {counts['already_sealed']} already sealed, "
+        f"{counts['not_clean']} not clean (left for the sensor and the runs), "
+        f"{counts['changed']} changed meanwhile (left alone)"
+    )
+    for key, why in report.not_clean.items():
+        click.echo(f"    not sealed {key}: {why}")
+    for key in report.changed:
+        click.echo(f"    changed meanwhile {key}: run again to seal it")
     return None
 
 

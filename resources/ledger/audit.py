@@ -66,6 +66,7 @@ class AuditAction(StrEnum):
     EDIT_REFUSED = "edit_refused"  # an edit of a victim refused: running, unsettled, changed
     ACCEPTED = "accepted"  # ``storyboard accept``: a hand edit adopted
     RESET_RUNNING = "reset_running"  # ``storyboard reset-running``: a dead owner's row released
+    SEALED = "sealed"  # ``storyboard seal``: an unsealed completed row verified clean, sealed
 
 
 _ACTIONS: dict[str, AuditAction] = {a.value: a for a in AuditAction}

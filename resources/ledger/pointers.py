@@ -167,6 +167,38 @@ def clear_seal(conn: Connection, key: StepKey, seal: str, *, now: str) -> bool:
     return bool(done.rowcount)
 
 
+def seal_unchanged(
+    conn: Connection,
+    key: StepKey,
+    seal: str,
+    *,
+    run_id: str | None,
+    updated_at: str | None,
+    pointer: str | None,
+) -> bool:
+    """Give a completed, unsealed row the seal of the checkpoint just verified clean
+    (``storyboard seal``), only while the row is exactly as it was read: still completed,
+    still unsealed, the same ``run_id``, ``updated_at`` and commit pointer. A run that
+    claimed or settled it since, a mutator that re-sealed it, a move into a bucket: the
+    row is left alone. ``updated_at`` does not move: a seal changes no verdict, and a run
+    that judged the row meanwhile must not lose its claim's compare-and-set over it."""
+    done = conn.execute(
+        sa.update(step_run)
+        .where(
+            sa.and_(
+                _where(key),
+                step_run.c.status == StepStatus.COMPLETED.value,
+                step_run.c.checkpoint_seal.is_(None),
+                step_run.c.run_id.is_not_distinct_from(sa.literal(run_id, sa.String)),
+                step_run.c.updated_at.is_not_distinct_from(sa.literal(updated_at, sa.Text)),
+                step_run.c.checkpoint_pointer.is_not_distinct_from(sa.literal(pointer, sa.Text)),
+            )
+        )
+        .values(checkpoint_seal=seal)
+    )
+    return bool(done.rowcount)
+
+
 def clear_episode_seals(conn: Connection, project_id: str, episode_id: str, *, now: str) -> int:
     """Drop every seal of one episode's rows (its inputs were replaced in the storage)."""
     done = conn.execute(

@@ -14,7 +14,7 @@ import sqlalchemy as sa
 
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.partition import StepKey
-from pipeline_defs.resume.status import SETTLED_RESULT, StepStatus
+from pipeline_defs.resume.status import SETTLED_RESULT, LedgerRow, StepStatus
 from resources.ledger import pointers
 from resources.ledger.audit import Audit, write_audit
 from resources.ledger.retry import Once
@@ -126,6 +126,33 @@ class Publishing(LedgerSession):
                 return pointers.clear_seal(conn, key, seal, now=ts)
 
         return self._retry("clear a seal", body)
+
+    def seal_unchanged(
+        self, key: StepKey, seal: str, *, seen: LedgerRow, audit: Audit | None = None
+    ) -> bool:
+        """Seal a completed row that carries no seal, compare-and-set on ``seen`` (the row
+        as it was read before its checkpoint was verified): False, and nothing written,
+        when the row is running, sealed or changed since. ``audit``: its history line, in
+        the same transaction. A retry after a lost answer finds its own seal in place."""
+        ts = now_text()
+
+        def body(attempt: int) -> bool:
+            with self._write() as conn:
+                if attempt > 1 and self._row_is(conn, key, checkpoint_seal=seal):
+                    return True
+                done = pointers.seal_unchanged(
+                    conn,
+                    key,
+                    seal,
+                    run_id=seen.run_id,
+                    updated_at=seen.updated_at,
+                    pointer=seen.checkpoint_pointer,
+                )
+                if done and audit is not None:
+                    write_audit(conn, key, audit, ts, attempt=attempt)
+                return done
+
+        return self._retry("seal a row", body)
 
     def clear_episode_seals(self, project_id: str, episode_id: str) -> int:
         """Drop every seal of one episode's rows (its inputs were replaced)."""

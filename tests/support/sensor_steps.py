@@ -24,7 +24,7 @@ import dagster as dg
 import sqlalchemy as sa
 from cli_helpers import dump_tables
 
-from pipeline_defs.definitions import build_resources
+from pipeline_defs.definitions import build_defs, build_resources
 from pipeline_defs.judging.stores import Stores
 from pipeline_defs.project import project_config_path
 from pipeline_defs.resume.completion import CompletionReport, Origin
@@ -100,6 +100,11 @@ class Side(_SensorStep):
 
 
 SENSOR_STEPS: tuple[Step, ...] = (Src(), Mid(), End(), Side())
+
+
+def sensor_defs() -> dg.Definitions:
+    """The code location of these steps, for the CLI (``STORYBOARD_DEFS=sensor_steps:sensor_defs``)."""
+    return build_defs(SENSOR_STEPS)
 
 
 def materialize(

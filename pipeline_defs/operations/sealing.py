@@ -96,15 +96,16 @@ def _seal_one(
     if not clean or checkpoint is None:
         report.not_clean[str(key)] = f"{decision.action.value}: {decision.reason}"
         return
-    # The seal a run writes when it publishes (``verdicts.adopt`` builds it the same way);
-    # None when a file is missing, a link, or was written within a timestamp tick.
+    # The seal a run writes when it publishes (``verdicts.adopt`` builds it the same way).
+    # None when a run would not have sealed it either: a file missing, a link, one written
+    # within a timestamp tick, or (object storage) an input the storage does not hold.
     seal = ws.checkpoints.seal(
         checkpoint,
         judge.verifier_reads(judge.context(key)),
         revision=judge.step.verify_revision,
     )
     if seal is None:
-        report.not_clean[str(key)] = "verified clean but not sealable now (a file just changed)"
+        report.not_clean[str(key)] = "verified clean, but not sealable (as a run would not seal it)"
         return
     line = Audit(
         AuditAction.SEALED,

@@ -9,7 +9,7 @@ left alone; checkpoint files are never written. Both databases.
 """
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,7 @@ from pipeline_defs.judging.stores import Stores
 from pipeline_defs.resume.partition import Episode, StepKey
 from pipeline_defs.resume.status import StepStatus
 from pipeline_defs.steps.judge import StepJudge
+from resources.checkpoints.published import PublishedCheckpoints
 from resources.checkpoints.store import CheckpointStore
 from resources.ledger.audit import AuditAction
 from resources.ledger.tables import step_run
@@ -40,19 +41,35 @@ def _settle() -> None:
     time.sleep(0.03)
 
 
-@pytest.fixture
-def stores(db_url: str, pipeline_home: Path) -> Iterator[Stores]:
-    stores = stores_for(pipeline_home, db_url, running_timeout_seconds=600)
+def _seeded(stores: Stores) -> Stores:
+    home = stores.checkpoints.home
+    (home / "projects" / "p").mkdir(parents=True, exist_ok=True)
+    (home / "projects" / "p" / "project.yaml").write_text("style: ink\n")
     for pk in PARTITIONS:
-        write_input(pipeline_home, pk, "story.md", f"# {pk}\n")
+        write_input(home, pk, "story.md", f"# {pk}\n")
+        if isinstance(stores.checkpoints, PublishedCheckpoints):  # as `add-episode` does
+            stores.checkpoints.publish_inputs(*pk.split("/"))
     _settle()
     for pk in PARTITIONS:
         seed(stores, pk)
     _settle()
     # A ledger migrated from before seals: completed rows, no seal.
     with stores.ledger.engine.begin() as conn:
-        conn.execute(sa.update(step_run).values(checkpoint_seal=None))
-    yield stores
+        assert conn.execute(sa.update(step_run).values(checkpoint_seal=None)).rowcount
+    return stores
+
+
+@pytest.fixture
+def stores(db_url: str, pipeline_home: Path) -> Stores:
+    return _seeded(stores_for(pipeline_home, db_url, running_timeout_seconds=600))
+
+
+@pytest.fixture
+def bucket_stores(db_url: str, pipeline_home: Path, tmp_path: Path) -> Stores:
+    """Checkpoints published as objects (a local directory as the storage): rows name
+    their manifests by commit pointer."""
+    url = f"file://{tmp_path / 'bucket'}"
+    return _seeded(stores_for(pipeline_home, db_url, running_timeout_seconds=600, storage_url=url))
 
 
 def _keys() -> list[StepKey]:
@@ -68,6 +85,13 @@ def storyboard(stores: Stores, tmp_path: Path, *args: str) -> Result:
         "DAGSTER_HOME": str(dagster_home),
         "STORYBOARD_DEFS": "sensor_steps:sensor_defs",
     }
+    storage = (
+        stores.checkpoints.location
+        if isinstance(stores.checkpoints, PublishedCheckpoints)
+        else None
+    )
+    if storage is not None:
+        env["PIPELINE_STORAGE_URL"] = storage
     return CliRunner().invoke(main, ["seal", *args], env=env)
 
 
@@ -128,6 +152,20 @@ def test_unsealed_completed_rows_are_sealed_and_the_sensor_then_takes_the_sealed
     again = seal_json(stores, tmp_path)
     assert again["counts"]["sealed"] == 0
     assert again["counts"]["already_sealed"] == len(_keys())
+
+
+def test_rows_on_object_storage_are_sealed_the_same_way(
+    bucket_stores: Stores, tmp_path: Path
+) -> None:
+    stores = bucket_stores
+    assert verifier_calls(stores) == len(_keys())
+    payload = seal_json(stores, tmp_path)
+    assert payload["counts"]["sealed"] == len(_keys()), json.dumps(payload)
+    for key in _keys():
+        row = stores.ledger.get(key)
+        assert row is not None and row.checkpoint_pointer is not None
+        assert stores.checkpoints.sealed(key, row.checkpoint_seal) is not None, key
+    assert verifier_calls(stores) == 0
 
 
 def test_one_partition_only(stores: Stores, tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
 """Options several commands share, declared once: the partition a command acts on (or
-every one), the partitions a view is limited to, and how a run is submitted (in-process or a webserver)."""
+every one), the partitions a view is limited to, and how a run is submitted (in-process
+or a webserver)."""
 
 from collections.abc import Callable
 from typing import TypeVar

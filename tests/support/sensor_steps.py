@@ -103,7 +103,8 @@ SENSOR_STEPS: tuple[Step, ...] = (Src(), Mid(), End(), Side())
 
 
 def sensor_defs() -> dg.Definitions:
-    """The code location of these steps, for the CLI (``STORYBOARD_DEFS=sensor_steps:sensor_defs``)."""
+    """The code location of these steps, for the CLI
+    (``STORYBOARD_DEFS=sensor_steps:sensor_defs``)."""
     return build_defs(SENSOR_STEPS)
 
 

@@ -10,7 +10,7 @@ import click
 
 from pipeline_defs.cli.app import checked_workspace, main
 from pipeline_defs.cli.errors import operation
-from pipeline_defs.cli.options import partition_option, partition_or_all_option
+from pipeline_defs.cli.options import partition_option, partitions_filter
 from pipeline_defs.operations import accept as accepting
 from pipeline_defs.operations import garbage, sealing, storage_migrate
 from pipeline_defs.operations import sheet as sheets
@@ -43,15 +43,15 @@ def accept(*, partition_key: str, step_id: str, as_json: bool) -> dict[str, Any]
 
 
 @main.command("seal")
-@partition_or_all_option
+@partitions_filter
 @operation("seal")
-def seal(*, partition_key: str | None, as_json: bool) -> dict[str, Any] | None:
+def seal(*, partitions: tuple[str, ...], as_json: bool) -> dict[str, Any] | None:
     """Seal the completed rows that carry no seal (a ledger from before seals), so the
     resume sensor judges them with a few stat calls instead of the long way. Each is
     verified as a run verifies it; only a clean one is sealed, compare-and-set on the row
     as it was read. No status changes, no checkpoint is written, running rows are left."""
     ws = checked_workspace()
-    report = sealing.seal_completed(ws, partition_key)
+    report = sealing.seal_completed(ws, partitions)
     if as_json:
         return report.as_dict()
     counts = report.as_dict()["counts"]

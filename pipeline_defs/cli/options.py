@@ -1,6 +1,5 @@
-"""Options several commands share, declared once: the partition a command acts on (or
-every one), the partitions a view is limited to, and how a run is submitted (in-process
-or a webserver)."""
+"""Options several commands share, declared once: the partition a command acts on, the
+partitions a view is limited to, and how a run is submitted (in-process or a webserver)."""
 
 from collections.abc import Callable
 from typing import TypeVar
@@ -13,14 +12,8 @@ F = TypeVar("F", bound=Callable[..., object])
 partition_option = click.option(
     "--partition", "partition_key", required=True, help="The partition, PROJECT/EPISODE."
 )
-# One partition or every one: ``--partition PROJECT/EPISODE`` -> ``partition_key`` (or None).
-partition_or_all_option = click.option(
-    "--partition",
-    "partition_key",
-    default=None,
-    help="Only this partition, PROJECT/EPISODE (default: every partition).",
-)
-# A view's filter: ``--partition`` repeated -> ``partitions`` (none: every partition).
+# A filter (a view's, ``seal``'s): ``--partition`` repeated -> ``partitions`` (none: every
+# partition).
 partitions_filter = click.option(
     "--partition", "partitions", multiple=True, help="Limit to PROJECT/EPISODE (repeatable)."
 )

@@ -16,6 +16,7 @@ verified against the manifest, the seal is the object seal a run writes there, a
 compare-and-set includes the pointer that was read.
 """
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -52,13 +53,13 @@ class SealReport:
         }
 
 
-def seal_completed(ws: Workspace, partition_key: str | None = None) -> SealReport:
-    """Seal every completed, unsealed row (of one partition, or all) whose checkpoint
-    verifies clean."""
+def seal_completed(ws: Workspace, partition_keys: Sequence[str] = ()) -> SealReport:
+    """Seal every completed, unsealed row (of these partitions; none: of all) whose
+    checkpoint verifies clean."""
     ws.require_migrated_ledger()
     episodes: list[Episode] | None = None
-    if partition_key is not None:
-        episodes = ws.require_partitions([partition_key], registration_required=False)
+    if partition_keys:
+        episodes = ws.require_partitions(partition_keys, registration_required=False)
     rows = ws.ledger.get_many(episodes=episodes)
     judges: dict[str, StepJudge] = {}
     report = SealReport()

@@ -10,7 +10,7 @@ from pipeline_defs.cli import main
 # The commands acting on one partition, the ones filtering by partitions, and the ones that
 # may submit their run through a webserver.
 ONE_PARTITION = {"materialize", "force", "redraw", "reset-running", "accept", "sheet"}
-PARTITION_FILTER = {"decide", "status"}
+PARTITION_FILTER = {"decide", "seal", "status"}
 SUBMITTING = {"force", "redraw"}
 SUBMISSION = ("graphql_url", "location", "wait")
 

@@ -9,6 +9,7 @@ left alone; checkpoint files are never written. Both databases.
 """
 
 import json
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -36,8 +37,6 @@ STEPS = tuple(s.step_id for s in SENSOR_STEPS)
 
 def _settle() -> None:
     """Past the filesystem timestamp tick: a racy input directory is never sealed."""
-    import time
-
     time.sleep(0.03)
 
 

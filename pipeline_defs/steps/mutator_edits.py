@@ -173,10 +173,9 @@ class MutatorEdits:
                 crash_point("mutation.victim_written", key.step_id)
         if reseal and written:
             # The mutator's seal covers its victims' files: renew it now they hold the edits.
-            seal = self.checkpoints.seal(
-                checkpoint, self.judge.verifier_reads(ctx), revision=self.judge.step.verify_revision
+            self.ledger.with_settled_row(
+                key, lambda: None, reseal=True, seal=self._reseal(key, checkpoint, ctx)
             )
-            self.ledger.with_settled_row(key, lambda: None, reseal=True, seal=seal)
         return tuple(written)
 
     def _apply(self, mutator: StepKey, intent: Intent, line: Audit) -> bool:
@@ -238,6 +237,26 @@ class MutatorEdits:
         self.checkpoints.drop_pending(mutator, intent.victim)
         self._reverify_victim(mutator, current, pending, line)
         return True
+
+    def _reseal(self, key: StepKey, published: Checkpoint, ctx: StepContext) -> str | None:
+        """The mutator's seal over its victims' edited files, or None (then left unsealed).
+
+        The store seals only the very file a checkpoint was loaded from; the object this run
+        published was written, not loaded, so the seal is taken from the file as it is read
+        back now, and only while it is still the version this run published (a demo run
+        left every review row unsealed, judged the long way by every sensor refresh)."""
+        try:
+            current = self.checkpoints.load(key)
+        except PipelineError:
+            return None  # unreadable or replaced by a link: unsealed, the long way reports it
+        if current is None or (current.version, current.content_hash) != (
+            published.version,
+            published.content_hash,
+        ):
+            return None
+        return self.checkpoints.seal(
+            current, self.judge.verifier_reads(ctx), revision=self.judge.step.verify_revision
+        )
 
     def _seal(self, edited: Checkpoint, temp: Path) -> str | None:
         """The edit was verified clean: sealed like a publish (the old seal named the

@@ -203,6 +203,11 @@ def test_review_fixes_victims_in_place_and_scene_detail_verifies_clean(env: Env)
     }
     mutated = [t for t in env.ledger.transitions() if t.action == "mutated"]
     assert sorted(t.step_id for t in mutated) == sorted(VICTIMS)
+    # The mutator's own row is re-sealed over its victims' edited files (not left unsealed,
+    # which would send every later sensor tick the long way for it), and the seal holds.
+    review_row = env.row("t2i_review")
+    assert review_row is not None and review_row.checkpoint_seal is not None
+    assert env.checkpoints.sealed(env.key("t2i_review"), review_row.checkpoint_seal) is not None
 
 
 def test_zero_fixes_writes_nothing(env: Env) -> None:

@@ -121,8 +121,9 @@ CASES = {
 
 
 # Entries of a step directory that no seal covers (see step 2 below): the archive, the
-# force marker, a receipt beside a PNG (the envelope lists the PNG only).
-NOT_SEALED_ENTRIES = {"archive_dir", "force_marker", "receipt"}
+# force marker, a receipt beside a PNG (the envelope lists the PNG only), a mutator's
+# write-ahead directory (spent once its row holds the result).
+NOT_SEALED_ENTRIES = {"archive_dir", "force_marker", "receipt", "pending_dir"}
 
 
 @pytest.fixture
@@ -182,17 +183,17 @@ def test_a_planted_link_blocks_every_path_and_nothing_outside_changes(
     assert_names_link(decision.reason, link)
     unchanged("judge")
 
-    # 2. the resume sensor. Seals trusted (the hot path; built in place, rows are sealed, a
-    # mutator's row is not): a seal checks, without following links, what its verdict
-    # reads: every directory down to the step and artifact directories, the envelope and
-    # the artifacts (lstat identities, which no link has). A link elsewhere in the step
-    # directory (archive/, the force marker, a receipt) is read by no sealed verdict and is
-    # not looked for there: the seal holds (SKIP, nothing read through it) and every writer
-    # refuses it (steps 3-5). The long way (seals not trusted) blocks on every link.
-    if step_id != "t2i_review":
-        assert row.checkpoint_seal
-        holds = env.checkpoints.sealed(env.key(step_id), row.checkpoint_seal) is not None
-        assert holds is (case in NOT_SEALED_ENTRIES), case
+    # 2. the resume sensor. Seals trusted (the hot path; built in place, every row is
+    # sealed, a mutator's re-sealed after its edits): a seal checks, without following
+    # links, what its verdict reads: every directory down to the step and artifact
+    # directories, the envelope and the artifacts (lstat identities, which no link has). A
+    # link elsewhere in the step directory (archive/, pending/, the force marker, a receipt)
+    # is read by no sealed verdict and is not looked for there: the seal holds (SKIP,
+    # nothing read through it) and every writer refuses it (steps 3-5). The long way (seals
+    # not trusted) blocks on every link.
+    assert row.checkpoint_seal
+    holds = env.checkpoints.sealed(env.key(step_id), row.checkpoint_seal) is not None
+    assert holds is (case in NOT_SEALED_ENTRIES), case
     if case not in NOT_SEALED_ENTRIES:
         assert_names_link(sensor_block(env, step_id), link)
     assert_names_link(sensor_block(env, step_id, trust_seals=False), link)

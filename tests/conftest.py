@@ -8,11 +8,12 @@ missing PostgreSQL is an error, never a skip.
 import os
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from s3_server import SECRET, S3Server, running_s3_server
 
 from resources.ledger.store import LedgerStore, engine_for
 
@@ -102,3 +103,24 @@ def pipeline_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     home.mkdir()
     monkeypatch.setenv("PIPELINE_HOME", str(home))
     return home
+
+
+# ---------------------------------------------------------------- S3 (a real moto server)
+@pytest.fixture(scope="module")
+def s3_server() -> Iterator[S3Server]:
+    with running_s3_server() as server:
+        yield server
+
+
+@pytest.fixture
+def aws_env(monkeypatch: pytest.MonkeyPatch) -> Callable[[S3Server], None]:
+    """Point the AWS_* environment (and only it) at a test server, our SECRET as the key."""
+
+    def apply(server: S3Server) -> None:
+        for name in list(os.environ):
+            if name.startswith("AWS_"):
+                monkeypatch.delenv(name)
+        for name, value in server.env(SECRET).items():
+            monkeypatch.setenv(name, value)
+
+    return apply

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner, Result
+from s3_server import S3Server
 from sensor_steps import SENSOR_STEPS, VERIFY_CALLS, seed, set_row, stores_for, write_input
 
 from pipeline_defs.cli import main
@@ -63,11 +64,22 @@ def stores(db_url: str, pipeline_home: Path) -> Stores:
     return _seeded(stores_for(pipeline_home, db_url, running_timeout_seconds=600))
 
 
-@pytest.fixture
-def bucket_stores(db_url: str, pipeline_home: Path, tmp_path: Path) -> Stores:
-    """Checkpoints published as objects (a local directory as the storage): rows name
-    their manifests by commit pointer."""
-    url = f"file://{tmp_path / 'bucket'}"
+@pytest.fixture(params=["directory", "s3"])
+def bucket_stores(
+    request: pytest.FixtureRequest,
+    db_url: str,
+    pipeline_home: Path,
+    tmp_path: Path,
+    aws_env: Callable[[S3Server], None],
+) -> Stores:
+    """Checkpoints published as objects, on a local directory as the storage and on S3 (a
+    real moto server): rows name their manifests by commit pointer."""
+    if request.param == "s3":
+        server: S3Server = request.getfixturevalue("s3_server")
+        aws_env(server)
+        url = f"s3://{server.new_bucket()}/pipeline"
+    else:
+        url = f"file://{tmp_path / 'bucket'}"
     return _seeded(stores_for(pipeline_home, db_url, running_timeout_seconds=600, storage_url=url))
 
 

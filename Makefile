@@ -6,7 +6,8 @@ STAMP := $(VENV)/.installed
 export PIPELINE_HOME ?= $(CURDIR)/.pipeline
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 
-.PHONY: demo test lint dev clean-demo
+AZURITE := .azurite/node_modules/.bin/azurite-blob
+.PHONY: demo test lint dev clean-demo azurite
 
 $(STAMP): pyproject.toml requirements/lock.txt
 	$(PYTHON) -m venv $(VENV)
@@ -22,8 +23,17 @@ demo: $(STAMP) $(DAGSTER_HOME)/dagster.yaml
 ## Run the whole test suite, PostgreSQL included (PIPELINE_TEST_PG_URL or an embedded server).
 ## --dist loadfile keeps a module on one worker, so module fixtures (the dagster dev webserver of
 ## tests/cli/test_launch_paths.py) start once; xdist 3.8's loadgroup does not group under pytest 9.
-test: $(STAMP)
+test: $(STAMP) azurite
 	$(BIN)/python -m pytest -n 2 --dist loadfile -q
+
+## The Azure Blob emulator (azurite, pinned in requirements/azurite) the storage tests run
+## against, installed with npm into .azurite; without npm those tests skip (CI fails them).
+azurite: $(AZURITE)
+$(AZURITE): requirements/azurite/package.json requirements/azurite/package-lock.json
+	@if command -v npm >/dev/null 2>&1; then \
+	  mkdir -p .azurite && cp requirements/azurite/package.json requirements/azurite/package-lock.json .azurite/ && \
+	  npm ci --prefix .azurite --no-audit --no-fund --loglevel=error && touch $@; \
+	else echo "npm not found: the Azure storage tests will skip (install Node.js and npm)"; fi
 
 ## Lint, format, import layers, types (mypy: [tool.mypy] in pyproject.toml, cache in .mypy_cache),
 ## then load the Definitions the way Dagster does.

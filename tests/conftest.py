@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from azurite_server import AzureServer, running_azurite
 from pg_throwaway import ThrowawayPostgres
 from s3_server import SECRET, S3Server, running_s3_server
 
@@ -123,6 +124,27 @@ def aws_env(monkeypatch: pytest.MonkeyPatch) -> Callable[[S3Server], None]:
             if name.startswith("AWS_"):
                 monkeypatch.delenv(name)
         for name, value in server.env(SECRET).items():
+            monkeypatch.setenv(name, value)
+
+    return apply
+
+
+# ---------------------------------------------------- Azure Blob (the azurite emulator)
+@pytest.fixture(scope="module")
+def azure_server() -> Iterator[AzureServer]:
+    with running_azurite() as server:
+        yield server
+
+
+@pytest.fixture
+def azure_env(monkeypatch: pytest.MonkeyPatch) -> Callable[[AzureServer], None]:
+    """Point the AZURE_* environment (and only it) at a test emulator, with our account key."""
+
+    def apply(server: AzureServer) -> None:
+        for name in list(os.environ):
+            if name.startswith(("AZURE_", "AZURITE_")):
+                monkeypatch.delenv(name)
+        for name, value in server.env().items():
             monkeypatch.setenv(name, value)
 
     return apply

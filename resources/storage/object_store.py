@@ -140,8 +140,31 @@ def _endpoint_host(scheme: str) -> str:
         return f"s3.{region}.amazonaws.com"
     if scheme == "gs":
         return "storage.googleapis.com"
+    for name in ("AZURE_STORAGE_ENDPOINT", "AZURE_ENDPOINT"):
+        if env.get(name):
+            return _host_of(env[name], name)
+    if env.get("AZURE_STORAGE_USE_EMULATOR", "").lower() in ("1", "true"):
+        return _host_of(env.get("AZURITE_BLOB_STORAGE_URL") or "http://127.0.0.1:10000", "")
     account = env.get("AZURE_STORAGE_ACCOUNT_NAME") or env.get("AZURE_STORAGE_ACCOUNT")
     return f"{account}.blob.core.windows.net" if account else "the Azure Blob endpoint"
+
+
+def _host_of(url: str, name: str) -> str:
+    """host[:port] of an endpoint URL (never a user part), or which variable sets it."""
+    try:
+        host = urlsplit(url).netloc.rsplit("@", 1)[-1]
+    except ValueError:
+        host = ""
+    return host or f"({name} is set)"
+
+
+def _quoted(e_tag: str | None) -> str | None:
+    """One form for an e_tag, the quoted one of an HTTP header: Azure's (and GCS's) listings
+    give it bare where a HEAD or a PUT gives it quoted, so a listing would otherwise never
+    match a manifest (the scrub took every object of an Azure container for changed)."""
+    if e_tag is None or e_tag.startswith(('"', 'W/"')):
+        return e_tag
+    return f'"{e_tag}"'
 
 
 def _build(location: BucketLocation) -> S3Store | GCSStore | AzureStore:
@@ -211,7 +234,7 @@ class ObjectStorage:
             raise self._exists(key, exc) from None
         except _BACKEND_ERRORS as exc:
             raise self._failure(exc, key, "writing") from None
-        return ObjectMeta(key, len(data), result["e_tag"], result["version"], None)
+        return ObjectMeta(key, len(data), _quoted(result["e_tag"]), result["version"], None)
 
     def put_if_match(self, key: str, data: bytes, expected: ObjectMeta) -> ObjectMeta:
         """``If-Match: <e_tag>`` (and the version, on a versioned bucket)."""
@@ -233,7 +256,7 @@ class ObjectStorage:
             raise self._precondition(key, expected, cause) from None
         except _BACKEND_ERRORS as exc:
             raise self._failure(exc, key, "writing") from None
-        return ObjectMeta(key, len(data), result["e_tag"], result["version"], None)
+        return ObjectMeta(key, len(data), _quoted(result["e_tag"]), result["version"], None)
 
     def list(self, prefix: str = "") -> Iterator[ObjectMeta]:
         if prefix != "":  # "" is the whole storage; validated now, not at the first next()
@@ -265,7 +288,7 @@ class ObjectStorage:
         return ObjectMeta(
             key=item["path"],
             size=item["size"],
-            e_tag=item["e_tag"],
+            e_tag=_quoted(item["e_tag"]),
             version=item["version"],
             last_modified=item["last_modified"],
         )

@@ -1,7 +1,9 @@
-"""The storage contract (docs/DESIGN.md#storage), one suite for both backends: a directory and S3.
+"""The storage contract (docs/DESIGN.md#storage), one suite for every backend: a directory, S3
+and Azure Blob.
 
 Every test taking ``storage`` runs on ``LocalStorage`` and on ``ObjectStorage`` over moto's
-S3 server (``tests/support/s3_server.py``). Then what only a local directory can get wrong
+S3 server (``tests/support/s3_server.py``) and over the azurite emulator
+(``tests/support/azurite_server.py``). Then what only a local directory can get wrong
 (links, FIFOs, directories where an object should be) and how a configured URL is read.
 """
 
@@ -14,6 +16,7 @@ from typing import Any
 
 import obstore
 import pytest
+from azurite_server import ACCOUNT_KEY, AzureServer
 from obstore.exceptions import GenericError
 from s3_server import SECRET, S3Server
 
@@ -28,6 +31,13 @@ from resources.storage import (
 )
 from resources.storage.base import TEMP_PREFIX
 
+# The credentials the backends are configured with: no message or detail may show one.
+CREDENTIALS = (SECRET, ACCOUNT_KEY)
+
+
+def _shows_no_credential(error: PipelineError) -> bool:
+    return not any(c in str(error) or c in repr(error.details) for c in CREDENTIALS)
+
 
 def _error(call: Callable[[], Any]) -> PipelineError:
     with pytest.raises(PipelineError) as caught:
@@ -41,7 +51,7 @@ def _assert_names(error: PipelineError, storage: Storage, key: str) -> None:
     assert key in text and storage.url in text, text
     assert error.details["key"] == key and error.details["storage"] == storage.url
     assert error.details.get("cause"), error.details
-    assert SECRET not in text and SECRET not in repr(error.details)
+    assert _shows_no_credential(error), text
 
 
 # -- the contract, on both backends ------------------------------------------------------
@@ -208,7 +218,8 @@ def test_invalid_keys_are_refused_before_any_io(
 
 
 def test_storage_url_and_errors_never_show_the_secret(storage: Storage) -> None:
-    assert SECRET not in storage.url and SECRET not in repr(storage)
+    for credential in CREDENTIALS:
+        assert credential not in storage.url and credential not in repr(storage)
     storage.put_create("s/obj", b"x")
     errors = [
         _error(lambda: storage.put_create("s/obj", b"y")),
@@ -218,7 +229,45 @@ def test_storage_url_and_errors_never_show_the_secret(storage: Storage) -> None:
         ),
     ]
     for error in errors:
-        assert SECRET not in str(error) and SECRET not in repr(error.details)
+        assert _shows_no_credential(error), error
+
+
+def test_a_listing_gives_the_e_tag_and_size_that_put_and_head_give(storage: Storage) -> None:
+    """A manifest records what a put returned; the scrub compares it with a listing. Azure's
+    listing gives e_tags bare where its PUT and HEAD quote them: every object looked changed."""
+    created = storage.put_create("etag/one", b"one")
+    replaced = storage.put_if_match("etag/two", b"two", storage.put_create("etag/two", b"2"))
+    listed = {meta.key: meta for meta in storage.list("etag")}
+    for written in (created, replaced):
+        head = storage.head(written.key)
+        assert head is not None
+        assert (listed[written.key].e_tag, listed[written.key].size) == (
+            written.e_tag,
+            written.size,
+        )
+        assert (head.e_tag, head.size) == (written.e_tag, written.size)
+
+
+# -- Azure only: where the errors say the endpoint is ---------------------------------------
+
+
+def test_an_unreachable_azure_endpoint_is_unavailable_naming_host_and_container(
+    azure_server: AzureServer,
+    azure_env: Callable[[AzureServer], None],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    azure_env(AzureServer(f"http://127.0.0.1:{port}"))
+    storage = open_storage("az://some-container/pre", home=tmp_path)
+    error = _error(lambda: storage.get("k"))
+    assert error.code == "storage.unavailable" and error.status == 503, error
+    text = str(error)
+    assert f"127.0.0.1:{port}" in text and "Azure container some-container" in text, text
+    assert error.details["endpoint"] == f"127.0.0.1:{port}", error.details
+    assert _shows_no_credential(error), text
 
 
 # -- S3 only: an endpoint that does not answer ---------------------------------------------

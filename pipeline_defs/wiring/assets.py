@@ -78,11 +78,6 @@ ENDED_RUN_STATUSES = frozenset(
 )
 
 
-# What ``owner_ended_in`` says of an owner whose Dagster run is gone from the instance; it
-# reads beside the run statuses it stands with ("owner run ... has ended (DELETED)").
-OWNER_RUN_DELETED = "DELETED"
-
-
 def owner_run_id(owner: str) -> str | None:
     """The Dagster run id of an owner token (``<run id>:<attempt>``); None when the token
     names no Dagster run (an owner outside Dagster, such as a test's)."""
@@ -99,12 +94,12 @@ def owner_ended_in(instance: dg.DagsterInstance) -> Callable[[str], str | None]:
 
     docs/DESIGN.md#dead-owners. Run monitoring marks a run whose worker died FAILURE; a run
     that ended while its row still says running holds a dead lease: its terminal status
-    (``FAILURE``, ``CANCELED``, ``SUCCESS``). A run id this instance does not know is dead
-    too (``OWNER_RUN_DELETED``): every process of a deployment shares one instance, so a run
-    it does not know was deleted, and nobody renews its lease. None when the owner may be
-    alive: its run is not terminal, or the token names no Dagster run (its run-id part is not
-    a UUID: an owner outside Dagster, such as a test's), which is no evidence, and the lease
-    rules apply.
+    (``FAILURE``, ``CANCELED``, ``SUCCESS``). None when the owner may be alive, and the lease
+    rules (its heartbeat alone) apply: its run is not terminal; this instance does not know
+    the run (another deployment's Dagster instance on the same ledger may be running it, or
+    it was deleted here: either way only a stopped heartbeat proves it dead); or the token
+    names no Dagster run (its run-id part is not a UUID: an owner outside Dagster, such as a
+    test's).
     """
 
     def ended(owner: str) -> str | None:
@@ -112,9 +107,7 @@ def owner_ended_in(instance: dg.DagsterInstance) -> Callable[[str], str | None]:
         if run_id is None:
             return None
         run = instance.get_run_by_id(run_id)
-        if run is None:
-            return OWNER_RUN_DELETED
-        if run.status not in ENDED_RUN_STATUSES:
+        if run is None or run.status not in ENDED_RUN_STATUSES:
             return None
         return str(run.status.value)
 

@@ -231,9 +231,10 @@ def test_provider_call_columns_say_which_calls_they_count(cli: CliEnv) -> None:
 
 @pytest.mark.parametrize("death", ["failed", "deleted"])
 def test_a_dead_owner_is_judged_as_the_sensor_judges_it(cli: CliEnv, death: str) -> None:
-    """A running row whose Dagster run has ended (run monitoring marked it failed, or it was
-    deleted from the instance) holds a fresh heartbeat but no worker: the sensor relaunches
-    it now, so ``decide`` and ``status`` must say that, not that the run is working on it."""
+    """A running row whose Dagster run has ended (run monitoring marked it failed) holds a
+    fresh heartbeat but no worker: the sensor relaunches it now, so ``decide`` and ``status``
+    must say that, not that the run is working on it. A run deleted from the instance is
+    unknown here, as another deployment's live run would be: its heartbeat decides."""
     import sqlalchemy as sa
 
     from pipeline_defs.resume.clock import format_timestamp
@@ -275,9 +276,15 @@ def test_a_dead_owner_is_judged_as_the_sensor_judges_it(cli: CliEnv, death: str)
 
     decided = {d["step"]: d for d in cli.json("decide", "--all")["decisions"]}
     source = decided["source"]
+    if death == "deleted":
+        # Unknown here, as another deployment's run would be: its fresh heartbeat says alive.
+        assert source["verdict"] != "launch", source
+        state = cli.json("status", "--partition", "p1/e1")
+        (row,) = [s for s in state["steps"] if s["step"] == "source"]
+        assert row["running_healthy"], row
+        return
     assert (source["verdict"], source["action"]) == ("launch", "stale_running_recovery")
-    said = "FAILURE" if death == "failed" else "DELETED"
-    assert ended.run_id in source["detail"] and f"ended ({said})" in source["detail"]
+    assert ended.run_id in source["detail"] and "ended (FAILURE)" in source["detail"]
     status = cli.json("status", "--partition", "p1/e1")
     (state,) = [s for s in status["steps"] if s["step"] == "source"]
     assert state["verdict"] == "launch" and not state["running_healthy"]

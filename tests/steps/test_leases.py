@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -242,15 +243,16 @@ def test_a_paused_worker_past_its_lease_loses_it_and_spends_nothing_more(home: C
 
 
 # --------------------------------------------------------------------------- dead owners
-def test_owner_ended_in_reports_a_deleted_run_as_ended() -> None:
-    """Dead owners (docs/DESIGN.md#dead-owners): a run gone from the instance is as dead as a
-    failed one; a run still going is not; an owner token that names no Dagster run (a test
-    owner, the CLI) is no evidence either way."""
+def test_owner_ended_in_reports_only_runs_this_instance_saw_end() -> None:
+    """Dead owners (docs/DESIGN.md#dead-owners): a run that ended here is dead; a run still
+    going is not; a run this instance does not know (deleted here, or another deployment's
+    on the same ledger) and an owner token that names no Dagster run (a test owner, the CLI)
+    are no evidence either way: the heartbeat decides."""
     import uuid
 
     import dagster as dg
 
-    from pipeline_defs.wiring.assets import OWNER_RUN_DELETED, owner_ended_in
+    from pipeline_defs.wiring.assets import owner_ended_in
 
     @dg.op
     def fine() -> None:
@@ -265,8 +267,8 @@ def test_owner_ended_in_reports_a_deleted_run_as_ended() -> None:
         done = job.execute_in_process(instance=instance).run_id
         assert ended(f"{done}:0") == "SUCCESS"
         instance.delete_run(done)
-        assert ended(f"{done}:0") == OWNER_RUN_DELETED == "DELETED"
-        assert ended(f"{uuid.uuid4()}:1") == OWNER_RUN_DELETED  # never known here: gone too
+        assert ended(f"{done}:0") is None  # deleted here: its heartbeat decides
+        assert ended(f"{uuid.uuid4()}:1") is None  # never known here: another instance's?
         going = dg.DagsterRun(
             job_name="job", run_id=str(uuid.uuid4()), status=dg.DagsterRunStatus.STARTED
         )
@@ -276,7 +278,49 @@ def test_owner_ended_in_reports_a_deleted_run_as_ended() -> None:
             assert ended(owner) is None, owner
 
 
-@pytest.mark.parametrize("death", ["failed", "deleted"])
+def test_an_owner_run_another_instance_holds_is_not_stolen_while_it_heartbeats(
+    db_url: str, tmp_path: Path
+) -> None:
+    """Two deployments, each its own Dagster instance, on one ledger (issue 30): a step
+    claimed by a run of instance A, heartbeat fresh, is not taken over by a launch in
+    instance B, which does not know A's run (it used to read "owner run ... has ended
+    (DELETED)" and run the step a second time: double execution). Once A's heartbeat has
+    lapsed past the lease, B recovers the step by the lease rules."""
+    import dagster as dg
+    from sensor_steps import materialize, seed, set_row, stores_for
+
+    from resources.pipeline import PipelineResource
+
+    home = tmp_path / "home"
+    home.mkdir()
+    stores = stores_for(home, db_url)
+    pipeline = PipelineResource(home=str(home), db_url=db_url)
+    key = StepKey("p", "e1", "mid")
+    with dg.instance_for_test() as deployment_a, dg.instance_for_test() as deployment_b:
+        seed(stores, "p/e1", "src")
+        owner_run = dg.DagsterRun(
+            job_name="resume_steps", run_id=str(uuid.uuid4()), status=dg.DagsterRunStatus.STARTED
+        )
+        deployment_a.add_run(owner_run)
+        owner = f"{owner_run.run_id}:0"
+        assert stores.ledger.claim(key, owner)  # A's step is running, heartbeat fresh
+
+        result = materialize(deployment_b, pipeline, "p/e1", ["mid"], raise_on_error=False)
+        row = stores.ledger.get(key)
+        assert row is not None and (row.status, row.run_id) == ("running", owner), row
+        assert not result.success  # B saw a live owner and ran nothing
+        audit = stores.ledger.transitions(key)
+        assert not any("has ended" in (t.reason or "") for t in audit), audit
+
+        lapsed = format_timestamp(datetime.now(UTC) - timedelta(hours=2))
+        set_row(stores, key, heartbeat_at=lapsed, started_at=lapsed)
+        recovered = materialize(deployment_b, pipeline, "p/e1", ["mid"])
+        assert recovered.success
+        row = stores.ledger.get(key)
+        assert row is not None and row.status == "completed" and row.run_id != owner
+
+
+@pytest.mark.parametrize("death", ["failed"])
 def test_a_launch_recovers_a_row_whose_owner_run_has_ended(
     db_url: str, tmp_path: Path, death: str
 ) -> None:

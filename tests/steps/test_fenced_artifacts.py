@@ -160,3 +160,58 @@ def test_on_s3_a_paused_image_worker_cannot_touch_the_winners_objects_or_pointer
         code, out = _run(cli, "materialize", "--partition", PARTITION, "--step", STEP, env=s3)
         assert code == 0, out[-2000:]
         assert len(cli.ledger.provider_calls()) == before  # a later resume pays nothing
+
+
+def test_a_paused_text_worker_past_its_lease_spends_nothing_more_and_publishes_nothing(
+    tmp_path: Path,
+) -> None:
+    """A text step (one call per scene) paused (SIGSTOP) in its first call past its lease:
+    another owner takes the row over and publishes. Resumed, the old worker makes no further
+    provider call (``Lease.check`` before every call: the call in flight is all it spends)
+    and publishes nothing (the winner's envelope keeps its bytes and inode)."""
+    step = "scene_detail"
+    cli: CliEnv = make_env(tmp_path)
+    episode = Episode.parse(PARTITION)
+    code, out = _run(
+        cli, "add-episode", "--project", episode.project_id, "--episode", episode.episode_id,
+        "--story", str(sample_stories()["ep01"]),
+    )  # fmt: skip
+    assert code == 0, out[-2000:]
+    code, out = _run(cli, "materialize", "--partition", PARTITION)
+    assert code == 0, out[-2000:]
+    step_dir = cli.home / "checkpoints" / "demo" / "ep01" / step
+    scenes = len([c for c in cli.ledger.provider_calls() if c["step_id"] == step])
+    assert scenes >= 3, "the test needs a step of several calls"
+    (step_dir / "checkpoint.json").unlink()  # lost: the next run of the step calls again
+    slow = {**FAST_LEASE, "PIPELINE_OFFLINE_LATENCY_MS": "1500"}
+    zombie = _storyboard(cli, "materialize", "--partition", PARTITION, "--step", step, env=slow)
+    deadline = time.monotonic() + 120
+    while not (
+        in_flight := [
+            c
+            for c in cli.ledger.provider_calls()
+            if c["step_id"] == step and c["finished_at"] is None
+        ]
+    ):
+        assert time.monotonic() < deadline and zombie.poll() is None, zombie.communicate()
+        time.sleep(0.02)
+    zombie_run = in_flight[0]["run_id"]
+    os.kill(zombie.pid, signal.SIGSTOP)
+    try:
+        time.sleep(1.0)  # two leases
+        fast = {**FAST_LEASE, "PIPELINE_OFFLINE_LATENCY_MS": "0"}
+        code, out = _run(cli, "materialize", "--partition", PARTITION, "--step", step, env=fast)
+        assert code == 0, out[-3000:]
+        assert "stale_running_recovery" in out, out[-3000:]
+        winner = _files(step_dir)
+        owner = _row(cli, step).run_id
+    finally:
+        os.kill(zombie.pid, signal.SIGCONT)
+    out, err = zombie.communicate(timeout=120)
+    assert zombie.returncode != 0
+    assert "step.ownership_lost" in out + err, (out + err)[-3000:]
+    spent = [c for c in cli.ledger.provider_calls() if c["run_id"] == zombie_run]
+    assert len(spent) == 1, f"the fenced worker called again after its lease was lost: {spent}"
+    assert _files(step_dir) == winner  # nothing published over the winner
+    row = _row(cli, step)
+    assert row.run_id == owner and row.status == "completed"

@@ -4,6 +4,7 @@ An accepted edit is archived first, written under alpha's row lock and recorded 
 ``mutations[]``; a rejected edit leaves the victim byte-identical; zero fixes write nothing;
 nothing downstream is ever invalidated."""
 
+import json
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -83,6 +84,29 @@ def test_a_rejected_edit_leaves_the_victim_byte_identical(h: Harness) -> None:
     row = h.row("gamma")
     assert row is not None and row.status == "failed"  # the mutator fails, not the victim
     assert "mutation_rejected" in row.error_message
+
+
+def test_an_edit_the_victims_verifier_rejects_is_rolled_back(h: Harness) -> None:
+    """The edit verified clean before it was applied, but what the victim's verifier reads
+    changed meanwhile: re-verified once applied, it fails, so it is rolled back to the
+    version read (recorded), and the mutator fails; the victim serves the old version."""
+    before = h.snapshot("alpha")
+    h.knobs("alpha", verify_rejects_item="reviewed-by-gamma", verify_rejects_after=1)
+    h.knobs("gamma", mutate="good")
+
+    result = h.run("gamma")
+    assert not result.success
+    description, _ = failure(result, "gamma")
+    assert "step.mutation_rejected" in description and "rolled back" in description
+    now = h.snapshot("alpha")
+    assert before is not None and now is not None
+    restored, read = json.loads(now[0]), json.loads(before[0])
+    assert restored["content_hash"] == read["content_hash"]
+    assert "reviewed-by-gamma" not in restored["data"]["items"]
+    reasons = [a.reason or "" for a in h.audit("alpha")]
+    assert any("rolled back" in reason for reason in reasons), reasons
+    row = h.row("gamma")
+    assert row is not None and row.status == "failed"
 
 
 def test_zero_fixes_write_nothing(h: Harness) -> None:

@@ -161,6 +161,18 @@ class JudgeTestStep(Step):
             raise PipelineError("io.integrity_violation", f"{self.step_id}: card field absent")
         if k.get("verify_incomplete") == phase:
             return CompletionReport.incomplete(Origin.ARTIFACT_MISSING, ("a row the step needs",))
+        if k.get("verify_rejects_item") in checkpoint.data.get("items", []):
+            # An invariant only this step's verifier knows, on what it reads beside the
+            # checkpoint: the first ``verify_rejects_after`` looks pass, later ones reject (what
+            # it reads changed in between, as a concurrent writer would change it).
+            seen = Path(ctx.home) / CALLS_DIR / f"{self.step_id}-rejects-seen"
+            seen.parent.mkdir(parents=True, exist_ok=True)
+            count = int(seen.read_text()) + 1 if seen.exists() else 1
+            seen.write_text(str(count))
+            if count > int(k.get("verify_rejects_after", 0)):
+                return CompletionReport.incomplete(
+                    Origin.INVARIANT_DRIFT, (f"item {k['verify_rejects_item']} is not allowed",)
+                )
         return CompletionReport.clean()
 
     def cleanup_artifacts(self, ctx: StepContext) -> CleanupReport:

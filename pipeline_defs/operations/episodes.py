@@ -55,7 +55,7 @@ def _read_story(path: Path, knobs: StoryKnobs) -> bytes:
         raise PipelineError(
             ErrorCode.INPUT_INVALID, f"story file {str(path)!r} cannot be read: {exc.strerror}"
         ) from None
-    accept_story(path, payload, knobs)
+    accept_story(path, payload, knobs, file_size=found.st_size)
     return payload
 
 

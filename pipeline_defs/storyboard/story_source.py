@@ -50,14 +50,18 @@ def read_story(path: Path, knobs: StoryKnobs) -> tuple[bytes, str, dict[str, Any
     return (raw, *accept_story(path, raw, knobs))
 
 
-def accept_story(path: Path, raw: bytes, knobs: StoryKnobs) -> tuple[str, dict[str, Any]]:
+def accept_story(
+    path: Path, raw: bytes, knobs: StoryKnobs, *, file_size: int = 0
+) -> tuple[str, dict[str, Any]]:
     """Normalized text and parse of ``raw`` if it is a story this step accepts; else a typed
     error naming ``path``. The one definition of an acceptable story: ``storyboard
     add-episode`` applies it at the door, so nothing is registered that this step would
-    refuse later."""
-    if len(raw) > knobs.max_bytes:
+    refuse later. ``file_size``: the size of the file ``raw`` was read from, when the reader
+    stopped at the limit (a refusal says the file's size, not the bytes read)."""
+    size = max(len(raw), file_size)
+    if size > knobs.max_bytes:
         raise _invalid(
-            path, f"is {len(raw)} bytes, over the story.max_bytes limit of {knobs.max_bytes}"
+            path, f"is {size} bytes, over the story.max_bytes limit of {knobs.max_bytes}"
         )
     if b"\x00" in raw:
         raise _invalid(path, "is binary (contains NUL bytes), not a text story")

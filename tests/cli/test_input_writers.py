@@ -127,6 +127,7 @@ def test_an_oversized_story_is_refused_at_the_door(cli: CliEnv) -> None:
     big.write_text("The fox ran.\n" * (5 * 1024 * 1024 // 13), encoding="utf-8")  # ~5 MB
     code, output = add_episode(cli, "p1", "e1", big)
     assert code == 1 and "story.max_bytes" in output
+    assert f"is {big.stat().st_size} bytes" in output, output  # the file's size, not what was read
     assert not (cli.home / "projects").exists() or not any((cli.home / "projects").rglob("*.md"))
     assert partitions(cli) == []
 

@@ -104,9 +104,21 @@ def stdout_to_stderr() -> Iterator[None]:
         yield
 
 
+# Where ``make demo`` and ``make dev`` keep the Dagster instance, beside ``./.pipeline``.
+DEMO_DAGSTER_HOME = ".dagster_home"
+
+
 def dagster_instance(*, required: bool = True) -> dg.DagsterInstance | None:
-    """The instance of ``DAGSTER_HOME`` (created if the directory is missing), or None."""
+    """The instance of ``DAGSTER_HOME`` (created if the directory is missing), or None.
+
+    ``DAGSTER_HOME`` unset: the demo's instance, ``./.dagster_home`` in the current directory,
+    when ``make demo`` made one there (as ``PIPELINE_HOME`` defaults to ``./.pipeline``), so
+    ``storyboard materialize`` right after ``make demo`` works without make's environment."""
     home = os.environ.get("DAGSTER_HOME", "").strip()
+    demo = Path.cwd() / DEMO_DAGSTER_HOME
+    if not home and (demo / "dagster.yaml").is_file():
+        with stdout_to_stderr():
+            return dg.DagsterInstance.from_config(str(demo))
     if not home:
         if not required:
             return None

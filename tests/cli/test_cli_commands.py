@@ -115,6 +115,30 @@ def test_add_episode_needs_a_dagster_home(cli: CliEnv) -> None:
     assert not (cli.home / "projects").exists()
 
 
+def test_the_demos_dagster_home_is_found_without_make(
+    cli: CliEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After ``make demo`` the project directory holds ``.dagster_home``; the CLI run from
+    there without make's environment uses it (as PIPELINE_HOME defaults to ./.pipeline)."""
+    import dagster as dg
+
+    demo_home = cli.root / ".dagster_home"
+    demo_home.mkdir()
+    (demo_home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    monkeypatch.chdir(cli.root)
+    story = cli.story("fox")
+    result = cli.invoke(
+        "add-episode", "--project", "p1", "--episode", "e1", "--story", str(story),
+        env={"DAGSTER_HOME": None},
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    instance = dg.DagsterInstance.from_config(str(demo_home))
+    try:
+        assert instance.get_dynamic_partitions("episodes") == ["p1/e1"]
+    finally:
+        instance.dispose()
+
+
 def test_add_episode_refuses_a_missing_or_binary_story(cli: CliEnv) -> None:
     missing = cli.invoke(
         "add-episode", "--project", "p1", "--episode", "e1", "--story", str(cli.root / "nope.md")

@@ -24,7 +24,9 @@ Per tick (see :mod:`pipeline_defs.judging.tick` for what counts as a change and 
   :mod:`sensors.report`). A live lease of another run is not reported: its own run shows
   the check in progress. Blocks are also logged.
 
-The sensor writes nothing to the ledger or the checkpoint tree.
+The sensor writes nothing to the ledger or the checkpoint tree. In Dagster it marks failed a
+run of this instance that only the ledger shows dead (:mod:`sensors.abandoned_runs`), so
+its episode's queue opens.
 """
 
 from collections.abc import Callable, Collection, Sequence
@@ -41,11 +43,12 @@ from pipeline_defs.judging.stores import Stores
 from pipeline_defs.judging.tick import InFlight
 from pipeline_defs.judging.tick_result import TickConfig, TickResult
 from pipeline_defs.resume.decision import ResumeAction
+from pipeline_defs.resume.status import LedgerRow
 from pipeline_defs.steps.graph import order_steps
 from pipeline_defs.steps.spec import Step
 from pipeline_defs.wiring.assets import episodes, owner_ended_in
-from resources.ledger.store import LedgerStore
 from resources.pipeline import PipelineResource
+from sensors.abandoned_runs import end_abandoned_runs
 from sensors.report import report_requests, resume_report
 
 SENSOR_NAME = "resume_sensor"
@@ -146,7 +149,7 @@ def runs_in_flight(instance: dg.DagsterInstance, steps: Collection[dg.AssetKey])
 
 
 def dead_owner_requests(
-    ledger: LedgerStore,
+    running: Sequence[LedgerRow],
     owner_ended: Callable[[str], str | None],
     partitions: set[str],
     launching: set[tuple[str, str]],
@@ -157,10 +160,10 @@ def dead_owner_requests(
     The tick judges leases by time (a lapsed heartbeat); a run that run monitoring marked
     FAILURE is dead now. The launched run's own judge sees the ended owner and takes the row
     over (an expected-match steal); the sensor only saves the wait for the lease to lapse.
-    One query of the running rows per tick (there are few).
+    ``running``: the running rows (one query per tick; there are few).
     """
     requests = []
-    for row in ledger.running_rows():
+    for row in running:
         pk = f"{row.project_id}/{row.episode_id}"
         slot = (str(row.step_id), pk)
         if pk not in partitions or slot in launching:
@@ -330,15 +333,21 @@ def build_resume_sensor(
         scrubbed = scrub_for(name).step(stores, partition_keys)
         for drift in scrubbed.drifts[:LOGGED_CHANGES]:
             context.log.warning(f"scrub: {drift.step}: {drift.why}; judged again")
+        now = clock()
+        running = stores.ledger.running_rows()
+        # A run whose claims all stopped heartbeating long ago holds its episode's queue for
+        # good (a killed CLI run, a lost host): ended first, so the recovery can start.
+        for abandoned in end_abandoned_runs(context.instance, running, stores.settings, now):
+            context.log.warning(f"run {abandoned.run_id} marked failed: {abandoned.message}")
         ticker = ticker_for(name, ordered, stores, config)
         in_flight = runs_in_flight(context.instance, step_keys)
-        result = ticker.tick(partition_keys, clock(), context.cursor, in_flight)
+        result = ticker.tick(partition_keys, now, context.cursor, in_flight)
         if result.changed:
             _log(context, result)
         requests = [run_request(run, steps_job_name) for run in result.runs]
         launching = {(ev.step_id, ev.partition_key) for ev in result.launches}
         requests += dead_owner_requests(
-            stores.ledger,
+            running,
             owner_ended_in(context.instance),
             set(partition_keys),
             launching,

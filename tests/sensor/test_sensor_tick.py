@@ -625,3 +625,82 @@ def test_a_partition_with_a_run_in_flight_waits_for_it(sqlite_rig: Rig) -> None:
         assert not rig.tick().run_requests
     finally:
         rig.instance.delete_run(run.run_id)
+
+
+def _started_run(instance: dg.DagsterInstance, pk: str) -> dg.DagsterRun:
+    """A run this instance shows STARTED, as a killed ``storyboard materialize`` leaves it."""
+    import uuid
+
+    run = dg.DagsterRun(
+        job_name="resume_steps",
+        run_id=str(uuid.uuid4()),
+        status=dg.DagsterRunStatus.STARTED,
+        tags={"dagster/partition": pk},
+    )
+    instance.add_run(run)
+    return run
+
+
+def test_a_run_whose_claims_stopped_heartbeating_is_ended_so_its_queue_opens(
+    sqlite_rig: Rig,
+) -> None:
+    """Issue 30: a killed run stays STARTED for ever under a launcher that cannot check its
+    workers, and the episode's recovery waits behind it in the run queue. Once every claim
+    of the run has been silent for more than three leases (and it holds no live claim) the
+    sensor marks it failed, naming the ledger evidence; never before."""
+    rig = sqlite_rig
+    seed(rig.stores, "p/e1", "src")
+    rig.add("p/e1")
+    lease = rig.stores.settings.lease_seconds
+    killed = _started_run(rig.instance, "p/e1")
+    key = rig.key("p/e1", "mid")
+    assert rig.stores.ledger.claim(key, f"{killed.run_id}:0")
+    beat = datetime.now(UTC)
+
+    def status() -> dg.DagsterRunStatus:
+        found = rig.instance.get_run_by_id(killed.run_id)
+        assert found is not None
+        return found.status
+
+    rig.now = beat + timedelta(seconds=lease / 2)  # alive
+    rig.tick()
+    assert status() is dg.DagsterRunStatus.STARTED
+    rig.now = beat + timedelta(seconds=2 * lease)  # lapsed: recovered, but not ended yet
+    rig.tick()
+    assert status() is dg.DagsterRunStatus.STARTED
+    assert ("mid", "p/e1") in rig.requests()
+    rig.now = beat + timedelta(seconds=4 * lease)
+    rig.tick()
+    assert status() is dg.DagsterRunStatus.FAILURE
+    failure = [
+        e
+        for e in rig.instance.all_logs(killed.run_id)
+        if e.dagster_event is not None and e.dagster_event.event_type_value == "PIPELINE_FAILURE"
+    ]
+    assert failure and "p/e1:mid" in failure[-1].message, failure
+    assert "stopped heartbeating" in failure[-1].message
+    assert any(f"run {killed.run_id} marked failed" in line for line in rig.log.lines)
+
+
+def test_a_run_with_a_live_claim_or_unknown_here_is_never_ended(sqlite_rig: Rig) -> None:
+    """One claim silent, another of the same run still heartbeating: the run works on. A run
+    this instance does not know (another deployment's) is never touched."""
+    import uuid
+
+    rig = sqlite_rig
+    seed(rig.stores, "p/e1", "src")
+    rig.add("p/e1")
+    lease = rig.stores.settings.lease_seconds
+    working = _started_run(rig.instance, "p/e1")
+    silent, live = rig.key("p/e1", "mid"), rig.key("p/e1", "side")
+    assert rig.stores.ledger.claim(silent, f"{working.run_id}:0")
+    assert rig.stores.ledger.claim(live, f"{working.run_id}:0")
+    foreign = rig.key("p/e1", "end")
+    assert rig.stores.ledger.claim(foreign, f"{uuid.uuid4()}:0")
+    old = format_timestamp(datetime.now(UTC) - timedelta(seconds=10 * lease))
+    set_row(rig.stores, silent, heartbeat_at=old, started_at=old)
+    set_row(rig.stores, foreign, heartbeat_at=old, started_at=old)
+    rig.now = datetime.now(UTC)
+    rig.tick()
+    found = rig.instance.get_run_by_id(working.run_id)
+    assert found is not None and found.status is dg.DagsterRunStatus.STARTED

@@ -20,8 +20,11 @@ _NEXT_CALL_ID = sa.select(
 )
 
 
-class AuditAndCost(LedgerSession):
+class AuditAndCost:
     """Audit appends and provider-call (cost) rows."""
+
+    def __init__(self, session: LedgerSession) -> None:
+        self.session = session
 
     def append_transition(
         self,
@@ -46,10 +49,10 @@ class AuditAndCost(LedgerSession):
         at = now or now_text()
 
         def body(attempt: int) -> int:
-            with self._single() as conn:
+            with self.session.single() as conn:
                 return write_audit(conn, key, audit, at, attempt=attempt)
 
-        return self._retry("append transition", body)
+        return self.session.retry("append transition", body)
 
     def start_provider_call(self, key: StepKey, run_id: str | None, *, kind: str) -> int:
         """Record a call before it is sent (a kill during it leaves it unfinished)."""
@@ -66,8 +69,8 @@ class AuditAndCost(LedgerSession):
             "units": 0,
             "at": now_text(),
         }
-        if self.is_sqlite:  # never retried (see _retry): the id comes back with the insert
-            with self._single() as conn:
+        if self.session.is_sqlite:  # never retried (see _retry): the id comes back with the insert
+            with self.session.single() as conn:
                 inserted = conn.execute(
                     sa.insert(provider_call).values(values).returning(provider_call.c.id)
                 ).scalar_one()
@@ -78,7 +81,7 @@ class AuditAndCost(LedgerSession):
         allocated: list[int] = []
 
         def body(_attempt: int) -> int:
-            with self._single() as conn:
+            with self.session.single() as conn:
                 if not allocated:
                     allocated.append(int(conn.execute(_NEXT_CALL_ID).scalar_one()))
                 conn.execute(
@@ -88,7 +91,7 @@ class AuditAndCost(LedgerSession):
                 )
             return allocated[0]
 
-        return self._retry("record a provider call", body)
+        return self.session.retry("record a provider call", body)
 
     def finish_provider_call(self, call_id: int, *, units: int, model: str | None) -> None:
         # Fixed values by primary key: run twice after a lost answer, the same row results.
@@ -97,7 +100,7 @@ class AuditAndCost(LedgerSession):
             .where(provider_call.c.id == call_id)
             .values(units=units, model=model, finished_at=now_text())
         )
-        self._in_single("finish a provider call", lambda conn: conn.execute(statement))
+        self.session.in_single("finish a provider call", lambda conn: conn.execute(statement))
 
     def record_provider_call(
         self, key: StepKey, run_id: str | None, *, kind: str, units: int, model: str | None

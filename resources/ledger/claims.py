@@ -104,11 +104,14 @@ def _claim_statement(on_sqlite: bool, seen: str, steal: bool, auto: bool, beat: 
     ).returning(step_run.c.run_id)
 
 
-class Claims(LedgerSession):
+class Claims:
     """Claims of a step's row, and the rows settled without a run."""
 
+    def __init__(self, session: LedgerSession) -> None:
+        self.session = session
+
     def _insert(self) -> Any:
-        return (sqlite.insert if self.is_sqlite else postgresql.insert)(step_run)
+        return (sqlite.insert if self.session.is_sqlite else postgresql.insert)(step_run)
 
     def claim(
         self,
@@ -163,16 +166,16 @@ class Claims(LedgerSession):
             params["c_expected_run_id"] = expected_run_id
         if beat:
             params["c_expected_heartbeat_at"] = expected_heartbeat_at
-        statement = _claim_statement(self.is_sqlite, shape, steal, auto_recovery, beat)
+        statement = _claim_statement(self.session.is_sqlite, shape, steal, auto_recovery, beat)
 
         audited = audit is not None or refused is not None
 
         def body(attempt: int) -> bool:
-            with self._write() if audited else self._single() as conn:
+            with self.session.write() if audited else self.session.single() as conn:
                 # A retry after a dropped connection: the first attempt may have committed
                 # (its answer lost). The row then names this run_id (unique per claim) and
                 # this claim's started_at: that is our win, not another owner's row.
-                if attempt > 1 and self._row_is(
+                if attempt > 1 and self.session.row_is(
                     conn, key, run_id=run_id, status=StepStatus.RUNNING, started_at=ts
                 ):
                     return True
@@ -183,7 +186,7 @@ class Claims(LedgerSession):
                     write_audit(conn, key, line, ts, attempt=attempt)
             return won
 
-        return self._retry("claim", body)
+        return self.session.retry("claim", body)
 
     def _settled_insert(
         self, key: StepKey, run_id: str, status: StepStatus, summary: str, ts: str
@@ -229,9 +232,9 @@ class Claims(LedgerSession):
         )
 
         def body(attempt: int) -> bool:
-            with self._write() if audit is not None else self._single() as conn:
+            with self.session.write() if audit is not None else self.session.single() as conn:
                 # After a lost answer, our own insert is the row with our run and timestamp.
-                if attempt > 1 and self._row_is(
+                if attempt > 1 and self.session.row_is(
                     conn, key, run_id=run_id, status=StepStatus.COMPLETED, created_at=ts
                 ):
                     return True
@@ -240,7 +243,7 @@ class Claims(LedgerSession):
                     write_audit(conn, key, audit, ts, attempt=attempt)
                 return done
 
-        return self._retry("adopt", body)
+        return self.session.retry("adopt", body)
 
     def mark_not_applicable(
         self,
@@ -274,10 +277,10 @@ class Claims(LedgerSession):
         # Run again after a lost answer, the upsert finds our not-applicable row (not
         # running) and writes the same values: the same answer.
         def body(attempt: int) -> bool:
-            with self._write() if audit is not None else self._single() as conn:
+            with self.session.write() if audit is not None else self.session.single() as conn:
                 done = conn.execute(statement).first() is not None
                 if done and audit is not None:
                     write_audit(conn, key, audit, ts, attempt=attempt)
                 return done
 
-        return self._retry("mark not applicable", body)
+        return self.session.retry("mark not applicable", body)

@@ -24,8 +24,11 @@ from resources.ledger.tables import step_run
 T = TypeVar("T")
 
 
-class Publishing(LedgerSession):
+class Publishing:
     """Work under the row lock, commit pointers and seals."""
+
+    def __init__(self, session: LedgerSession) -> None:
+        self.session = session
 
     def publish(
         self,
@@ -46,9 +49,11 @@ class Publishing(LedgerSession):
         ts = now_text()
 
         def body(_attempt: int) -> T:
-            with self._write() as conn:
+            with self.session.write() as conn:
                 locked = conn.execute(
-                    sa.select(step_run.c.id).where(self._owned(key, run_id)).with_for_update()
+                    sa.select(step_run.c.id)
+                    .where(self.session.owned(key, run_id))
+                    .with_for_update()
                 ).first()
                 if locked is None:
                     raise PipelineError(
@@ -67,7 +72,7 @@ class Publishing(LedgerSession):
                     )
                 return once()
 
-        return self._retry("publish", body, callbacks=(once,))
+        return self.session.retry("publish", body, callbacks=(once,))
 
     def swap_pointer(
         self,
@@ -87,7 +92,7 @@ class Publishing(LedgerSession):
         ts = now or now_text()
 
         def body(attempt: int) -> bool:
-            with self._write() as conn:
+            with self.session.write() as conn:
                 if attempt > 1 and pointers.current_pointer(conn, key) == pointer:
                     return True
                 return pointers.swap_pointer(
@@ -101,7 +106,7 @@ class Publishing(LedgerSession):
                     now=ts,
                 )
 
-        return self._retry("swap a commit pointer", body)
+        return self.session.retry("swap a commit pointer", body)
 
     def adopt_pointer(self, key: StepKey, pointer: str, now: str | None = None) -> bool:
         """First pointer of a settled row that has none (``storyboard storage migrate``);
@@ -109,12 +114,12 @@ class Publishing(LedgerSession):
         ts = now or now_text()
 
         def body(attempt: int) -> bool:
-            with self._write() as conn:
+            with self.session.write() as conn:
                 if attempt > 1 and pointers.current_pointer(conn, key) == pointer:
                     return True
                 return pointers.adopt_pointer(conn, key, pointer, now=ts)
 
-        return self._retry("adopt a commit pointer", body)
+        return self.session.retry("adopt a commit pointer", body)
 
     def clear_seal(self, key: StepKey, seal: str, now: str | None = None) -> bool:
         """Drop ``seal`` from ``key``'s row while it still carries it (a scrub found the
@@ -122,10 +127,10 @@ class Publishing(LedgerSession):
         ts = now or now_text()
 
         def body(attempt: int) -> bool:
-            with self._write() as conn:
+            with self.session.write() as conn:
                 return pointers.clear_seal(conn, key, seal, now=ts)
 
-        return self._retry("clear a seal", body)
+        return self.session.retry("clear a seal", body)
 
     def seal_unchanged(
         self, key: StepKey, seal: str, *, seen: LedgerRow, audit: Audit | None = None
@@ -137,8 +142,8 @@ class Publishing(LedgerSession):
         ts = now_text()
 
         def body(attempt: int) -> bool:
-            with self._write() as conn:
-                if attempt > 1 and self._row_is(conn, key, checkpoint_seal=seal):
+            with self.session.write() as conn:
+                if attempt > 1 and self.session.row_is(conn, key, checkpoint_seal=seal):
                     return True
                 done = pointers.seal_unchanged(
                     conn,
@@ -152,28 +157,28 @@ class Publishing(LedgerSession):
                     write_audit(conn, key, audit, ts, attempt=attempt)
                 return done
 
-        return self._retry("seal a row", body)
+        return self.session.retry("seal a row", body)
 
     def clear_episode_seals(self, project_id: str, episode_id: str) -> int:
         """Drop every seal of one episode's rows (its inputs were replaced)."""
         ts = now_text()
 
         def body(attempt: int) -> int:
-            with self._write() as conn:
+            with self.session.write() as conn:
                 return pointers.clear_episode_seals(conn, project_id, episode_id, now=ts)
 
-        return self._retry("clear an episode's seals", body)
+        return self.session.retry("clear an episode's seals", body)
 
     def archived_pointers(self, key: StepKey) -> list[str]:
         """The step's replaced commit pointers, newest first."""
-        return self._in_read(
+        return self.session.in_read(
             "read archived pointers", lambda conn: pointers.archived_pointers(conn, key)
         )
 
     def references(self) -> pointers.References:
         """Every commit pointer (current and archived) and every claim: what object-storage
         garbage collection must keep."""
-        return self._in_read("read references", pointers.referenced)
+        return self.session.in_read("read references", pointers.referenced)
 
     def with_settled_row(
         self,
@@ -216,12 +221,14 @@ class Publishing(LedgerSession):
 
         def body(attempt: int) -> T:
             refusal: PipelineError | None = None
-            with self._write() as conn:
+            with self.session.write() as conn:
                 landed = attempt > 1 and pointer is not None
                 if landed and pointers.current_pointer(conn, key) == pointer:
                     return once()  # the commit landed: ``fn`` ran, its result is kept
                 row = conn.execute(
-                    sa.select(step_run.c.status).where(self._key_clause(key)).with_for_update()
+                    sa.select(step_run.c.status)
+                    .where(self.session.key_clause(key))
+                    .with_for_update()
                 ).first()
                 status = None if row is None else str(row.status)
                 if status is None or status not in SETTLED_RESULT:
@@ -236,7 +243,7 @@ class Publishing(LedgerSession):
                         completed = status == StepStatus.COMPLETED
                         conn.execute(
                             sa.update(step_run)
-                            .where(self._key_clause(key))
+                            .where(self.session.key_clause(key))
                             .values(checkpoint_seal=seal if completed else None)
                         )
                     if audit is not None:
@@ -260,7 +267,7 @@ class Publishing(LedgerSession):
                     write_audit(conn, key, line, ts, attempt=attempt)
             raise refusal  # once the refusal's line is committed
 
-        return self._retry("edit a settled row", body, callbacks=(once,))
+        return self.session.retry("edit a settled row", body, callbacks=(once,))
 
 
 def _not_settled(key: StepKey, status: str | None) -> PipelineError:

@@ -27,12 +27,15 @@ def _row(mapping: Mapping[str, Any] | None) -> LedgerRow | None:
     return LedgerRow.from_row(mapping) if mapping is not None else None
 
 
-class Reads(LedgerSession):
+class Reads:
     """Read-only operations, each one query in a read transaction of its own."""
 
+    def __init__(self, session: LedgerSession) -> None:
+        self.session = session
+
     def get(self, key: StepKey) -> LedgerRow | None:
-        query = sa.select(step_run).where(self._key_clause(key))
-        return self._in_read(
+        query = sa.select(step_run).where(self.session.key_clause(key))
+        return self.session.in_read(
             "read a step row",
             lambda conn: _row(cast(_Mapping, conn.execute(query).mappings().first())),
         )
@@ -88,7 +91,7 @@ class Reads(LedgerSession):
             result = conn.execute(query)
             return list(result.keys()), list(result.all())
 
-        labels, fetched = self._in_read("read step rows", fetch)
+        labels, fetched = self.session.in_read("read step rows", fetch)
         # Per row (a cold sensor tick reads every row of the ledger): no dict, no defaults
         # copy, no frozen __init__ (LedgerRow.builder, StepKey.of: the same rows and keys).
         build = LedgerRow.builder(labels)
@@ -103,7 +106,7 @@ class Reads(LedgerSession):
 
     def running_rows(self) -> list[LedgerRow]:
         query = sa.select(step_run).where(step_run.c.status == StepStatus.RUNNING.value)
-        return self._in_read(
+        return self.session.in_read(
             "read running rows",
             lambda conn: [
                 LedgerRow.from_row(cast(_Mapping, r)) for r in conn.execute(query).mappings()
@@ -118,7 +121,7 @@ class Reads(LedgerSession):
             updated = conn.execute(sa.select(sa.func.max(step_run.c.updated_at))).scalar()
             return int(seq or 0), str(updated or "")
 
-        return self._in_read("read the ledger cursor", read)
+        return self.session.in_read("read the ledger cursor", read)
 
     def transitions(self, key: StepKey | None = None, *, since_seq: int = 0) -> list[Transition]:
         query = sa.select(step_transition).where(step_transition.c.transition_seq > since_seq)
@@ -129,7 +132,7 @@ class Reads(LedgerSession):
                 step_transition.c.step_id == key.step_id,
             )
         ordered = query.order_by(step_transition.c.transition_seq)
-        return self._in_read(
+        return self.session.in_read(
             "read transitions",
             lambda conn: [
                 Transition.from_row(cast(_Mapping, r)) for r in conn.execute(ordered).mappings()
@@ -155,6 +158,6 @@ class Reads(LedgerSession):
         if run_id is not None:
             query = query.where(provider_call.c.run_id == run_id)
         ordered = query.order_by(provider_call.c.id)
-        return self._in_read(
+        return self.session.in_read(
             "read provider calls", lambda conn: [dict(r) for r in conn.execute(ordered).mappings()]
         )

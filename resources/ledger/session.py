@@ -3,7 +3,7 @@ transaction per operation, and the retry of a dropped PostgreSQL connection.
 
 Every operation is a short transaction of its own: no connection or transaction is held
 while a step body runs. The same statements run on PostgreSQL and SQLite.
-:class:`LedgerSession` is the base the store's per-concern parts build on.
+:class:`LedgerSession` is the one object the store's per-concern parts share (each holds it).
 """
 
 from collections.abc import Callable, Sequence
@@ -42,10 +42,12 @@ def key_params(key: StepKey) -> dict[str, str]:
 
 
 class LedgerSession:
-    """The plumbing every part of :class:`~resources.ledger.store.LedgerStore` runs on."""
+    """The plumbing every part of :class:`~resources.ledger.store.LedgerStore` runs on: one
+    per store, shared by its parts (composition: each part holds it)."""
 
-    url: str
-    _migrated: bool
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._migrated = False
 
     # ----------------------------------------------------------------- plumbing
     @property
@@ -57,12 +59,12 @@ class LedgerSession:
         """From the URL, as ``engine_for`` decides: no engine lookup on the claim path."""
         return self.url.startswith("sqlite")
 
-    def _write(self) -> Any:
+    def write(self) -> Any:
         """A short write transaction (BEGIN IMMEDIATE on SQLite)."""
         self.ensure_schema()
         return self.engine.begin()
 
-    def _single(self) -> Any:
+    def single(self) -> Any:
         """One self-contained statement: autocommit on PostgreSQL (one round trip instead
         of BEGIN/statement/COMMIT), an immediate transaction on SQLite."""
         self.ensure_schema()
@@ -70,7 +72,7 @@ class LedgerSession:
             return self.engine.begin()
         return self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
 
-    def _read(self) -> Any:
+    def read(self) -> Any:
         self.ensure_schema()
         if self.is_sqlite:
             return self.engine.connect().execution_options(read_only=True)
@@ -80,7 +82,7 @@ class LedgerSession:
     # of work (connection, transaction, statements, commit) that PostgreSQL may make run
     # again after a dropped connection (resources.ledger.retry). A write whose effect is
     # not the same when run twice looks for its own earlier success on ``attempt > 1``.
-    def _retry(
+    def retry(
         self,
         what: str,
         body: Callable[[int], T],
@@ -91,24 +93,24 @@ class LedgerSession:
             return body(1)
         return retry_dropped(body, url=self.url, what=what, callbacks=callbacks)
 
-    def _in_single(self, what: str, fn: Callable[[Connection], T]) -> T:
+    def in_single(self, what: str, fn: Callable[[Connection], T]) -> T:
         """One statement whose second run changes nothing more (fixed values, owner-aware)."""
 
         def body(_attempt: int) -> T:
-            with self._single() as conn:
+            with self.single() as conn:
                 return fn(conn)
 
-        return self._retry(what, body)
+        return self.retry(what, body)
 
-    def _in_read(self, what: str, fn: Callable[[Connection], T]) -> T:
+    def in_read(self, what: str, fn: Callable[[Connection], T]) -> T:
         def body(_attempt: int) -> T:
-            with self._read() as conn:
+            with self.read() as conn:
                 return fn(conn)
 
-        return self._retry(what, body)
+        return self.retry(what, body)
 
     @staticmethod
-    def _key_clause(key: StepKey) -> sa.ColumnElement[bool]:
+    def key_clause(key: StepKey) -> sa.ColumnElement[bool]:
         return sa.and_(
             step_run.c.project_id == key.project_id,
             step_run.c.episode_id == key.episode_id,
@@ -117,9 +119,9 @@ class LedgerSession:
 
     def migrate(self) -> str:
         """Bring the database to the head revision; returns the revision."""
-        return self._retry("migrate", lambda _attempt: self._migrate())
+        return self.retry("migrate", lambda _attempt: self.migrate_now())
 
-    def _migrate(self) -> str:
+    def migrate_now(self) -> str:
         """:meth:`migrate` without the retry (run inside an operation that retries)."""
         head = migrate_to_head(self.engine)
         self._migrated = True
@@ -128,16 +130,16 @@ class LedgerSession:
     def ensure_schema(self) -> None:
         """Migrate on first use; called inside every operation, so inside its retry."""
         if not self._migrated:
-            self._migrate()
+            self.migrate_now()
 
-    def _owned(self, key: StepKey, run_id: str) -> sa.ColumnElement[bool]:
-        return sa.and_(self._key_clause(key), step_run.c.run_id == run_id)
+    def owned(self, key: StepKey, run_id: str) -> sa.ColumnElement[bool]:
+        return sa.and_(self.key_clause(key), step_run.c.run_id == run_id)
 
-    def _row_is(self, conn: Connection, key: StepKey, **expected: Any) -> bool:
+    def row_is(self, conn: Connection, key: StepKey, **expected: Any) -> bool:
         """Whether the key's row exists with exactly these column values (after an unknown
         outcome: did our own write land?)."""
         columns = [step_run.c[name] for name in expected]
-        found = conn.execute(sa.select(*columns).where(self._key_clause(key))).first()
+        found = conn.execute(sa.select(*columns).where(self.key_clause(key))).first()
         return found is not None and all(
             value == want for value, want in zip(found, expected.values(), strict=True)
         )

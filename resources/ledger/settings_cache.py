@@ -23,10 +23,12 @@ from resources.ledger.tables import setting_change, settings
 SETTINGS_MAX_AGE_SECONDS = 5.0
 
 
-class SettingsCache(LedgerSession):
+class SettingsCache:
     """Reads (cached) and audited writes of the ``settings`` table."""
 
-    _settings_cache: tuple[float, dict[str, str]] | None
+    def __init__(self, session: LedgerSession) -> None:
+        self.session = session
+        self._settings_cache: tuple[float, dict[str, str]] | None = None
 
     def stored_settings(self, max_age: float = SETTINGS_MAX_AGE_SECONDS) -> dict[str, str]:
         """The ledger's settings table (key -> value), read at most every ``max_age`` s.
@@ -38,27 +40,27 @@ class SettingsCache(LedgerSession):
         cached = self._settings_cache
         if cached is not None and time.monotonic() - cached[0] < max_age:
             return dict(cached[1])
-        values = self._retry("read settings", lambda _attempt: self._read_settings())
+        values = self.session.retry("read settings", lambda _attempt: self._read_settings())
         self._settings_cache = (time.monotonic(), values)
         return dict(values)
 
     def _read_settings(self) -> dict[str, str]:
-        if self.is_sqlite:
-            database = sa.engine.make_url(self.url).database or ""
+        if self.session.is_sqlite:
+            database = sa.engine.make_url(self.session.url).database or ""
             if database in ("", ":memory:") or not Path(database).is_file():
                 return {}  # connecting would create the file
         query = sa.select(settings.c.key, settings.c.value)
         try:
-            if self.is_sqlite:
-                conn = self.engine.connect().execution_options(read_only=True)
+            if self.session.is_sqlite:
+                conn = self.session.engine.connect().execution_options(read_only=True)
             else:
-                conn = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+                conn = self.session.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
             with conn:
                 return {str(k): str(v) for k, v in conn.execute(query).all()}
         except sa.exc.DBAPIError as exc:
             if is_dropped_connection(exc):
                 raise  # the server, not the table, is missing: retried whole
-            with self.engine.connect() as conn:
+            with self.session.engine.connect() as conn:
                 if sa.inspect(conn).has_table(settings.name):
                     raise
             return {}  # not migrated to 0004 yet
@@ -86,10 +88,10 @@ class SettingsCache(LedgerSession):
         # still differs: nothing twice (a change whose commit was lost and yet applied is
         # then reported as no change).
         def body(_attempt: int) -> dict[str, tuple[str | None, str]]:
-            with self._write() as conn:
+            with self.session.write() as conn:
                 return self._apply_settings(conn, values, changed_by=changed_by, keep=keep)
 
-        changes = self._retry("change settings", body)
+        changes = self.session.retry("change settings", body)
         self._settings_cache = None  # this process sees its own change at once
         return changes
 
@@ -102,7 +104,7 @@ class SettingsCache(LedgerSession):
         keep: bool,
     ) -> dict[str, tuple[str | None, str]]:
         changes: dict[str, tuple[str | None, str]] = {}
-        if not self.is_sqlite:
+        if not self.session.is_sqlite:
             # Serialize changes: two keys validated apart (lease, heartbeat) could make
             # a pair neither change alone would allow. SQLite's BEGIN IMMEDIATE does this.
             conn.exec_driver_sql("LOCK TABLE settings IN SHARE ROW EXCLUSIVE MODE")
@@ -135,7 +137,7 @@ class SettingsCache(LedgerSession):
     def setting_changes(self) -> list[dict[str, Any]]:
         """The audit trail of the settings table, oldest first."""
         query = sa.select(setting_change).order_by(setting_change.c.id)
-        return self._in_read(
+        return self.session.in_read(
             "read setting changes",
             lambda conn: [dict(r) for r in conn.execute(query).mappings()],
         )

@@ -47,8 +47,11 @@ def _lock_statement(owned: bool) -> Any:
     return sa.select(step_run.c.id).where(_OWNED_WHERE if owned else _KEY_WHERE).with_for_update()
 
 
-class StatusWrites(LedgerSession):
+class StatusWrites:
     """Owner-aware status writes, and the few that are guarded by the status instead."""
+
+    def __init__(self, session: LedgerSession) -> None:
+        self.session = session
 
     def transition(
         self,
@@ -127,7 +130,7 @@ class StatusWrites(LedgerSession):
         once = Once(publish) if publish is not None else None
 
         def body(attempt: int) -> bool:
-            with self._write() as conn:
+            with self.session.write() as conn:
                 if once is not None or pointer is not None:
                     locked = conn.execute(_lock_statement(require_owner), params).first()
                     if locked is None:
@@ -157,14 +160,14 @@ class StatusWrites(LedgerSession):
                     once()
             return True
 
-        return self._retry("transition", body, callbacks=(once,) if once else ())
+        return self.session.retry("transition", body, callbacks=(once,) if once else ())
 
     # The three owner-aware updates below write fixed values (timestamps taken once, before
     # the first attempt): run twice, they match the same row and leave it the same.
     def reset_recovery(self, key: StepKey, run_id: str) -> bool:
         statement = (
             sa.update(step_run)
-            .where(self._owned(key, run_id))
+            .where(self.session.owned(key, run_id))
             .values(
                 recovery_count=0,
                 last_recovery_reason=None,
@@ -172,24 +175,28 @@ class StatusWrites(LedgerSession):
                 updated_at=now_text(),
             )
         )
-        return self._in_single("reset recovery", lambda c: c.execute(statement).rowcount == 1)
+        return self.session.in_single(
+            "reset recovery", lambda c: c.execute(statement).rowcount == 1
+        )
 
     def set_retry_not_before(self, key: StepKey, run_id: str, when: str) -> bool:
         statement = (
             sa.update(step_run)
-            .where(self._owned(key, run_id))
+            .where(self.session.owned(key, run_id))
             .values(retry_not_before=when, updated_at=now_text())
         )
-        return self._in_single("set retry_not_before", lambda c: c.execute(statement).rowcount == 1)
+        return self.session.in_single(
+            "set retry_not_before", lambda c: c.execute(statement).rowcount == 1
+        )
 
     def heartbeat(self, key: StepKey, run_id: str, now: str | None = None) -> bool:
         """Renew the owner's lease; False when the row no longer names ``run_id``."""
         statement = (
             sa.update(step_run)
-            .where(self._owned(key, run_id))
+            .where(self.session.owned(key, run_id))
             .values(heartbeat_at=now or now_text())
         )
-        return self._in_single("heartbeat", lambda c: c.execute(statement).rowcount == 1)
+        return self.session.in_single("heartbeat", lambda c: c.execute(statement).rowcount == 1)
 
     def invalidate(
         self,
@@ -212,13 +219,13 @@ class StatusWrites(LedgerSession):
         # reason is ours: counted, not written (or audited) a second time.
         def body(attempt: int) -> list[StepKey]:
             done: list[StepKey] = []
-            with self._write() as conn:
+            with self.session.write() as conn:
                 for key in wanted:
                     row = conn.execute(
                         sa.select(
                             step_run.c.status, step_run.c.updated_at, step_run.c.result_summary
                         )
-                        .where(self._key_clause(key))
+                        .where(self.session.key_clause(key))
                         .with_for_update()
                     ).first()
                     if row is None:
@@ -228,7 +235,7 @@ class StatusWrites(LedgerSession):
                         continue
                     result = conn.execute(
                         sa.update(step_run)
-                        .where(self._key_clause(key), status_guard("invalidate"))
+                        .where(self.session.key_clause(key), status_guard("invalidate"))
                         .values(
                             status=stale, updated_at=ts, result_summary=reason, checkpoint_seal=None
                         )
@@ -246,7 +253,7 @@ class StatusWrites(LedgerSession):
                     )
             return done
 
-        return self._retry("invalidate", body)
+        return self.session.retry("invalidate", body)
 
     def reset_running(self, key: StepKey, expected_started_at: str | None, reason: str) -> bool:
         """Operator reset of a stuck row to failed; refuses unless it is unchanged."""
@@ -258,7 +265,7 @@ class StatusWrites(LedgerSession):
         ts = now_text()
         statement = (
             sa.update(step_run)
-            .where(self._key_clause(key), status_guard("reset_running"), started)
+            .where(self.session.key_clause(key), status_guard("reset_running"), started)
             .values(
                 status=StepStatus.FAILED.value,
                 error_message=reason,
@@ -269,12 +276,12 @@ class StatusWrites(LedgerSession):
         )
 
         def body(attempt: int) -> bool:
-            with self._single() as conn:
+            with self.session.single() as conn:
                 if conn.execute(statement).rowcount == 1:
                     return True
                 # After a lost answer the row is no longer running: ours if it is the reset
                 # this call wrote (same reason, same timestamp).
-                return attempt > 1 and self._row_is(
+                return attempt > 1 and self.session.row_is(
                     conn,
                     key,
                     status=StepStatus.FAILED,
@@ -283,4 +290,4 @@ class StatusWrites(LedgerSession):
                     completed_at=ts,
                 )
 
-        return self._retry("reset running", body)
+        return self.session.retry("reset running", body)

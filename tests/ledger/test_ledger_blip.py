@@ -492,7 +492,7 @@ def test_sqlite_is_never_retried(sqlite_url: str) -> None:
         raise dropped
 
     with pytest.raises(sa.exc.OperationalError):
-        store._retry("test", body)
+        store.session.retry("test", body)
     assert calls == [1]
 
 

@@ -34,6 +34,7 @@ from pipeline_defs.judging.tick_result import TickConfig, TickStats
 from pipeline_defs.resume.clock import format_timestamp
 from pipeline_defs.resume.partition import Episode, StepKey
 from pipeline_defs.wiring.assets import RESUME_CHECK, build_step_assets
+from resources.ledger.reads import Reads
 from resources.ledger.store import LedgerStore
 from resources.pipeline import PipelineResource
 from sensors.report import REPORT_JOB, reported
@@ -312,9 +313,9 @@ def test_a_tick_without_changes_judges_nothing(rig: Rig, monkeypatch: pytest.Mon
     assert rig.stats.mode == "cold" and rig.stats.judged == 12
     assert sum(VERIFY_CALLS.values()) == 0
     queries: list[Any] = []
-    original = LedgerStore.get_many
+    original = Reads.get_many
     monkeypatch.setattr(
-        LedgerStore,
+        Reads,
         "get_many",
         lambda self, **kw: queries.append(kw) or original(self, **kw),
     )

@@ -23,8 +23,9 @@ demo: $(STAMP) $(DAGSTER_HOME)/dagster.yaml
 ## Run the whole test suite, PostgreSQL included (PIPELINE_TEST_PG_URL or an embedded server).
 ## --dist loadfile keeps a module on one worker, so module fixtures (the dagster dev webserver of
 ## tests/cli/test_launch_paths.py) start once; xdist 3.8's loadgroup does not group under pytest 9.
+## --durations=25: the slowest 25 tests are printed with every run (and so in CI's log).
 test: $(STAMP) azurite
-	$(BIN)/python -m pytest -n 2 --dist loadfile -q
+	$(BIN)/python -m pytest -n 2 --dist loadfile -q --durations=25
 
 ## The Azure Blob emulator (azurite, pinned in requirements/azurite) the storage tests run
 ## against, installed with npm into .azurite; without npm those tests skip (CI fails them).

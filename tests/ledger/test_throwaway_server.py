@@ -1,4 +1,4 @@
-"""The test command passes from a checkout in any directory (issue 33).
+"""The test command passes from a checkout in any directory.
 
 As root, a test's own PostgreSQL server runs as an unprivileged user (PostgreSQL refuses
 root), and that user cannot enter a directory only root may enter: a checkout under

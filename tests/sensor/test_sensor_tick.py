@@ -645,7 +645,7 @@ def _started_run(instance: dg.DagsterInstance, pk: str) -> dg.DagsterRun:
 def test_a_run_whose_claims_stopped_heartbeating_is_ended_so_its_queue_opens(
     sqlite_rig: Rig,
 ) -> None:
-    """Issue 30: a killed run stays STARTED for ever under a launcher that cannot check its
+    """A killed run stays STARTED for ever under a launcher that cannot check its
     workers, and the episode's recovery waits behind it in the run queue. Once every claim
     of the run has been silent for more than three leases (and it holds no live claim) the
     sensor marks it failed, naming the ledger evidence; never before."""

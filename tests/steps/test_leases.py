@@ -281,7 +281,7 @@ def test_owner_ended_in_reports_only_runs_this_instance_saw_end() -> None:
 def test_an_owner_run_another_instance_holds_is_not_stolen_while_it_heartbeats(
     db_url: str, tmp_path: Path
 ) -> None:
-    """Two deployments, each its own Dagster instance, on one ledger (issue 30): a step
+    """Two deployments, each its own Dagster instance, on one ledger: a step
     claimed by a run of instance A, heartbeat fresh, is not taken over by a launch in
     instance B, which does not know A's run (it used to read "owner run ... has ended
     (DELETED)" and run the step a second time: double execution). Once A's heartbeat has

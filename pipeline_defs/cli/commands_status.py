@@ -22,6 +22,7 @@ from pipeline_defs.cli.render import (
 from pipeline_defs.operations import inspect as views
 from pipeline_defs.operations.workspace import Workspace
 from pipeline_defs.resume.settings import EffectiveSettings, format_value
+from sensors.abandoned_runs import ABANDONED_AFTER_LEASES
 
 
 @main.command()
@@ -50,7 +51,7 @@ def status(*, partitions: tuple[str, ...], as_json: bool) -> dict[str, Any] | No
     # One write for the table (a reader that stops early, e.g. ``head``, cuts it short).
     click.echo("\n".join(_status_table(report.steps, width)) if report.steps else "no partitions")
     lines = ["", *packed("", _totals_items(report.totals), width)]
-    lines += _summary_lines(report.summary, width)
+    lines += _summary_lines(report.summary, width, ws.settings.lease_seconds)
     p95 = [f"{k} {seconds(v)}" for k, v in report.p95_duration_seconds.items() if v]
     lines += packed("p95 duration per step:", listed(p95) or ["-"], width)
     lines += packed("settings in force:", _settings_items(ws.effective_settings), width)
@@ -118,7 +119,26 @@ def _totals_items(t: Mapping[str, Any]) -> list[str]:
 _NAMED_EXHAUSTED = 3
 
 
-def _summary_lines(summary: views.StatusSummary, width: int) -> list[str]:
+def _holder_line(holder: views.QueueHolder, lease_seconds: float) -> str:
+    """Who holds a partition's run queue, and what the ledger says of its worker."""
+    behind = f"{holder.queued_behind} run{'s' if holder.queued_behind != 1 else ''}"
+    line = (
+        f"  {holder.partition}: run {holder.run_id} ({holder.status}) holds the queue, "
+        f"{behind} waiting behind it"
+    )
+    silent = holder.claims_silent_seconds
+    if holder.claims == 0:
+        return line + "; it holds no ledger claim: if no step of it runs, end it (Terminate)"
+    if silent is not None and silent > lease_seconds:
+        limit = ABANDONED_AFTER_LEASES * lease_seconds
+        return line + (
+            f"; its claims stopped heartbeating {age(silent)} ago: the resume sensor marks it "
+            f"failed once silent {age(limit)}"
+        )
+    return line + "; its claims heartbeat: it is working"
+
+
+def _summary_lines(summary: views.StatusSummary, width: int, lease_seconds: float) -> list[str]:
     """The queue, the leases, what waits for an operator and the last hour, a line each."""
     q, leases, hour = summary.queue, summary.leases, summary.last_hour
     queued = "-" if q.queued_runs is None else str(q.queued_runs)
@@ -135,6 +155,7 @@ def _summary_lines(summary: views.StatusSummary, width: int) -> list[str]:
         ],
         width,
     )
+    lines += [_holder_line(h, lease_seconds) for h in q.held_by or ()]
     lines += packed(
         "leases:",
         [

@@ -2,7 +2,7 @@
 now, blocks, costs and durations; and the :class:`StatusSummary` of them.
 """
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
@@ -24,6 +24,7 @@ from pipeline_defs.operations.shadow_decide import (
 from pipeline_defs.operations.status_summary import (
     QUEUED_VERDICTS,
     LeaseSummary,
+    QueueHolder,
     QueueSummary,
     StatusSummary,
     last_hour,
@@ -34,6 +35,7 @@ from pipeline_defs.resume.decision import CODE_RECOVERY_EXHAUSTED, ResumeAction
 from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.resume.status import LedgerRow, StepStatus
 from resources.ledger.audit import Transition
+from resources.ledger.store import LedgerStore
 
 if TYPE_CHECKING:  # at run time it is imported where judged (shadow_decide.evaluate_now)
     from pipeline_defs.judging.step_evaluation import StepEvaluation
@@ -113,10 +115,11 @@ def _last_decisions(transitions: Iterable[Transition]) -> dict[StepKey, Transiti
 
 
 def _queue(ws: Workspace, now: datetime) -> dict[str, Any]:
-    """Queued Dagster runs and the age of the oldest (None without an instance)."""
+    """Queued Dagster runs, the age of the oldest, and the runs that hold a partition's queue
+    (None without an instance)."""
     instance = ws.instance(required=False)
     if instance is None:
-        return {"queued_runs": None, "oldest_queued_run_age_seconds": None}
+        return {"queued_runs": None, "oldest_queued_run_age_seconds": None, "held_by": None}
     import dagster as dg
 
     records = instance.get_run_records(
@@ -125,7 +128,63 @@ def _queue(ws: Workspace, now: datetime) -> dict[str, Any]:
     created = [r.create_timestamp for r in records if r.create_timestamp is not None]
     oldest = min(created, default=None)
     age = round((now - oldest.astimezone(UTC)).total_seconds(), 1) if oldest else None
-    return {"queued_runs": len(records), "oldest_queued_run_age_seconds": age}
+    return {
+        "queued_runs": len(records),
+        "oldest_queued_run_age_seconds": age,
+        "held_by": queue_holders(ws.ledger, instance, [r.dagster_run for r in records], now),
+    }
+
+
+# A run that has left the queue and not ended: it holds its partition's one slot.
+_HOLDING = ("NOT_STARTED", "STARTING", "STARTED", "CANCELING")
+
+
+def queue_holders(
+    ledger: LedgerStore, instance: Any, queued: Sequence[Any], now: datetime
+) -> tuple[QueueHolder, ...]:
+    """Per partition with a run waiting in the queue, the runs that hold its slot (the shipped
+    run queue starts one run per ``dagster/partition``), with the ledger's word on them: the
+    silence of their claims (a run whose claims all stopped heartbeating is a dead worker,
+    ended by the resume sensor after ``ABANDONED_AFTER_LEASES`` leases)."""
+    import dagster as dg
+
+    waiting = Counter(
+        str(run.tags["dagster/partition"]) for run in queued if "dagster/partition" in run.tags
+    )
+    if not waiting:
+        return ()
+    holding = instance.get_run_records(
+        filters=dg.RunsFilter(
+            statuses=[dg.DagsterRunStatus(s) for s in _HOLDING],
+            tags={"dagster/partition": sorted(waiting)},
+        ),
+        limit=1000,
+    )
+    silence: dict[str, list[float | None]] = defaultdict(list)
+    for row in ledger.running_rows():
+        seen = parse_timestamp(row.heartbeat_at) or parse_timestamp(row.started_at)
+        run_id = str(row.run_id or "").split(":", 1)[0]
+        silence[run_id].append(None if seen is None else (now - seen).total_seconds())
+    holders = []
+    for record in holding:
+        run = record.dagster_run
+        quiet = silence.get(run.run_id, [])
+        silent_for = (
+            round(min(q for q in quiet if q is not None), 1)
+            if quiet and None not in quiet
+            else None
+        )
+        holders.append(
+            QueueHolder(
+                partition=str(run.tags["dagster/partition"]),
+                run_id=run.run_id,
+                status=run.status.value,
+                queued_behind=waiting[str(run.tags["dagster/partition"])],
+                claims=len(quiet),
+                claims_silent_seconds=silent_for,
+            )
+        )
+    return tuple(sorted(holders, key=lambda h: (h.partition, h.run_id)))
 
 
 def _in_flight(
@@ -277,6 +336,7 @@ def _waiting(states: Sequence[StepState], queue: Mapping[str, Any], now: datetim
         oldest_wait_seconds=round(max(ages), 1) if ages else None,
         queued_runs=queue["queued_runs"],
         oldest_queued_run_age_seconds=queue["oldest_queued_run_age_seconds"],
+        held_by=queue["held_by"],
     )
 
 

@@ -19,6 +19,20 @@ from resources.ledger.audit import AuditAction, Transition
 
 
 @dataclass(frozen=True)
+class QueueHolder:
+    """A run that holds a partition's slot in the run queue while others wait behind it."""
+
+    partition: str
+    run_id: str
+    status: str  # its Dagster status (STARTED, ...)
+    queued_behind: int  # runs of the partition waiting in the queue
+    claims: int  # running ledger rows it owns
+    # Since the most recent heartbeat of its claims; None when it owns none (or one without
+    # a readable time): then the ledger says nothing of its worker.
+    claims_silent_seconds: float | None
+
+
+@dataclass(frozen=True)
 class QueueSummary:
     """What waits for the sensor: steps it launches now, steps waiting on an upstream step,
     steps in backoff, and how long the oldest of them has waited."""
@@ -32,6 +46,8 @@ class QueueSummary:
     # Dagster runs queued for a slot (None without an instance).
     queued_runs: int | None
     oldest_queued_run_age_seconds: float | None
+    # The runs holding the queue of a partition with runs waiting (None without an instance).
+    held_by: tuple[QueueHolder, ...] | None = None
 
 
 @dataclass(frozen=True)

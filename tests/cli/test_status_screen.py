@@ -345,3 +345,48 @@ def test_last_hour_times_a_takeover_from_its_own_claim_and_names_a_reset() -> No
 )
 def test_a_failure_recorded_as_text_keeps_its_code(text: str | None, code: str) -> None:
     assert failure_code(text) == code
+
+
+def test_status_names_the_run_that_holds_a_partitions_queue(planted: Env) -> None:
+    """The shipped run queue starts one run per partition: a run left STARTED (its worker
+    killed) holds the slot while the recovery waits behind it. ``status`` names that run,
+    how many wait behind it, and what the ledger says of its worker. (A QUEUED run needs a
+    code location origin to be stored, so the waiting run is handed over as the queue query
+    would return it.)"""
+    import uuid
+
+    from pipeline_defs.cli.commands_status import _holder_line
+    from pipeline_defs.operations.status_report import queue_holders
+
+    env = planted.clone()
+    try:
+        dagster_home = env.root / "dagster_home_queue"
+        dagster_home.mkdir()
+        (dagster_home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+        instance = dg.DagsterInstance.from_config(str(dagster_home))
+        tags = {"dagster/partition": PARTITION}
+        holder = dg.DagsterRun(
+            job_name="resume_steps",
+            run_id=str(uuid.uuid4()),
+            status=dg.DagsterRunStatus.STARTED,
+            tags=tags,
+        )
+        instance.add_run(holder)
+        waiting = dg.DagsterRun(job_name="resume_steps", run_id=str(uuid.uuid4()), tags=tags)
+        with env.ledger.engine.begin() as conn:  # the lapsed claim is the holder's
+            conn.execute(
+                sa.update(step_run)
+                .where(step_run.c.step_id == LAPSED)
+                .values(run_id=f"{holder.run_id}:0")
+            )
+        (held,) = queue_holders(env.ledger, instance, [waiting], datetime.now(UTC))
+        instance.dispose()
+        assert (held.partition, held.run_id, held.status) == (PARTITION, holder.run_id, "STARTED")
+        assert held.queued_behind == 1 and held.claims == 1
+        assert held.claims_silent_seconds is not None
+        assert held.claims_silent_seconds >= 29 * 60  # the heartbeat planted 30 min ago
+        line = _holder_line(held, lease_seconds=60)
+        assert f"run {holder.run_id} (STARTED) holds the queue, 1 run waiting" in line, line
+        assert "stopped heartbeating 3" in line and "marks it failed once silent 3m" in line, line
+    finally:
+        env.destroy()

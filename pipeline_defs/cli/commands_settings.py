@@ -11,7 +11,7 @@ from pipeline_defs.cli.errors import operation
 from pipeline_defs.cli.render import render_table
 from pipeline_defs.operations.workspace import load_workspace, safe_url
 from pipeline_defs.resume.settings import ENV_NAMES, env_ledger_values, format_value
-from resources.ledger.store import lock_owner
+from resources.ledger.store import worker
 
 
 @main.command()
@@ -41,7 +41,7 @@ def migrate(*, as_json: bool) -> dict[str, Any] | None:
 def _operator() -> str:
     """Who changes a setting, for its audit row: user and host/process."""
     user = os.environ.get("USER") or os.environ.get("LOGNAME") or "unknown"
-    return f"by {user} on {lock_owner()}"
+    return f"by {user} on {worker()}"
 
 
 @main.group("settings")

@@ -31,10 +31,14 @@ from pipeline_defs.operations.status_summary import (
 )
 from pipeline_defs.operations.workspace import Workspace
 from pipeline_defs.resume.clock import parse_timestamp
-from pipeline_defs.resume.decision import CODE_RECOVERY_EXHAUSTED, ResumeAction
+from pipeline_defs.resume.decision import (
+    CLAIMING_ACTIONS,
+    CODE_RECOVERY_EXHAUSTED,
+    ResumeAction,
+)
 from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.resume.status import LedgerRow, StepStatus
-from resources.ledger.audit import Transition
+from resources.ledger.audit import AuditAction, Transition
 from resources.ledger.store import LedgerStore
 
 if TYPE_CHECKING:  # at run time it is imported where judged (shadow_decide.evaluate_now)
@@ -82,6 +86,8 @@ class StepState:
     unknown_outcome_calls: int = 0
     last_duration_seconds: float | None = None
     run_id: str | None = None
+    # The worker (host:pid) whose claim made the step's latest run, from its history line.
+    worker: str | None = None
     updated_at: str | None = None
     error: str | None = None
 
@@ -104,6 +110,20 @@ class StatusReport:
             "p95_duration_seconds": self.p95_duration_seconds,
             "summary": self.summary.as_dict(),
         }
+
+
+# The verdicts a run claims a step on (its history line moves the row to ``running``).
+_CLAIMS = frozenset(AuditAction(action.value) for action in CLAIMING_ACTIONS)
+
+
+def _claim_workers(transitions: Iterable[Transition]) -> dict[StepKey, str | None]:
+    """Per step, the worker named by its latest claim line (a claim's verdict, into
+    ``running``; a refused claim stays out)."""
+    found: dict[StepKey, str | None] = {}
+    for row in transitions:  # ordered by transition_seq
+        if row.to_status is StepStatus.RUNNING and row.action in _CLAIMS:
+            found[row.key] = row.worker
+    return found
 
 
 def _last_decisions(transitions: Iterable[Transition]) -> dict[StepKey, Transition]:
@@ -217,6 +237,7 @@ def status_report(
     rows = ws.ledger.get_many(episodes=episodes) if episodes else {}
     audit = [t for t in ws.ledger.transitions() if t.key.partition_key in wanted]
     decisions = _last_decisions(audit)
+    workers = _claim_workers(audit)
     evaluations = {(ev.partition_key, ev.step_id): ev for ev in evaluate_now(ws, episodes, now)}
     ended = owner_ended_rule(ws)
     judged = {slot: judged_item(ev, ended) for slot, ev in evaluations.items()}
@@ -248,6 +269,7 @@ def status_report(
                 status=str(row.status) if row else "none",
                 provider_calls=calls.get(key, 0),
                 unknown_outcome_calls=unknown.get(key, 0),
+                worker=workers.get(key),
             )
             now_judged = judged.get((episode.partition_key, step_id))
             if now_judged is not None:

@@ -7,6 +7,8 @@ store refuses (the owner lost the row, a claim that lost the race) is recorded a
 was, a refusal, in the transaction that found it out.
 """
 
+import os
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from enum import StrEnum
@@ -31,6 +33,7 @@ AUDIT_COLUMNS = (
     "run_id",
     "launch_path",
     "at",
+    "worker",
 )
 AUDIT_STATEMENT = (
     sa.insert(step_transition)
@@ -93,6 +96,7 @@ class Transition:
     run_id: str | None
     launch_path: str | None
     at: str
+    worker: str | None = None  # host:pid of the process that wrote it (NULL: before 0007)
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> "Transition":
@@ -111,11 +115,18 @@ class Transition:
             run_id=row["run_id"],
             launch_path=row["launch_path"],
             at=str(row["at"]),
+            worker=row.get("worker"),
         )
 
     @property
     def key(self) -> StepKey:
         return StepKey(self.project_id, self.episode_id, self.step_id)
+
+
+def worker() -> str:
+    """This process, as the ledger names it: ``host:pid`` (a claim's ``lock_owner``, and
+    the ``worker`` of every history line it writes)."""
+    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 def _status(value: str | None) -> StepStatus | None:
@@ -155,6 +166,7 @@ class Audit:
             "run_id": self.run_id,
             "launch_path": self.launch_path,
             "at": at,
+            "worker": worker(),
         }
 
 

@@ -5,8 +5,6 @@ orphan checkpoint, a step that does not apply).
 
 import enum
 import functools
-import os
-import socket
 import uuid
 from typing import Any, Final, Literal
 
@@ -15,7 +13,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.resume.status import LedgerRow, StepStatus
-from resources.ledger.audit import Audit, write_audit
+from resources.ledger.audit import Audit, worker, write_audit
 from resources.ledger.session import B as _B
 from resources.ledger.session import LedgerSession, key_params, now_text
 from resources.ledger.tables import step_run
@@ -28,11 +26,6 @@ class _NotJudged(enum.Enum):
 
 # ``claim(seen=...)`` default: no compare-and-set (operators and benchmarks claim blind).
 NOT_JUDGED: Final = _NotJudged.NOT_JUDGED
-
-
-def lock_owner() -> str:
-    """Diagnostic owner text: which host and process holds a claim."""
-    return f"{socket.gethostname()}/{os.getpid()}"
 
 
 # Prebuilt once per shape (see "prebuilt statements" in resources.ledger.session).
@@ -153,7 +146,7 @@ class Claims:
             "c_id": str(uuid.uuid4()),
             "c_run_id": run_id,
             "c_ts": ts,
-            "c_owner": lock_owner(),
+            "c_owner": worker(),
         }
         if auto_recovery:
             params["c_reason"] = reason

@@ -81,6 +81,7 @@ step_transition = sa.Table(
     sa.Column("run_id", sa.String(128)),
     sa.Column("launch_path", sa.String(16)),
     sa.Column("at", sa.Text, nullable=False),
+    sa.Column("worker", sa.String(160)),  # host:pid of the process that wrote the line
     sa.CheckConstraint(status_check("from_status"), name="from_status"),
     sa.CheckConstraint(status_check("to_status"), name="to_status"),
 )

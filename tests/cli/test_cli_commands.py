@@ -1,6 +1,8 @@
 """The operator CLI on test-only steps (``storyboard_fakes``): every command, errors, writes."""
 
 import json
+import os
+import socket
 import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
@@ -175,6 +177,9 @@ def test_materialize_then_resume_then_status(cli: CliEnv) -> None:
     assert rows["p1/e1", "outline"]["last_decision"] == "skip"
     assert rows["p1/e1", "outline"]["provider_calls"] == 3
     assert rows["p1/e1", "outline"]["last_duration_seconds"] is not None
+    # Who ran it: the worker (host:pid) named by each step's claim line, this process here.
+    here = f"{socket.gethostname()}:{os.getpid()}"
+    assert {r["worker"] for r in status["steps"]} == {here}
     totals = status["totals"]
     assert totals["completed"] == 4 and totals["running"] == totals["failed"] == 0
     assert totals["provider_calls"] == 7 and totals["queued_runs"] == 0

@@ -22,7 +22,7 @@ from pipeline_defs.resume.errors import PipelineError
 from pipeline_defs.resume.partition import Episode, StepKey
 from pipeline_defs.resume.status import StepStatus
 from resources.ledger.audit import AuditAction, Transition
-from resources.ledger.store import LedgerStore, lock_owner
+from resources.ledger.store import LedgerStore, worker
 from resources.ledger.tables import STEP_STATUSES, step_run
 
 KEY = StepKey("proj", "ep1", "render_panels")
@@ -108,7 +108,7 @@ def test_first_claim_inserts_a_complete_running_row(store: LedgerStore) -> None:
     assert row.recovery_count == 0
     assert row.last_recovery_reason is None
     assert row.completed_at is None
-    assert row.lock_owner == lock_owner()
+    assert row.lock_owner == worker()
     started = parse_timestamp(row.started_at)
     assert started is not None
     assert before - 5 <= started.timestamp() <= time.time() + 5

@@ -277,7 +277,9 @@ def test_pointer_migration_keeps_rows_and_drops_cleanly(db_url: str) -> None:
             "created_at, updated_at) VALUES ('x', 'p', 'e', 's', 'completed', 'r:0', 't', 't')"
         )
     _run(engine, command.upgrade, "0006_checkpoint_pointer")
-    assert _diff(engine) == [] and "checkpoint_archive" in _user_tables(engine)
+    assert "checkpoint_archive" in _user_tables(engine)
+    columns = {c["name"] for c in sa.inspect(engine).get_columns("step_run")}
+    assert "checkpoint_pointer" in columns
     with engine.connect() as conn:
         rows = conn.exec_driver_sql("SELECT id, checkpoint_pointer FROM step_run").all()
     assert rows == [("x", None)]
@@ -287,6 +289,28 @@ def test_pointer_migration_keeps_rows_and_drops_cleanly(db_url: str) -> None:
     assert "checkpoint_pointer" not in columns
     with engine.connect() as conn:
         assert conn.exec_driver_sql("SELECT id FROM step_run").all() == [("x",)]
+
+
+def test_worker_migration_keeps_history_and_drops_cleanly(db_url: str) -> None:
+    """0006 → 0007 adds who wrote each history line (NULL for lines written before); the way
+    back removes the column and keeps the lines."""
+    engine = engine_for(db_url)
+    _run(engine, command.upgrade, "0006_checkpoint_pointer")
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            "INSERT INTO step_transition (project_id, episode_id, step_id, action, at) "
+            "VALUES ('p', 'e', 's', 'skip', 't')"
+        )
+    _run(engine, command.upgrade, "0007_transition_worker")
+    assert _diff(engine) == []
+    with engine.connect() as conn:
+        rows = conn.exec_driver_sql("SELECT action, worker FROM step_transition").all()
+    assert rows == [("skip", None)]
+    _run(engine, command.downgrade, "0006_checkpoint_pointer")
+    columns = {c["name"] for c in sa.inspect(engine).get_columns("step_transition")}
+    assert "worker" not in columns
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT action FROM step_transition").all() == [("skip",)]
 
 
 def test_store_migrate_is_idempotent_and_usable(db_url: str) -> None:

@@ -2,7 +2,7 @@
 
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import dagster as dg
@@ -71,6 +71,9 @@ class LedgerPointers:
             episodes=[Episode(project_id, episode_id)], columns=("checkpoint_pointer",)
         )
         return {key.step_id: row.checkpoint_pointer for key, row in rows.items()}
+
+    def archived_pointers(self, key: StepKey) -> Sequence[str]:
+        return self.ledger.archived_pointers(key)
 
 
 class PipelineResource(dg.ConfigurableResource["PipelineResource"]):

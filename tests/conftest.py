@@ -148,3 +148,17 @@ def azure_env(monkeypatch: pytest.MonkeyPatch) -> Callable[[AzureServer], None]:
             monkeypatch.setenv(name, value)
 
     return apply
+
+
+# ------------------------------------------- one behaviour, two storages (docs/DESIGN.md#storage)
+@pytest.fixture(params=["disk", "s3"])
+def storage_url(request: pytest.FixtureRequest, aws_env: Callable[[S3Server], None]) -> str | None:
+    """Where checkpoints are published: None (the local home) or a fresh S3 bucket on the
+    module's moto server, the AWS_* environment pointed at it (processes started from the
+    test inherit it). A behaviour test taking it runs on both, asserting the same outcome
+    and the same provider calls."""
+    if request.param == "disk":
+        return None
+    server: S3Server = request.getfixturevalue("s3_server")
+    aws_env(server)
+    return f"s3://{server.new_bucket()}/storyboard"

@@ -11,7 +11,7 @@ home stays a complete fallback until the operator switches ``PIPELINE_STORAGE_UR
 second run migrates only what the first did not (docs/DESIGN.md#storage).
 """
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -50,6 +50,9 @@ class _NoPointers:
 
     def episode_pointers(self, project_id: str, episode_id: str) -> Mapping[str, str | None]:
         return {}
+
+    def archived_pointers(self, key: StepKey) -> Sequence[str]:
+        return ()
 
 
 def migrate_to(ws: Workspace, url: str) -> MigrationReport:

@@ -23,7 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipeline_defs.project import scoped_fingerprints
 from pipeline_defs.resume.completion import CompletionReport, Origin, Severity
+from pipeline_defs.resume.decision import config_hash
 from pipeline_defs.resume.errors import PipelineError
 from pipeline_defs.resume.files import SYMLINK_CODE, file_sha256, fsync_dir, read_nofollow
 from pipeline_defs.resume.layout import DataLayout
@@ -205,15 +207,39 @@ class ImageStep(Step):
         return Artifact(path=job.path, sha256=str(receipt["sha256"]), bytes=int(receipt["bytes"]))
 
     def _reuse(
-        self, ctx: StepContext, previous: Checkpoint | None, job: ImageJob
+        self,
+        ctx: StepContext,
+        previous: Checkpoint | None,
+        job: ImageJob,
+        recalled: Checkpoint | None = None,
     ) -> Artifact | None:
         """A valid existing PNG for this exact job: from the last checkpoint, else from the
-        receipt a (possibly killed) earlier run wrote beside it. A picture another image
-        model drew is not reused: after the project switches models (a scoped config
-        change, which blocks), the operator's force asks for pictures by the new one."""
+        receipt a (possibly killed) earlier run wrote beside it, else (object storage) from
+        the checkpoint a force archived (:meth:`_recalled`). A picture another image model
+        drew is not reused: after the project switches models (a scoped config change,
+        which blocks), the operator's force asks for pictures by the new one."""
         if self._drawn_by_another_model(ctx, job):
             return None
-        return self._reuse_published(ctx, previous, job) or self._reuse_receipt(ctx, job)
+        return (
+            self._reuse_published(ctx, previous, job)
+            or self._reuse_receipt(ctx, job)
+            or self._reuse_published(ctx, recalled, job)
+        )
+
+    def _recalled(self, ctx: StepContext, previous: Checkpoint | None) -> Checkpoint | None:
+        """What the step published before a force archived it, its pictures brought back
+        where ``_reuse_published`` looks (object storage: a new process's copy of the step
+        starts empty, where a local home keeps every picture beside its receipt). Only a
+        checkpoint drawn under this step's configuration as it is now: the receipts that
+        vouch for a picture's model on disk do not travel, the image model is one of the
+        scoped keys, so a model switch recalls nothing."""
+        if previous is not None:
+            return None
+        recalled = ctx.checkpoints.recall(ctx.key)
+        if recalled is None:
+            return None
+        now = config_hash(scoped_fingerprints(ctx.project.as_dict(), self.resume_config_keys))
+        return recalled if recalled.config_hash == now else None
 
     def _drawn_by_another_model(self, ctx: StepContext, job: ImageJob) -> bool:
         """Its receipt names a model other than the one this run draws with (receipts
@@ -302,6 +328,7 @@ class ImageStep(Step):
         if in_the_way is not None:
             raise in_the_way
         previous = self._previous(ctx)
+        recalled = self._recalled(ctx, previous)
         size = ctx.project.image
         images: dict[str, dict[str, Any]] = {}
         failed: list[dict[str, Any]] = []
@@ -319,7 +346,7 @@ class ImageStep(Step):
             # A redraw asks for a new picture of the same job: the call's seed differs per
             # run (the offline model is deterministic per seed); the receipt keeps the
             # job's seed, so a resume after a crash reuses what this run drew.
-            artifact = None if redrawing else self._reuse(ctx, previous, job)
+            artifact = None if redrawing else self._reuse(ctx, previous, job, recalled)
             kept = (
                 None
                 if redrawing or artifact or self._drawn_by_another_model(ctx, job)

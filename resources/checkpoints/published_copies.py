@@ -16,11 +16,12 @@ The whole protocol is told in :mod:`resources.checkpoints.published`.
 import atexit
 import contextlib
 import hashlib
+import json
 import os
 import shutil
 import socket
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 from uuid import uuid4
@@ -46,6 +47,10 @@ class PointerSource(Protocol):
 
     def episode_pointers(self, project_id: str, episode_id: str) -> Mapping[str, str | None]:
         """Step id -> pointer of every row of one episode (one read)."""
+        ...
+
+    def archived_pointers(self, key: StepKey) -> Sequence[str]:
+        """The pointers the step's row archived (a force, a replacement), newest first."""
         ...
 
 
@@ -169,6 +174,36 @@ class PublishedCopies(CheckpointStore):
     def _published_marker(self, key: StepKey) -> Path:
         """The marker naming the pointer ``key``'s scratch copy holds."""
         return Path(self.layout.published_marker(key.project_id, key.episode_id, key.step_id))
+
+    def recall(self, key: StepKey) -> Checkpoint | None:
+        """The checkpoint ``key`` last published before a force archived its pointer, with
+        the artifacts it names that still verify brought into this process's copy of the
+        step directory (fetched, checked against the manifest), where a run looks for them.
+
+        On a local home a force archives only the envelope and every picture stays beside
+        its receipt, so a re-run reuses them; here a new process's scratch starts empty and
+        would pay for every one again (a force of the review redrew every picture). None
+        while the row names a pointer (``load`` serves it), when nothing was archived, or
+        when the archived envelope is gone or unreadable. Nothing is written to the
+        checkpoint file: the step stays invalidated, and only its artifacts are offered."""
+        if self.pointers.pointer(key) is not None:
+            return None
+        archived = self.pointers.archived_pointers(key)
+        if not archived:
+            return None
+        try:
+            manifest = self._decode(key, archived[0])
+            envelope = self.bucket.fetch(manifest.envelope, what=ENVELOPE_WHAT)
+            if envelope is None:
+                return None
+            where = f"{self.location}/{manifest.envelope.key}"
+            recalled = Checkpoint.from_dict(json.loads(envelope), source=where)
+        except (PipelineError, ValueError):
+            return None  # nothing to reuse: the run draws what it needs
+        self.refuse_links_in_tree(key)
+        for relative, ref in sorted(manifest.artifacts.items()):
+            self._fetch(key, relative, ref)
+        return recalled
 
     def checkout_edit(self, key: StepKey) -> None:
         """Bring the copy of ``key`` to its pointer with the envelope as the storage holds

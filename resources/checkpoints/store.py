@@ -106,6 +106,14 @@ class CheckpointStore(PendingEdits, Publisher):
         """Make an operator's edit of ``key``'s published checkpoint readable at
         ``path_for(key)``: it already is on a local home (the file they edited)."""
 
+    def recall(self, key: StepKey) -> Checkpoint | None:
+        """The checkpoint ``key`` last published before it left service (a force archived
+        it), with the artifacts it names brought to where a run looks for them, so a re-run
+        reuses what still verifies instead of paying for it again. None here: on a local
+        home the artifact files never leave the step directory (a force archives only the
+        envelope; each picture keeps its receipt), see ``PublishedCopies.recall``."""
+        return None
+
     @property
     def scan_layout(self) -> DataLayout:
         """What the sensor's tick ``lstat``s to see a partition change: the home itself.

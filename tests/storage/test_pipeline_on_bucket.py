@@ -678,3 +678,25 @@ def test_redraw_and_force_work_on_a_bucket_from_an_empty_home(
     assert resumed.result.success
     assert {r.status for r in first.ledger.get_many().values()} == {"completed"}
     assert machines(inputs=False).materialize().total_calls == 0
+
+
+def test_a_lost_attempt_is_paid_for_once_then_skipped(machines: Callable[[], Env]) -> None:
+    """Every object of a step's published attempt gone (deleted by hand, a bucket restored
+    without it): the next run redraws the step's pictures once and publishes them; it used
+    to bring its working copy to the lost manifest while publishing, deleting what it had
+    just drawn, and failed with a FileNotFoundError, paying again on every resume."""
+    first = machines()
+    assert first.materialize().result.success
+    lost = manifest(first, "ref_image_gen")
+    client = machines.client  # type: ignore[attr-defined]
+    for ref in (lost.envelope, *lost.artifacts.values()):
+        client.delete_object(Bucket=machines.bucket, Key=f"{PREFIX}/{ref.key}")  # type: ignore[attr-defined]
+
+    second = machines()
+    outcome = second.materialize(raise_on_error=False)
+    assert outcome.result.success, outcome.decisions
+    assert outcome.calls_of("ref_image_gen", "image") == len(lost.artifacts)
+    assert outcome.total_calls == len(lost.artifacts)
+    third = machines()
+    again = third.materialize()
+    assert again.result.success and again.total_calls == 0

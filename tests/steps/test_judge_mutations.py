@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from judge_steps import Harness, failure, mat_metadata, open_harness, step_key
 
-from resources.checkpoints.store import ARCHIVE_DIR
+from resources.checkpoints.store import ARCHIVE_DIR, CheckpointStore
 
 
 @pytest.fixture
@@ -107,6 +107,21 @@ def test_an_edit_the_victims_verifier_rejects_is_rolled_back(h: Harness) -> None
     assert any("rolled back" in reason for reason in reasons), reasons
     row = h.row("gamma")
     assert row is not None and row.status == "failed"
+
+
+def test_a_run_that_lost_its_claim_writes_no_edit_ahead(h: Harness) -> None:
+    """Another owner takes the review's row while it runs (its lease thread has not seen it
+    yet, as after a pause): the old owner must not write its edits ahead, where they would
+    replace the new owner's; the write-ahead is fenced like a publish."""
+    h.knobs("gamma", mutate="good", steal="claim")
+    result = h.run("gamma")
+    assert not result.success
+    _, meta = failure(result, "gamma")
+    assert meta["error/code"] == "step.ownership_lost"
+    store = CheckpointStore(h.home)
+    gamma = step_key("gamma")
+    assert store.load_pending(gamma, "alpha") is None
+    assert store.load_pending(gamma, "gamma") is None
 
 
 def test_zero_fixes_write_nothing(h: Harness) -> None:

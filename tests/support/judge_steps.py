@@ -439,9 +439,9 @@ def open_harness(
     execution machinery with in-memory storage, about 4x faster per run.
 
     ``dagster_home``: the instance of that directory (``DagsterInstance.from_config``), which
-    harnesses in other processes open too. Processes that race for a step must share one
-    instance, as a deployment's do: a judge takes a running row whose owner run its instance
-    does not know for a deleted run's, dead at once (docs/DESIGN.md#dead-owners).
+    harnesses in other processes open too. Processes that race for a step share one
+    instance, as a deployment's do: an owner run the instance knows is judged by its status
+    as well as its heartbeat (docs/DESIGN.md#dead-owners).
     """
     if dagster_home is not None:
         dagster_home.mkdir(parents=True, exist_ok=True)

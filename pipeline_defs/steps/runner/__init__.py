@@ -245,7 +245,14 @@ class StepRunner:
         # (4)+(5) owner-aware status and fenced publish, one transaction
         lease.check()  # a lost lease publishes nothing (the owner-aware update would refuse)
         if done.edits and done.status != StepStatus.FAILED:
-            write_ahead(self.checkpoints, key, done.edits, done.checkpoint)
+            # Under the row lock of a row still ours, like a publish: a worker whose lease
+            # was taken (its lease thread not yet aware, as after a pause) writes nothing
+            # ahead, where it would replace the new owner's edits.
+            self.ledger.publish(
+                key,
+                run.run_id,
+                lambda: write_ahead(self.checkpoints, key, done.edits, done.checkpoint),
+            )
         published = self._publish(
             key,
             run,

@@ -13,6 +13,7 @@ machines, the bucket/disk ratio of each row is printed beside them.
 """
 
 import argparse
+import logging
 import os
 import shutil
 import subprocess
@@ -82,6 +83,7 @@ def main() -> None:
     parser.add_argument("--steps", default="t2i_review,world_guide")
     args = parser.parse_args()
     steps = [s for s in args.steps.split(",") if s]
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's access log, one line a request
     disk = measure(None, steps)
     with running_s3_server() as server:
         for name, value in server.env(SECRET).items():

@@ -46,10 +46,11 @@ lint: $(STAMP)
 	VIRTUAL_ENV=$(CURDIR)/$(VENV) $(BIN)/dg check defs
 
 ## Start the Dagster UI on the code location: `make dev` (port 3000), `make dev PORT=3001`
-## (a second checkout, or a port someone else holds).
+## (a second checkout, or a port someone else holds). Ctrl-C, or a SIGTERM to make, stops
+## every process it started (pipeline_defs/cli/supervise.py).
 PORT ?= 3000
 dev: $(STAMP) $(DAGSTER_HOME)/dagster.yaml
-	VIRTUAL_ENV=$(CURDIR)/$(VENV) $(BIN)/dg dev --port $(PORT)
+	exec env VIRTUAL_ENV=$(CURDIR)/$(VENV) $(BIN)/python -m pipeline_defs.cli.supervise $(BIN)/dg dev --port $(PORT)
 
 ## A local Dagster home: SQLite storage, no telemetry, no community pop-up (kept if it exists).
 $(DAGSTER_HOME)/dagster.yaml:

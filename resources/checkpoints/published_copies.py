@@ -124,6 +124,18 @@ class PublishedCopies(CheckpointStore):
         """Where checkpoints are published (secrets masked), for messages."""
         return self.storage.url
 
+    def object_url(self, key: str) -> str:
+        """Where an object of the storage is, as an operator names it (secrets masked)."""
+        return f"{self.storage.url}/{key}"
+
+    def episode_manifests(self, project_id: str, episode_id: str) -> dict[str, Manifest]:
+        """Step id -> the published manifest of every row of one episode (one ledger read)."""
+        out: dict[str, Manifest] = {}
+        for step_id, text in self.pointers.episode_pointers(project_id, episode_id).items():
+            if text is not None:
+                out[step_id] = self._decode(StepKey(project_id, episode_id, step_id), text)
+        return out
+
     # ------------------------------------------------------------------ reads
     def manifest(self, key: StepKey) -> Manifest | None:
         """The published manifest of ``key`` (None: nothing published)."""

@@ -363,8 +363,8 @@ class BucketCheckpoints:
 
         ``referenced``: every manifest any row names (current, archived, pending review
         edits); ``running``: prefixes being worked on, attempt prefixes or whole step
-        prefixes (a running row may be uploading any attempt of its step: its attempts are
-        named by the content they publish, which only the worker knows before its commit).
+        prefixes (a running row may be uploading any attempt of its step: each publication
+        names its attempt with a fresh token, which only the worker knows before its commit).
         A prefix is kept whole when any object in it is named (reused pictures keep theirs
         alive). An object whose age the store does not report counts as young.
         """

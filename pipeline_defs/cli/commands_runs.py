@@ -17,7 +17,6 @@ from pipeline_defs.operations.force import force_step, invalidated_by
 from pipeline_defs.operations.redraw import redraw_step
 from pipeline_defs.operations.run_report import Progress
 from pipeline_defs.operations.runs import run_assets
-from pipeline_defs.resume.partition import Episode
 
 
 @main.command("add-episode")
@@ -157,7 +156,9 @@ def demo(*, project_id: str, stories_dir: Path | None, as_json: bool) -> dict[st
         click.echo(progress_line(item, f"{partition}  "), err=as_json)
 
     if not as_json:
-        click.echo(f"storyboard demo: project {project_id!r}, data in {ws.home}")
+        published = demos.published_to(ws)
+        where = f"; checkpoints and pictures in {published}" if published else ""
+        click.echo(f"storyboard demo: project {project_id!r}, data in {ws.home}{where}")
     report = demos.demo(ws, project_id=project_id, stories_dir=stories_dir, progress=progress)
     if as_json:
         payload = {"ok": report.success, "command": "demo", **report.as_dict()}
@@ -169,17 +170,11 @@ def demo(*, project_id: str, stories_dir: Path | None, as_json: bool) -> dict[st
         for run in report.runs:
             click.echo(f"\nepisode {run.partition} (run {run.run_id})")
             click.echo(run_table(run))
-            images = report.images.get(run.partition, [])
-            episode = Episode.parse(run.partition)
-            folder = Path(
-                ws.checkpoints.layout.checkpoint_episode_dir(episode.project_id, episode.episode_id)
-            )
-            per_step: dict[str, int] = {}
-            for image in images:  # relative to the home
-                step = (ws.home / image).relative_to(folder).parts[0]
-                per_step[step] = per_step.get(step, 0) + 1
-            detail = ", ".join(f"{k}/ {v}" for k, v in per_step.items())
-            click.echo(f"images: {len(images)} PNG under {folder}/ ({detail or 'none'})")
+            found = report.pictures.get(run.partition)
+            if found is None:
+                continue
+            detail = ", ".join(f"{k}/ {v}" for k, v in found.per_step.items())
+            click.echo(f"images: {len(found.files)} PNG under {found.under}/ ({detail or 'none'})")
         click.echo("")
         if report.provider_calls == 0 and report.all_skipped:
             click.echo(

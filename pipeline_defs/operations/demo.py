@@ -12,6 +12,7 @@ from pipeline_defs.operations.workspace import Workspace
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.layout import DataLayout
 from pipeline_defs.resume.partition import Episode, validate_id
+from resources.checkpoints.published import PublishedCheckpoints
 
 SAMPLES_DIR = Path(__file__).resolve().parent.parent / "storyboard" / "samples"
 
@@ -22,12 +23,27 @@ def demo_project_yaml() -> bytes:
     return bundled.read_bytes() if bundled.is_file() else default_project_yaml()
 
 
+@dataclass(frozen=True)
+class EpisodeImages:
+    """Where one episode's pictures are, as the operator can reach them after the command:
+    its checkpoint folder under the home, or its prefix in the bucket the checkpoints are
+    published to (never this process's scratch copy, removed when it exits)."""
+
+    under: str  # the folder, or the bucket URL of the episode's prefix
+    files: list[str]  # each picture: relative to the home, or its object's URL
+    per_step: dict[str, int]  # step id -> how many pictures
+
+
 @dataclass
 class DemoReport:
     project: str
     episodes: list[dict[str, Any]]
     runs: list[RunReport]
-    images: dict[str, list[str]]
+    pictures: dict[str, EpisodeImages]
+
+    @property
+    def images(self) -> dict[str, list[str]]:
+        return {partition: found.files for partition, found in self.pictures.items()}
 
     @property
     def provider_calls(self) -> int:
@@ -47,6 +63,7 @@ class DemoReport:
             "episodes": self.episodes,
             "runs": [r.as_dict() for r in self.runs],
             "images": self.images,
+            "images_under": {p: found.under for p, found in self.pictures.items()},
             "provider_calls": self.provider_calls,
             "all_skipped": self.all_skipped,
             "success": self.success,
@@ -85,6 +102,40 @@ def list_images(ws: Workspace, episode: Episode) -> list[str]:
     )
 
 
+def published_to(ws: Workspace) -> str | None:
+    """The bucket the checkpoints (and pictures) are published to; None on a local home."""
+    store = ws.checkpoints
+    return store.location if isinstance(store, PublishedCheckpoints) else None
+
+
+def episode_images(ws: Workspace, episode: Episode) -> EpisodeImages:
+    """Where ``episode``'s pictures are: the PNG files of its checkpoint folder, or, with
+    checkpoints published to a bucket, the PNG objects its rows' manifests name."""
+    store = ws.checkpoints
+    per_step: dict[str, int] = {}
+    if isinstance(store, PublishedCheckpoints):
+        under = store.bucket.episode_prefix(episode.project_id, episode.episode_id)
+        named = [
+            (step_id, ref.key)
+            for step_id, manifest in store.episode_manifests(
+                episode.project_id, episode.episode_id
+            ).items()
+            for ref in manifest.artifacts.values()
+            if ref.key.endswith(".png")
+        ]
+        for step_id, _ in named:
+            per_step[step_id] = per_step.get(step_id, 0) + 1
+        files = sorted(store.object_url(key) for _, key in named)
+        return EpisodeImages(store.object_url(under), files, dict(sorted(per_step.items())))
+    folder = Path(store.layout.checkpoint_episode_dir(episode.project_id, episode.episode_id))
+    images = list_images(ws, episode)
+    for image in images:
+        step_id = Path(image).relative_to(folder).parts[0]
+        per_step[step_id] = per_step.get(step_id, 0) + 1
+    files = [str(Path(i).relative_to(ws.home)) for i in images]
+    return EpisodeImages(str(folder), files, per_step)
+
+
 def demo(
     ws: Workspace,
     *,
@@ -115,10 +166,5 @@ def demo(
         partition = entry["partition"]
         report = (lambda p: lambda item: progress(p, item))(partition) if progress else None
         runs.append(run_assets(ws, partition, progress=report))
-    images = {
-        r.partition: [
-            str(Path(i).relative_to(ws.home)) for i in list_images(ws, Episode.parse(r.partition))
-        ]
-        for r in runs
-    }
-    return DemoReport(project_id, added, runs, images)
+    pictures = {r.partition: episode_images(ws, Episode.parse(r.partition)) for r in runs}
+    return DemoReport(project_id, added, runs, pictures)

@@ -32,8 +32,10 @@ import json
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
+from uuid import uuid4
 
+from pipeline_defs.resume.clock import format_timestamp
 from pipeline_defs.resume.completion import Origin
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.layout import CHECKPOINTS
@@ -52,7 +54,8 @@ _STAMP_DROP = re.compile(r"[^0-9A-Za-z]")
 def attempt_id(run_id: str, started_at: str) -> str:
     """The attempt prefix of one claim: unique per owner (``run_id`` carries the claim's
     token), sortable by when it was claimed. Never reused by another owner, so a stale
-    worker's objects can never land in the winner's prefix."""
+    worker's objects can never land in the winner's prefix. A publication takes one of
+    its own (:meth:`BucketCheckpoints.publication`)."""
     stamp = _STAMP_DROP.sub("", started_at)[:24]
     return f"a{stamp}-{hashlib.sha256(run_id.encode('utf-8')).hexdigest()[:16]}"
 
@@ -180,7 +183,31 @@ class BucketCheckpoints:
         name = attempt_id(run_id, started_at)
         return Attempt(self.storage, key, f"{self.step_prefix(key)}/{name}", name)
 
+    def publication(self, key: StepKey, owner: str, *, now: datetime | None = None) -> Attempt:
+        """A writing area of its own for one publication of ``key`` by ``owner`` (a run, a
+        review's edit, an accept): named by when it is written and a fresh token, so no
+        two publications ever share a key, whatever their content. Naming it by the
+        content instead made a publication of content published before (an accept back
+        to the original words, a review edit that flips a field back) collide with that
+        publication's create-only envelope, for good."""
+        stamp = format_timestamp(now or datetime.now(UTC))
+        return self.attempt(key, f"{owner}|{uuid4().hex}", stamp)
+
     # ------------------------------------------------------------------ reads
+    def held(self, manifest: Manifest) -> dict[str, ObjectMeta | None]:
+        """What the storage holds now under every key ``manifest`` names (None: no object):
+        one LIST of its step's prefix, whatever its number of objects (a key named outside
+        it, not expected: one HEAD). Compare with :meth:`ObjectRef.same_object`."""
+        prefix = self.step_prefix(manifest.step)
+        listed = {meta.key: meta for meta in self.storage.list(prefix)}
+        out: dict[str, ObjectMeta | None] = {}
+        for key in sorted(manifest.keys):
+            found = listed.get(key)
+            if found is None and not key.startswith(f"{prefix}/"):
+                found = self.storage.head(key)
+            out[key] = found
+        return out
+
     def load(self, manifest: Manifest | None) -> Checkpoint | None:
         """The published checkpoint, verified; None when nothing is published or its
         envelope object is gone (a completed row without its checkpoint: re-run self).
@@ -336,8 +363,8 @@ class BucketCheckpoints:
 
         ``referenced``: every manifest any row names (current, archived, pending review
         edits); ``running``: prefixes being worked on, attempt prefixes or whole step
-        prefixes (a running row may be uploading any attempt of its step: its attempts are
-        named by the content they publish, which only the worker knows before its commit).
+        prefixes (a running row may be uploading any attempt of its step: each publication
+        names its attempt with a fresh token, which only the worker knows before its commit).
         A prefix is kept whole when any object in it is named (reused pictures keep theirs
         alive). An object whose age the store does not report counts as young.
         """

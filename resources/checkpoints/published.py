@@ -9,18 +9,21 @@ one shared disk. The copy is a cache that any machine can lose; nothing is only 
 
 - **Read** (:meth:`PublishedCheckpoints.load`): the row's pointer names the manifest; the
   scratch copy of the step is brought to it (the envelope and each artifact fetched and
-  verified against the manifest's sha256 and size, an artifact whose scratch bytes already
-  match kept without a request) before the usual load and verification. An object deleted
-  from the bucket is absent in scratch (``artifact_missing``: a self-only re-run);
-  replaced bytes are ``io.integrity_violation`` naming the object (a block). A marker per
-  step directory names the pointer the copy holds, so an unchanged pointer costs no
-  request. No pointer: nothing is published (the scratch is not consulted).
+  verified against the manifest's sha256 and size) before the usual load and
+  verification. An object deleted from the bucket is absent in scratch
+  (``artifact_missing``: a self-only re-run); replaced bytes are ``io.integrity_violation``
+  naming the object (a block). A marker per step directory names the pointer the copy
+  holds; the copy is kept, with no download, while the storage still holds the very
+  objects the manifest names (one LIST of the step's prefix): an object replaced behind
+  the ledger's back is seen, never the stale copy. No pointer: nothing is published (the
+  scratch is not consulted).
 - **Publish** (:meth:`PublishedCheckpoints.stage`): the envelope is staged in scratch as
-  on disk, then every artifact it lists is put create-only under the claim's own attempt
-  prefix (or named from the previous manifest when its bytes are unchanged: copy-free
-  reuse), the envelope last; the staged checkpoint carries the manifest as its
-  ``pointer``, which the ledger stores in the owner-aware transaction that commits it. A
-  fenced worker only ever wrote into its own attempt, and its transaction matches no row.
+  on disk, then every artifact it lists is put create-only under an attempt prefix of
+  the publication's own (never one an earlier publication wrote, whatever its content),
+  or named from the previous manifest when its bytes are unchanged (copy-free reuse), the
+  envelope last; the staged checkpoint carries the manifest as its ``pointer``, which the
+  ledger stores in the owner-aware transaction that commits it. A fenced worker only
+  ever wrote into its own attempt, and its transaction matches no row.
 - **Write-ahead edits** of a mutator live in the storage (``pending/…``): another machine
   settles them after a crash.
 

@@ -2,13 +2,18 @@
 
 - **Read** (:meth:`PublishedCopies.load`): the row's pointer names the manifest; the
   scratch copy of the step is brought to it (the envelope and each artifact fetched and
-  verified against the manifest's sha256 and size, an artifact whose scratch bytes already
-  match kept without a request) before the usual load and verification. A marker per step
-  directory names the pointer the copy holds, so an unchanged pointer costs no request.
+  verified against the manifest's sha256 and size) before the usual load and verification.
+  A copy is kept, with no download, only while the storage still holds the very objects
+  the manifest names (size and e_tag/version, one LIST of the step's prefix): bytes that
+  match in scratch say nothing of an object replaced behind the ledger's back. A marker
+  per step directory names the pointer the copy holds; within one judging scope a step
+  compared once is not listed again.
 - **Publish** (:meth:`PublishedCopies.stage`): the envelope is staged in scratch as on
-  disk, then every artifact it lists is put create-only under the claim's own attempt
-  prefix (or named from the previous manifest when its bytes are unchanged), the envelope
-  last; the staged checkpoint carries the manifest as its ``pointer``.
+  disk, then every artifact it lists is put create-only under an attempt prefix of the
+  publication's own (:meth:`BucketCheckpoints.publication`: never one an earlier
+  publication wrote, whatever its content), or named from the previous manifest when its
+  bytes are unchanged, the envelope last; the staged checkpoint carries the manifest as
+  its ``pointer``.
 
 The whole protocol is told in :mod:`resources.checkpoints.published`.
 """
@@ -21,7 +26,7 @@ import os
 import shutil
 import socket
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 from uuid import uuid4
@@ -35,7 +40,7 @@ from resources.checkpoints.bucket import ENVELOPE_WHAT, BucketCheckpoints
 from resources.checkpoints.envelope import Checkpoint
 from resources.checkpoints.manifest import Manifest, ObjectRef
 from resources.checkpoints.store import CheckpointStore, StagedCheckpoint, atomic_write_bytes
-from resources.storage import Storage
+from resources.storage import ObjectMeta, Storage
 
 UNSCANNED = "unscanned"  # under a scratch: never created, so the tick's stats never move
 
@@ -101,6 +106,9 @@ class PublishedCopies(CheckpointStore):
         # again (not taken from the marker) the next time they are loaded.
         self._drifted: set[StepKey] = set()
         self._scope_pointers = threading.local()
+        # Within a judging scope: the (step, pointer digest) whose objects this process
+        # compared with the storage already (one LIST per step and scope, not per load).
+        self._scope_held = threading.local()
         atexit.register(shutil.rmtree, scratch, ignore_errors=True)
 
     @property
@@ -120,6 +128,18 @@ class PublishedCopies(CheckpointStore):
     def location(self) -> str:
         """Where checkpoints are published (secrets masked), for messages."""
         return self.storage.url
+
+    def object_url(self, key: str) -> str:
+        """Where an object of the storage is, as an operator names it (secrets masked)."""
+        return f"{self.storage.url}/{key}"
+
+    def episode_manifests(self, project_id: str, episode_id: str) -> dict[str, Manifest]:
+        """Step id -> the published manifest of every row of one episode (one ledger read)."""
+        out: dict[str, Manifest] = {}
+        for step_id, text in self.pointers.episode_pointers(project_id, episode_id).items():
+            if text is not None:
+                out[step_id] = self._decode(StepKey(project_id, episode_id, step_id), text)
+        return out
 
     # ------------------------------------------------------------------ reads
     def manifest(self, key: StepKey) -> Manifest | None:
@@ -149,20 +169,41 @@ class PublishedCopies(CheckpointStore):
             return None  # the envelope object is gone: completed without checkpoint
         return super().load(key)
 
+    @contextlib.contextmanager
+    def judging_scope(self) -> Iterator[None]:
+        previous = getattr(self._scope_held, "seen", None)
+        self._scope_held.seen = set()
+        try:
+            with super().judging_scope():
+                yield
+        finally:
+            self._scope_held.seen = previous
+
     def _hydrate(self, key: StepKey, text: str, manifest: Manifest) -> bool:
-        """Bring the scratch copy of ``key`` to ``manifest``; False if its envelope is gone."""
+        """Bring the scratch copy of ``key`` to ``manifest``; False if its envelope is gone.
+
+        The copy marked as this pointer's is kept only while the storage holds the objects
+        the manifest names (one LIST): a long-lived process (the sensor's code server)
+        sees an object replaced or deleted behind its back as a fresh machine does, as
+        soon as it judges the step the long way (its seal cleared by a scrub, here or
+        anywhere), instead of trusting bytes it verified earlier."""
         self.refuse_links_in_tree(key)
         marker = self._published_marker(key)
         digest = pointer_digest(text)
         drifted = key in self._drifted  # a scrub saw the storage differ: fetch, do not trust
+        held = _Held(self.bucket, manifest)
+        seen: set[tuple[StepKey, str]] | None = getattr(self._scope_held, "seen", None)
         with contextlib.suppress(FileNotFoundError, NotADirectoryError):
             if (
                 not drifted
                 and read_nofollow(marker).decode("utf-8") == digest
                 and self.path_for(key).is_file()
+                and ((key, digest) in (seen or ()) or held.all_published())
             ):
+                if seen is not None:
+                    seen.add((key, digest))
                 return True
-        self._fetch_artifacts(key, manifest)
+        self._fetch_artifacts(key, manifest, held)
         envelope = self.bucket.fetch(manifest.envelope, what=ENVELOPE_WHAT)
         self._drifted.discard(key)  # judged from what the storage holds now
         if envelope is None:
@@ -201,8 +242,9 @@ class PublishedCopies(CheckpointStore):
         except (PipelineError, ValueError):
             return None  # nothing to reuse: the run draws what it needs
         self.refuse_links_in_tree(key)
+        held = _Held(self.bucket, manifest)
         for relative, ref in sorted(manifest.artifacts.items()):
-            self._fetch(key, relative, ref)
+            self._fetch(key, relative, ref, held)
         return recalled
 
     def checkout_edit(self, key: StepKey) -> None:
@@ -215,7 +257,7 @@ class PublishedCopies(CheckpointStore):
             return  # nothing published: the accept says so
         manifest = self._decode(key, text)
         self.refuse_links_in_tree(key)
-        self._fetch_artifacts(key, manifest)
+        self._fetch_artifacts(key, manifest, _Held(self.bucket, manifest))
         payload = self.bucket.fetch_unverified(manifest.envelope.key)
         if payload is None:
             with contextlib.suppress(FileNotFoundError):
@@ -223,21 +265,24 @@ class PublishedCopies(CheckpointStore):
             return
         atomic_write_bytes(self.path_for(key), payload)
 
-    def _fetch_artifacts(self, key: StepKey, manifest: Manifest) -> None:
+    def _fetch_artifacts(self, key: StepKey, manifest: Manifest, held: "_Held") -> None:
         """The copy's artifacts brought to ``manifest``, its marker dropped first: a copy half
         brought up to date is never taken as the published one."""
         with contextlib.suppress(FileNotFoundError):
             self._published_marker(key).unlink()
         for relative, ref in sorted(manifest.artifacts.items()):
-            self._fetch(key, relative, ref)
+            self._fetch(key, relative, ref, held)
 
-    def _fetch(self, key: StepKey, relative: str, ref: ObjectRef) -> None:
-        """One artifact into scratch: kept when its bytes are the published ones, fetched
-        and verified otherwise, absent (moved out of the way) when the object is gone."""
+    def _fetch(self, key: StepKey, relative: str, ref: ObjectRef, held: "_Held") -> None:
+        """One artifact into scratch: kept when its bytes are the published ones *and* the
+        storage still holds the published object (size, e_tag/version); fetched and
+        verified otherwise (an object replaced behind the ledger's back is then
+        ``io.integrity_violation``, as on a fresh machine), absent (moved out of the way)
+        when the object is gone."""
         path = self.artifact_path(key, relative)
-        held = path.is_file() and path.stat().st_size == ref.size
-        if held and file_sha256(path) == ref.sha256 and self.storage.head(ref.key) is not None:
-            return  # the published bytes are here already: one HEAD, no download
+        here = path.is_file() and path.stat().st_size == ref.size
+        if here and file_sha256(path) == ref.sha256 and held.published(ref):
+            return  # the published bytes are here already: no download
         payload = self.bucket.fetch(ref, what=f"artifact {relative}")
         if payload is None:
             with contextlib.suppress(FileNotFoundError):
@@ -253,11 +298,10 @@ class PublishedCopies(CheckpointStore):
             key = checkpoint.key
             previous = self.manifest(key)
             owner = str(checkpoint.produced_by.get("run_id") or "unowned")
-            # One attempt per owner and content: a mutator's edit of a victim (same producer)
-            # gets its own prefix, and a retried stage of the same content finds its objects.
-            attempt = self.bucket.attempt(
-                key, f"{owner}|{checkpoint.content_hash}", checkpoint.created_at
-            )
+            # One attempt per publication: never one an earlier publication wrote, even of
+            # the same content (an accept back to the original words, a review's edit that
+            # flips a field back): its envelope object is create-only.
+            attempt = self.bucket.publication(key, owner)
             for artifact in checkpoint.artifacts:
                 kept = previous.artifacts.get(artifact.path) if previous else None
                 if kept is not None and self._still_there(kept, artifact.sha256, artifact.bytes):
@@ -294,38 +338,41 @@ class PublishedCopies(CheckpointStore):
         return meta is not None and ref.same_object(meta.size, meta.e_tag, meta.version)
 
     def is_unchanged(self, checkpoint: Checkpoint) -> bool:
-        """Same content as published, and every object it names still in the storage: a
-        re-run that redrew a deleted picture has the same content but must publish it.
-
-        Asked of the storage without bringing this process's copy to the pointer: during a
-        run the copy is the step's working directory, holding what the run just drew, and
-        bringing it to a manifest whose objects are gone would delete those files (a lost
-        attempt then paid for every picture and failed to publish, run after run)."""
+        """Same content as published, and every object it names still the published one in
+        the storage (one LIST, one GET of the envelope): a re-run that redrew a deleted
+        picture has the same content but must publish it. The scratch copy is not
+        touched: it holds the run's own work, which a fetch would overwrite (a redrawn
+        picture whose object is gone would be removed before its upload)."""
         key = checkpoint.key
         text = self.pointers.pointer(key)
         if text is None:
             return False
         try:
             published = self._decode(key, text)
-            if not all(
-                self._still_there(ref, ref.sha256, ref.size) for ref in published.artifacts.values()
-            ):
+            if not _Held(self.bucket, published).all_published():
                 return False
-            current = self._published_envelope(key, text, published)
-        except (PipelineError, ValueError):
+            current = self.bucket.load(published)
+        except PipelineError:
             return False
         return current is not None and current.identity_hash == checkpoint.identity_hash
 
-    def _published_envelope(self, key: StepKey, text: str, manifest: Manifest) -> Checkpoint | None:
-        """The envelope ``manifest`` names, read without changing the copy: the copy's own
-        when its marker names this pointer, else fetched (verified) into memory."""
-        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
-            if key not in self._drifted and read_nofollow(self._published_marker(key)).decode(
-                "utf-8"
-            ) == pointer_digest(text):
-                return super().load(key)
-        payload = self.bucket.fetch(manifest.envelope, what=ENVELOPE_WHAT)
-        if payload is None:
-            return None
-        where = f"{self.location}/{manifest.envelope.key}"
-        return Checkpoint.from_dict(json.loads(payload), source=where)
+
+class _Held:
+    """What the storage holds under a manifest's keys, listed once when first asked."""
+
+    def __init__(self, bucket: BucketCheckpoints, manifest: Manifest) -> None:
+        self._bucket = bucket
+        self._manifest = manifest
+        self._found: dict[str, ObjectMeta | None] | None = None
+
+    def published(self, ref: ObjectRef) -> bool:
+        """The storage holds the object ``ref`` names (not another one under its key)."""
+        if self._found is None:
+            self._found = self._bucket.held(self._manifest)
+        meta = self._found.get(ref.key)
+        return meta is not None and ref.same_object(meta.size, meta.e_tag, meta.version)
+
+    def all_published(self) -> bool:
+        """Every object the manifest names is the published one."""
+        refs = [self._manifest.envelope, *self._manifest.artifacts.values()]
+        return all(self.published(ref) for ref in refs)

@@ -3,11 +3,14 @@
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from cli_helpers import CliEnv, make_env
+from s3_server import S3Server
 
+from pipeline_defs.resume.layout import SCRATCH_DIR
 from pipeline_defs.storyboard import STORYBOARD_STEPS
 
 
@@ -72,3 +75,36 @@ def test_demo_on_the_real_pipeline_second_run_has_zero_provider_calls(cli: CliEn
     rows = cli.ledger.get_many()
     assert len(rows) == 2 * len(STORYBOARD_STEPS)
     assert sorted(str(k) for k, r in rows.items() if r.checkpoint_seal is None) == []
+
+
+def test_demo_on_a_bucket_says_where_the_pictures_are_in_the_bucket(
+    cli: CliEnv, s3_server: S3Server, aws_env: Callable[[S3Server], None]
+) -> None:
+    """Issue 29: with PIPELINE_STORAGE_URL the pictures are objects in the bucket; the demo
+    names the bucket prefix they are under (and, with --json, each object), never the
+    process's scratch folder, which is gone when the command exits."""
+    aws_env(s3_server)
+    bucket = s3_server.new_bucket()
+    url = f"s3://{bucket}/demo-home"
+    stories = cli.root / "stories"
+    cli.story("fox"), cli.story("ship")
+    storage = {"PIPELINE_STORAGE_URL": url}
+    first = cli.invoke("demo", "--stories", str(stories), env=storage)
+    assert first.exit_code == 0, first.output
+    assert f"images: 3 PNG under {url}/checkpoints/demo/fox/ (sketch/ 3)" in first.stdout
+    assert f"images: 2 PNG under {url}/checkpoints/demo/ship/ (sketch/ 2)" in first.stdout
+    assert SCRATCH_DIR not in first.stdout, first.stdout
+
+    second = cli.invoke("demo", "--stories", str(stories), "--json", env=storage)
+    assert second.exit_code == 0, second.output
+    payload = json.loads(second.stdout)
+    assert payload["all_skipped"] and payload["provider_calls"] == 0
+    client = s3_server.client()
+    for partition, count in (("demo/fox", 3), ("demo/ship", 2)):
+        images = payload["images"][partition]
+        assert len(images) == count, images
+        assert payload["images_under"][partition] == f"{url}/checkpoints/{partition}"
+        for image in images:
+            assert image.startswith(f"{url}/checkpoints/{partition}/") and image.endswith(".png")
+            key = image.removeprefix(f"s3://{bucket}/")
+            assert client.head_object(Bucket=bucket, Key=key)["ContentLength"] > 0

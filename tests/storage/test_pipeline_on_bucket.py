@@ -700,3 +700,107 @@ def test_a_lost_attempt_is_paid_for_once_then_skipped(machines: Callable[[], Env
     third = machines()
     again = third.materialize()
     assert again.result.success and again.total_calls == 0
+
+
+def _edit_prompt_in_the_bucket(machines: Callable[..., Env], env: Env, prompt: str) -> None:
+    """An editor downloads ``scene_detail``'s published envelope, sets the first prompt and
+    puts it back under the same key (a hand edit, as an operator makes it)."""
+    client = machines.client  # type: ignore[attr-defined]
+    key = f"{PREFIX}/{manifest(env, 'scene_detail').envelope.key}"
+    raw = json.loads(client.get_object(Bucket=machines.bucket, Key=key)["Body"].read())  # type: ignore[attr-defined]
+    raw["data"]["scenes"][0]["t2i_variations"][0]["t2i_prompt"] = prompt
+    client.put_object(Bucket=machines.bucket, Key=key, Body=json.dumps(raw).encode())  # type: ignore[attr-defined]
+
+
+def _accept(env: Env, dagster_home: Path) -> dict[str, object]:
+    from click.testing import CliRunner
+
+    from pipeline_defs.cli import main
+
+    result = CliRunner().invoke(
+        main,
+        ["accept", "--partition", "demo/ep01", "--step", "scene_detail", "--json"],
+        env={
+            "PIPELINE_HOME": str(env.home),
+            "PIPELINE_DB_URL": env.db_url,
+            "PIPELINE_STORAGE_URL": str(env.storage_url),
+            "DAGSTER_HOME": str(dagster_home),
+        },
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    payload: dict[str, object] = json.loads(result.stdout)
+    return payload
+
+
+def test_every_accept_publishes_even_back_to_content_published_before(
+    machines: Callable[..., Env], tmp_path: Path
+) -> None:
+    """Issue 29: edit -> accept -> edit back to the original words -> accept -> edit again
+    -> accept. Each accept publishes a new attempt of its own (the attempt id is unique per
+    publication, not derived from the content and the first producer), so content equal to
+    an earlier publication never collides with that publication's objects (before: the
+    accept back failed with ``storage.object_exists`` for good)."""
+    first = published_machine(machines)
+    original = manifest(first, "scene_detail")
+    loaded = first.checkpoint("scene_detail")
+    assert loaded is not None
+    words = str(loaded.data["scenes"][0]["t2i_variations"][0]["t2i_prompt"])
+    dagster_home = tmp_path / "dagster_home"
+    dagster_home.mkdir()
+    (dagster_home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    dg.DagsterInstance.from_config(str(dagster_home)).add_dynamic_partitions(
+        "episodes", ["demo/ep01"]
+    )
+    published = [original]
+    for prompt in ("a lighthouse, edited by hand", words, "a lighthouse, edited by hand"):
+        _edit_prompt_in_the_bucket(machines, first, prompt)
+        payload = _accept(machines(inputs=False), dagster_home)
+        assert payload["accepted"] is True, payload
+        now = manifest(first, "scene_detail")
+        assert now.attempt not in {m.attempt for m in published}, (now.attempt, published)
+        published.append(now)
+        kept = machines(inputs=False).checkpoint("scene_detail")  # verified, any machine
+        assert kept is not None
+        assert kept.data["scenes"][0]["t2i_variations"][0]["t2i_prompt"] == prompt
+    # equal content, distinct publications
+    assert published[2].content_hash == original.content_hash
+    assert published[3].content_hash == published[1].content_hash
+    assert first.judge("scene_detail").action is ResumeAction.SKIP
+
+
+@pytest.mark.parametrize("scrubbed_by", ["this process", "another process"])
+def test_a_long_lived_reader_sees_a_replaced_picture_once_its_seal_is_cleared(
+    machines: Callable[..., Env], scrubbed_by: str
+) -> None:
+    """Issue 29: a process that read a step (its scratch copy made, verified) keeps judging
+    it clean only while the bucket still holds the objects the manifest names. A picture
+    replaced behind its back, once the scrub cleared the step's seal, gets the verdict a
+    fresh machine gives (a block naming the object), not the scratch copy's SKIP: a scratch
+    copy whose bytes match the manifest is not trusted when the object is another one."""
+    from storyboard_support import PARTITION
+
+    from pipeline_defs.judging.scrub import scrub_episodes
+    from pipeline_defs.judging.stores import Stores
+    from pipeline_defs.resume.partition import Episode
+
+    first = published_machine(machines)
+    sensor = machines(inputs=False)  # the long-lived process (the sensor's code server)
+    assert set(sensor_verdicts(sensor).values()) == {"skip"}
+    published = manifest(first, "ref_image_gen")
+    assert sensor.checkpoint("ref_image_gen") is not None  # read: a scratch copy, marked
+    relative, ref = sorted(published.artifacts.items())[0]
+    assert sensor.checkpoints.artifact_path(sensor.key("ref_image_gen"), relative).is_file()
+    client = machines.client  # type: ignore[attr-defined]
+    client.put_object(Bucket=machines.bucket, Key=f"{PREFIX}/{ref.key}", Body=b"not the picture")  # type: ignore[attr-defined]
+
+    scrubber = sensor if scrubbed_by == "this process" else machines(inputs=False)
+    report = scrub_episodes(Stores.of(scrubber.pipeline), [Episode.parse(PARTITION)], clear=True)
+    assert [d.step.step_id for d in report.drifts] == ["ref_image_gen"]
+    assert report.cleared == 1
+
+    fresh = sensor_verdicts(machines(inputs=False))
+    assert fresh["ref_image_gen"] != "skip", fresh
+    assert sensor_verdicts(sensor)["ref_image_gen"] == fresh["ref_image_gen"]
+    decision = sensor.judge("ref_image_gen")
+    assert decision.action is ResumeAction.BLOCK, decision
+    assert ref.key in decision.reason, decision.reason

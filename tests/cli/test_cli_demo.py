@@ -80,7 +80,7 @@ def test_demo_on_the_real_pipeline_second_run_has_zero_provider_calls(cli: CliEn
 def test_demo_on_a_bucket_says_where_the_pictures_are_in_the_bucket(
     cli: CliEnv, s3_server: S3Server, aws_env: Callable[[S3Server], None]
 ) -> None:
-    """Issue 29: with PIPELINE_STORAGE_URL the pictures are objects in the bucket; the demo
+    """With PIPELINE_STORAGE_URL the pictures are objects in the bucket; the demo
     names the bucket prefix they are under (and, with --json, each object), never the
     process's scratch folder, which is gone when the command exits."""
     aws_env(s3_server)

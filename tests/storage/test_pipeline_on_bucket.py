@@ -735,7 +735,7 @@ def _accept(env: Env, dagster_home: Path) -> dict[str, object]:
 def test_every_accept_publishes_even_back_to_content_published_before(
     machines: Callable[..., Env], tmp_path: Path
 ) -> None:
-    """Issue 29: edit -> accept -> edit back to the original words -> accept -> edit again
+    """Edit -> accept -> edit back to the original words -> accept -> edit again
     -> accept. Each accept publishes a new attempt of its own (the attempt id is unique per
     publication, not derived from the content and the first producer), so content equal to
     an earlier publication never collides with that publication's objects (before: the
@@ -772,7 +772,7 @@ def test_every_accept_publishes_even_back_to_content_published_before(
 def test_a_long_lived_reader_sees_a_replaced_picture_once_its_seal_is_cleared(
     machines: Callable[..., Env], scrubbed_by: str
 ) -> None:
-    """Issue 29: a process that read a step (its scratch copy made, verified) keeps judging
+    """A process that read a step (its scratch copy made, verified) keeps judging
     it clean only while the bucket still holds the objects the manifest names. A picture
     replaced behind its back, once the scrub cleared the step's seal, gets the verdict a
     fresh machine gives (a block naming the object), not the scratch copy's SKIP: a scratch

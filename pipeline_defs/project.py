@@ -214,12 +214,30 @@ def load_project_config(home: Path, project_id: str) -> ProjectConfig:
     return config
 
 
+def _yaml_problem(path: Path, exc: yaml.YAMLError) -> str:
+    """Where the file is broken and how, on one line: ``<path>, line L, column C: not valid
+    YAML: <problem> (<context>)`` (PyYAML's own text spans several lines and names the
+    string it parsed, not the file)."""
+    mark = getattr(exc, "problem_mark", None)
+    where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    problem = getattr(exc, "problem", None) or str(exc)
+    context = getattr(exc, "context", None)
+    detail = " ".join((f"{problem} ({context})" if context else str(problem)).split())
+    return f"{path}{where}: not valid YAML: {detail}"
+
+
 def _read_project_config(path: Path) -> ProjectConfig:
     try:
         raw = yaml.safe_load(read_nofollow(path).decode("utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+    except UnicodeDecodeError as exc:
         raise PipelineError(
-            ErrorCode.CONFIG_INVALID, f"{path}: not valid YAML ({exc})", details={"path": str(path)}
+            ErrorCode.CONFIG_INVALID,
+            f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})",
+            details={"path": str(path)},
+        ) from None
+    except yaml.YAMLError as exc:
+        raise PipelineError(
+            ErrorCode.CONFIG_INVALID, _yaml_problem(path, exc), details={"path": str(path)}
         ) from None
     return parse_project_config(raw, source=str(path))
 

@@ -8,7 +8,7 @@ import click
 from pipeline_defs.cli.app import checked_workspace, main, report_invalid_partitions
 from pipeline_defs.cli.errors import operation
 from pipeline_defs.cli.options import partitions_filter
-from pipeline_defs.cli.render import advice, table_lines, terminal_width
+from pipeline_defs.cli.render import SaidOnce, advice, table_lines, terminal_width
 from pipeline_defs.operations import inspect as views
 from pipeline_defs.operations.workspace import Workspace
 from pipeline_defs.resume.partition import Episode
@@ -36,17 +36,26 @@ def decide(*, partitions: tuple[str, ...], show_all: bool, as_json: bool) -> dic
     width = terminal_width()
     shown = [d for d in decisions if show_all or d["verdict"] != "skip"]
     rows = []
+    said = SaidOnce()
+    firsts = []
     for d in shown:
         # waiting / deferred say why in their detail; a block says what to do below its row
         waits = d["verdict"] not in ("blocked", "launch", "skip", "not_applicable")
         text = f"{d['reason']} — {d['detail']}" if waits else d["reason"]
-        rows.append((d["partition"], d["step"], d["verdict"], d["action"], d["origin"], text))
+        first = (
+            said.earlier(f"{d['partition']} {d['step']}", text, d["what_to_do"])
+            if d["verdict"] == "blocked"
+            else None
+        )
+        firsts.append(first)
+        shown_text = f"same as {first} (above)" if first else text
+        rows.append((d["partition"], d["step"], d["verdict"], d["action"], d["origin"], shown_text))
     if rows:
         headers = ["partition", "step", "would", "action", "origin", "reason"]
         lines, groups = table_lines(headers, rows, width)
-        for d, group in zip(shown, groups, strict=True):
+        for d, group, first in zip(shown, groups, firsts, strict=True):
             lines += group
-            if d["what_to_do"]:
+            if d["what_to_do"] and first is None:
                 advice(lines, d["what_to_do"], width)
         click.echo("\n".join(lines))
     for entry in outdated:

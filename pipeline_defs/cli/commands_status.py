@@ -10,6 +10,7 @@ from pipeline_defs.cli.app import checked_workspace, main, report_invalid_partit
 from pipeline_defs.cli.errors import operation
 from pipeline_defs.cli.options import partitions_filter
 from pipeline_defs.cli.render import (
+    SaidOnce,
     advice,
     age,
     listed,
@@ -68,26 +69,32 @@ def _status_table(steps: Sequence[views.StepState], width: int) -> list[str]:
     ``--json``), and a step another run holds a live lease on as ``running``: the sensor
     leaves it to its owner, which is no block.
     """
-    rows = [
-        (
-            s.partition,
-            s.step,
-            views.shown_status(s.status),
-            _sensor_now(s),
-            s.last_decision,
-            s.recovery_count,
-            s.provider_calls,
-            seconds(s.last_duration_seconds),
-            f"{s.block_origin}: {s.block_reason}" if s.block_origin else s.block_reason,
+    said = SaidOnce()
+    rows = []
+    firsts = []
+    for s in steps:
+        block = f"{s.block_origin}: {s.block_reason}" if s.block_origin else s.block_reason
+        first = said.earlier(f"{s.partition} {s.step}", block, s.what_to_do)
+        firsts.append(first)
+        rows.append(
+            (
+                s.partition,
+                s.step,
+                views.shown_status(s.status),
+                _sensor_now(s),
+                s.last_decision,
+                s.recovery_count,
+                s.provider_calls,
+                seconds(s.last_duration_seconds),
+                f"same as {first} (above)" if first else block,
+            )
         )
-        for s in steps
-    ]
     headers = ["partition", "step", "status", "sensor now", "last decision", "recov"]
     headers += ["calls total", "last dur", "block"]
     lines, groups = table_lines(headers, rows, width)
-    for s, group in zip(steps, groups, strict=True):
+    for s, group, first in zip(steps, groups, firsts, strict=True):
         lines += group
-        if s.what_to_do:
+        if s.what_to_do and first is None:
             advice(lines, s.what_to_do, width)
     return lines
 

@@ -101,6 +101,23 @@ def advice(lines: list[str], hint: str, width: int, indent: str = "    ") -> Non
     lines += [f"{indent}  {command}" for command in commands_in(hint)]
 
 
+class SaidOnce:
+    """A block said once per screen: the first step that has it shows its reason and what
+    to do; every later step with the same reason and advice (a bad project file blocks
+    every step of every episode of its project) points at that first one."""
+
+    def __init__(self) -> None:
+        self._first: dict[tuple[str, str], str] = {}
+
+    def earlier(self, where: str, reason: str | None, hint: str | None) -> str | None:
+        """``where`` said it first: None (say it); else the place that said it."""
+        if not reason and not hint:
+            return None
+        key = (reason or "", hint or "")
+        first = self._first.setdefault(key, where)
+        return None if first == where else first
+
+
 def clip(text: Any, width: int = 60) -> str | None:
     if text is None:
         return None

@@ -241,3 +241,19 @@ def test_the_zero_writes_checks_see_a_settings_change(cli: CliEnv) -> None:
     assert after != before and snapshot(stores) != sensor_before
     assert [r[:2] for r in after["settings"]] == [("lease_seconds", "90")]
     assert len(after["setting_change"]) == len(before["setting_change"]) + 1
+
+
+def test_a_bad_project_file_is_reported_once_with_its_line_and_the_fix(cli: CliEnv) -> None:
+    """A malformed project.yaml blocks every step of every episode of the project; the
+    screens say so once, with the file, the line and the fix, not once per step."""
+    cli.ok("migrate")
+    add(cli, "p1", "e1")
+    add(cli, "p1", "e2")
+    config = cli.home / "projects" / "p1" / "project.yaml"
+    config.write_text("title: x\nimage:\n  width: [1,\n", encoding="utf-8")
+    for command in ("status", "decide"):
+        text = " ".join(wide(cli, command).split())  # wrapped table cells, one line
+        assert text.count("not valid YAML") == 2, text  # the block and its fix, once
+        assert f"{config}, line 4, column 1" in text, text
+        assert text.count("fix the project file") == 1, text
+        assert "same as p1/e1 " in text, text  # the other steps point at the first

@@ -3,8 +3,10 @@
 On a bucket nothing is overwritten: every publish leaves the previous attempt behind, and a
 fenced worker's dead attempt stays too. Collection deletes a whole attempt prefix only when
 no ledger row names any object in it (current pointers and the archived ones a step keeps),
-no running row's step holds it, and its newest object is older than the grace period, so an
-attempt still uploading before its publish is never touched. Pending review edits live
+no running row's step holds it, and its newest object is older than the grace period (at
+least an hour: ``MIN_GRACE``), so an attempt still uploading before its publish is never
+touched. The rows are read after the bucket is listed, right before deleting, so a step
+published while the listing ran is named by then. Pending review edits live
 outside the checkpoint tree and are never collected (docs/DESIGN.md#storage).
 
 Two ways in, one core (:func:`collect_unnamed`): ``storyboard gc`` and the
@@ -30,6 +32,8 @@ from resources.pipeline import PipelineResource
 # Far longer than any upload-to-publish window of a step (its objects go up just before
 # its publish), and than any clock skew between a worker and the storage.
 DEFAULT_GRACE = timedelta(hours=24)
+# The shortest grace gc accepts: an attempt uploaded now is committed within minutes.
+MIN_GRACE = timedelta(hours=1)
 GC_JOB = "storage_gc"
 GC_SCHEDULE = "storage_gc_daily"
 
@@ -65,15 +69,29 @@ def collect_unnamed(
             "storage garbage collection applies to checkpoints published on object storage "
             "(PIPELINE_STORAGE_URL); a local home keeps its own archives, nothing to collect",
         )
-    if grace < timedelta(0):
-        raise PipelineError(ErrorCode.INPUT_INVALID, f"the grace period {grace} is negative")
+    if grace < MIN_GRACE:
+        raise PipelineError(
+            ErrorCode.INPUT_INVALID,
+            f"the grace period {grace} is too short: it must be at least "
+            f"{MIN_GRACE.total_seconds() / 3600:g} h, because an attempt's objects are uploaded "
+            "before the commit that names them, and a shorter grace could delete them in "
+            "between (the ledger then names objects that are gone)",
+        )
+    # The listing first (seconds on a big bucket, while runs go on), the rows after it, right
+    # before deleting: a step published while the bucket was listed is named by then.
+    listed = list(store.bucket.attempts())
     references = ledger.references()
     manifests = [Manifest.decode(text, where="a ledger pointer") for text in references.pointers]
     # A running step may be uploading an attempt it has not published yet: its whole step
     # prefix is kept, whatever the grace period (a step running for longer than it).
     running = [store.bucket.step_prefix(key) for key in references.running]
     collection = store.bucket.collect(
-        manifests, running, now=now or datetime.now(UTC), grace=grace, dry_run=dry_run
+        manifests,
+        running,
+        now=now or datetime.now(UTC),
+        grace=grace,
+        dry_run=dry_run,
+        attempts=listed,
     )
     return GarbageReport(store.location, dry_run, grace.total_seconds(), collection)
 

@@ -98,7 +98,8 @@ def sheet(*, partition_key: str, out: Path | None, as_json: bool) -> dict[str, A
     type=click.FloatRange(min=0),
     default=garbage.DEFAULT_GRACE.total_seconds() / 3600,
     show_default=True,
-    help="Keep any attempt with an object younger than this.",
+    help="Keep any attempt with an object younger than this (at least 1: an attempt is "
+    "uploaded before the commit that names it).",
 )
 @click.option("--dry-run", is_flag=True, help="Say what would be deleted; delete nothing.")
 @operation("gc")

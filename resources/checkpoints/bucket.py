@@ -357,6 +357,7 @@ class BucketCheckpoints:
         now: datetime,
         grace: timedelta,
         dry_run: bool = False,
+        attempts: Iterable[tuple[str, list[ObjectMeta]]] | None = None,
     ) -> Collection:
         """Delete attempt prefixes no manifest names, no running attempt owns, and whose
         newest object is older than ``grace``; keep everything else.
@@ -367,6 +368,8 @@ class BucketCheckpoints:
         names its attempt with a fresh token, which only the worker knows before its commit).
         A prefix is kept whole when any object in it is named (reused pictures keep theirs
         alive). An object whose age the store does not report counts as young.
+        ``attempts``: the listing to judge (``attempts()`` by default), taken before the
+        caller read ``referenced`` and ``running``.
         """
         named: set[str] = set()
         for manifest in referenced:
@@ -374,7 +377,7 @@ class BucketCheckpoints:
         running_set = set(running)
         deleted: list[str] = []
         objects = kept_referenced = kept_running = kept_young = 0
-        for prefix, metas in self.attempts():
+        for prefix, metas in self.attempts() if attempts is None else attempts:
             if prefix in named:
                 kept_referenced += 1
                 continue

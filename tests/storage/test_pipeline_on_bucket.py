@@ -11,6 +11,7 @@ import json
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import dagster as dg
 import pytest
@@ -619,8 +620,8 @@ def test_the_storage_gc_job_collects_as_the_command_does_and_ships_stopped(
     machines: Callable[[], Env],
 ) -> None:
     """The daily schedule (stopped by default) runs the ``storage_gc`` job, one core with
-    ``storyboard gc``: an old unnamed attempt goes, everything a row names stays; on a
-    local home the job has nothing to collect and says so."""
+    ``storyboard gc``: a young unnamed attempt stays, everything a row names stays, a grace
+    below the floor is refused; on a local home the job has nothing to collect and says so."""
     from pipeline_defs.definitions import defs
     from resources.pipeline import PipelineResource
     from sensors.storage_gc import GC_JOB, GC_SCHEDULE
@@ -634,14 +635,25 @@ def test_the_storage_gc_job_collects_as_the_command_does_and_ships_stopped(
     orphan = f"{PREFIX}/checkpoints/demo/ep01/ref_image_gen/a20200101T000000Z-00000000000000ab"
     client.put_object(Bucket=bucket, Key=f"{orphan}/refs/C01.png", Body=b"dead")
     job = defs.resolve_job_def(GC_JOB)
-    config = {"ops": {"collect_storage_garbage": {"config": {"grace_hours": 0}}}}
+    config = {"ops": {"collect_storage_garbage": {"config": {"grace_hours": 1}}}}
     with dg.instance_for_test() as instance:
         result = job.execute_in_process(
             run_config=config, instance=instance, resources={"pipeline": first.pipeline}
         )
         assert result.success
-        assert client.list_objects_v2(Bucket=bucket, Prefix=orphan)["KeyCount"] == 0
+        # Just written: inside the grace period (the deletion itself is
+        # test_gc_deletes_only_old_attempts_that_no_row_names, which can set the clock).
+        assert client.list_objects_v2(Bucket=bucket, Prefix=orphan)["KeyCount"] == 1
         assert first.materialize().total_calls == 0  # what the rows name survived
+        too_short = {"ops": {"collect_storage_garbage": {"config": {"grace_hours": 0}}}}
+        refused = job.execute_in_process(
+            run_config=too_short,
+            instance=instance,
+            resources={"pipeline": first.pipeline},
+            raise_on_error=False,
+        )
+        assert not refused.success
+        assert client.list_objects_v2(Bucket=bucket, Prefix=orphan)["KeyCount"] == 1
         local = PipelineResource(home=str(first.root / "local"), db_url=first.db_url)
         assert job.execute_in_process(
             run_config=config, instance=instance, resources={"pipeline": local}
@@ -804,3 +816,59 @@ def test_a_long_lived_reader_sees_a_replaced_picture_once_its_seal_is_cleared(
     decision = sensor.judge("ref_image_gen")
     assert decision.action is ResumeAction.BLOCK, decision
     assert ref.key in decision.reason, decision.reason
+
+
+def test_gc_reads_the_rows_after_listing_so_a_publication_meanwhile_survives(
+    machines: Callable[[], Env], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """gc lists the whole bucket (seconds on a big one) while runs go on. A step published
+    while the listing runs must not lose its objects: the rows are read after the listing,
+    right before deleting. Here the listing itself lets another machine redraw a picture of
+    ``ref_image_gen``, a new attempt (every object counts as old: ``now`` is two hours on)."""
+    from datetime import UTC, datetime, timedelta
+
+    from pipeline_defs.definitions import defs
+    from pipeline_defs.operations.garbage import collect_garbage
+    from pipeline_defs.operations.workspace import Workspace, steps_of
+
+    first = machines()
+    assert first.materialize().result.success
+    ws = Workspace(defs=defs, steps=steps_of(defs), pipeline=first.pipeline)
+    bucket = ws.checkpoints.bucket  # type: ignore[attr-defined]
+    listing = bucket.attempts
+    other = machines()
+
+    item = Path(sorted(manifest(first, "ref_image_gen").artifacts)[0]).stem
+
+    def slow_listing() -> Iterator[Any]:
+        redrawn = other.materialize(["ref_image_gen"], tags={"resume/redraw": item})
+        assert redrawn.total_calls == 1  # a publication while gc was listing: listed with it
+        yield from listing()
+
+    monkeypatch.setattr(bucket, "attempts", slow_listing)
+    later = datetime.now(UTC) + timedelta(hours=2)
+    collect_garbage(ws, grace=timedelta(hours=1), now=later)
+    published = manifest(first, "ref_image_gen")
+    client = machines.client  # type: ignore[attr-defined]
+    for ref in (published.envelope, *published.artifacts.values()):
+        found = client.list_objects_v2(Bucket=machines.bucket, Prefix=f"{PREFIX}/{ref.key}")  # type: ignore[attr-defined]
+        assert found["KeyCount"] == 1, f"gc deleted {ref.key}, which the row names"
+
+
+def test_gc_refuses_a_grace_below_an_hour(machines: Callable[[], Env]) -> None:
+    """An attempt's objects are uploaded before its commit names them: a grace of minutes
+    could delete them in between. Below the floor gc refuses, saying why."""
+    from datetime import timedelta
+
+    from pipeline_defs.definitions import defs
+    from pipeline_defs.operations.garbage import collect_garbage
+    from pipeline_defs.operations.workspace import Workspace, steps_of
+    from pipeline_defs.resume.errors import PipelineError
+
+    first = machines()
+    ws = Workspace(defs=defs, steps=steps_of(defs), pipeline=first.pipeline)
+    for grace in (timedelta(0), timedelta(minutes=59)):
+        with pytest.raises(PipelineError) as caught:
+            collect_garbage(ws, grace=grace)
+        assert caught.value.code == "input.invalid"
+        assert "at least 1 h" in caught.value.message and "commit" in caught.value.message

@@ -35,6 +35,7 @@ from datetime import UTC, datetime
 import dagster as dg
 
 from pipeline_defs.judging.blocks import CheckChange
+from pipeline_defs.judging.cursor import cursor_extra, with_cursor_extra
 from pipeline_defs.judging.registry import ticker_for
 from pipeline_defs.judging.scan import episode_of
 from pipeline_defs.judging.scrub import scrub_for
@@ -55,6 +56,7 @@ SENSOR_NAME = "resume_sensor"
 STEPS_JOB = "resume_steps"
 DEFAULT_INTERVAL_SECONDS = 30
 TAG_VALUE_LIMIT = 63
+SCRUB_FIELD = "scrub"  # the scrub's round, kept in the cursor beside the tick's state
 LOGGED_CHANGES = 50
 
 
@@ -330,7 +332,8 @@ def build_resume_sensor(
         stores = Stores.of(pipeline)
         # On object storage, this tick's share of the scrub first: a seal it clears moves
         # its row, so the tick below re-judges that partition the long way.
-        scrubbed = scrub_for(name).step(stores, partition_keys)
+        scrub = scrub_for(name)
+        scrubbed = scrub.step(stores, partition_keys, cursor_extra(context.cursor, SCRUB_FIELD))
         for drift in scrubbed.drifts[:LOGGED_CHANGES]:
             context.log.warning(f"scrub: {drift.step}: {drift.why}; judged again")
         now = clock()
@@ -357,8 +360,10 @@ def build_resume_sensor(
         reports = [check_report(c) for c in result.checks if not c.evaluation.running_healthy]
         requests += report_requests(reports, context.cursor)
         _known_partitions(context, requests)
+        # The scrub's place in its round rides in the cursor: a restarted code server goes on.
+        cursor = with_cursor_extra(result.cursor, SCRUB_FIELD, scrub.state())
         if requests:
-            return dg.SensorResult(run_requests=requests, cursor=result.cursor)
-        return dg.SensorResult(cursor=result.cursor, skip_reason=result.stats.line())
+            return dg.SensorResult(run_requests=requests, cursor=cursor)
+        return dg.SensorResult(cursor=cursor, skip_reason=result.stats.line())
 
     return resume_sensor

@@ -12,6 +12,7 @@ import json
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from pipeline_defs.judging.stores import ReadStores
 from pipeline_defs.steps.spec import Step
@@ -140,3 +141,35 @@ def _marker(raw: object) -> tuple[int, str] | None:
         return int(raw[0]), str(raw[1])
     except (TypeError, ValueError):
         return None
+
+
+def _loaded(text: str | None) -> dict[str, Any] | None:
+    """The cursor's JSON object (``z1:`` undone), or None."""
+    if not text:
+        return None
+    try:
+        if text.startswith("z1:"):
+            text = zlib.decompress(base64.b64decode(text[3:])).decode("utf-8")
+        state = json.loads(text)
+    except (ValueError, zlib.error, UnicodeDecodeError):
+        return None
+    return state if isinstance(state, dict) else None
+
+
+def cursor_extra(text: str | None, name: str) -> Any:
+    """A field the sensor keeps in its cursor beside the tick's own (the scrub's round);
+    None when absent or unreadable. ``CursorState.decode`` ignores such fields."""
+    state = _loaded(text)
+    return None if state is None else state.get(name)
+
+
+def with_cursor_extra(text: str, name: str, value: Any) -> str:
+    """``text`` (a tick's cursor) with ``name`` set to ``value``, in the same text form."""
+    state = _loaded(text)
+    if state is None:
+        return text
+    state[name] = value
+    out = json.dumps(state, sort_keys=True, separators=(",", ":"))
+    if len(out) <= _COMPRESS_ABOVE:
+        return out
+    return "z1:" + base64.b64encode(zlib.compress(out.encode("utf-8"), 6)).decode("ascii")

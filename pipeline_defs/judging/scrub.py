@@ -18,8 +18,9 @@ re-checked by ``lstat`` each time they are used. Dagster-free.
 
 import math
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from pipeline_defs.judging.scan import episode_of
 from pipeline_defs.judging.stores import Stores
@@ -42,15 +43,34 @@ class ScrubReport:
 class Scrub:
     """Round-robin over the episodes: each tick scrubs the share of the period it covers.
 
-    The position and the fractional carry live in process memory (the sensor's code server
-    is long-lived); a restart starts the round again, which only moves the next check of
-    some episodes earlier.
+    The place in the round (the next episode's key), the time of the last share and the
+    fractional carry live in process memory and in the sensor's cursor (:meth:`state`,
+    :meth:`resume`): a code server restarted more often than the period goes on where the
+    round was instead of starting it again (the episodes at its end would never be
+    scrubbed). Wall-clock time, so it means the same in the next process.
     """
 
-    clock: Callable[[], float] = time.monotonic
+    clock: Callable[[], float] = time.time
     _position: int = 0
     _carry: float = 0.0
     _last: float | None = None
+    _next: str | None = None  # the partition key whose turn is next, from a cursor
+
+    def state(self) -> dict[str, Any]:
+        """Where the round is, for the cursor (None while nothing was scrubbed yet)."""
+        return {"next": self._next, "at": self._last, "carry": self._carry}
+
+    def resume(self, state: Mapping[str, Any] | None) -> None:
+        """Go on from a cursor's state, if this process has not started a round itself."""
+        if self._last is not None or not isinstance(state, Mapping):
+            return
+        at, carry, nxt = state.get("at"), state.get("carry"), state.get("next")
+        if isinstance(at, int | float) and not isinstance(at, bool):
+            self._last = float(at)
+        if isinstance(carry, int | float) and not isinstance(carry, bool):
+            self._carry = max(0.0, float(carry))
+        if isinstance(nxt, str):
+            self._next = nxt
 
     def due(self, episodes: Sequence[Episode], period_seconds: float) -> list[Episode]:
         """The slice of ``episodes`` (sorted) whose turn it is, by time since the last call."""
@@ -62,13 +82,24 @@ class Scrub:
         quota = len(episodes) * elapsed / period_seconds + self._carry
         take = min(len(episodes), math.floor(quota))
         self._carry = 0.0 if take == len(episodes) else quota - take
+        if self._next is not None:  # resumed from a cursor: the first episode from that key
+            keys = [e.partition_key for e in episodes]
+            self._position = next((i for i, k in enumerate(keys) if k >= self._next), 0)
         start = self._position % len(episodes)
         chosen = [episodes[(start + i) % len(episodes)] for i in range(take)]
         self._position = (start + take) % len(episodes)
+        self._next = episodes[self._position].partition_key
         return chosen
 
-    def step(self, stores: Stores, partition_keys: Iterable[str]) -> ScrubReport:
-        """Scrub this tick's share of the partitions and clear the seals found drifted."""
+    def step(
+        self,
+        stores: Stores,
+        partition_keys: Iterable[str],
+        resume: Mapping[str, Any] | None = None,
+    ) -> ScrubReport:
+        """Scrub this tick's share of the partitions and clear the seals found drifted;
+        ``resume``: the round's state from the sensor's cursor (a restarted process)."""
+        self.resume(resume)
         report = ScrubReport()
         checkpoints = stores.checkpoints
         if not checkpoints.scrubbable:

@@ -53,3 +53,33 @@ def test_a_changed_episode_list_keeps_the_round_going() -> None:
     assert first == EPISODES[:50]
     clock.now += 50
     assert scrub.due(EPISODES[:60], 100) == EPISODES[50:60] + EPISODES[:20]
+
+
+def test_a_restarted_process_goes_on_with_the_round_from_the_cursor() -> None:
+    """A code server restarted more often than the period started the round again each
+    time, so the episodes at its end were never scrubbed. The round's state rides in the
+    sensor's cursor: the next process goes on where the last one stopped."""
+    import json
+
+    from pipeline_defs.judging.cursor import CursorState, cursor_extra, with_cursor_extra
+
+    clock = Clock()
+    first = Scrub(clock=clock)
+    first.due(EPISODES, 100)
+    clock.now += 50
+    assert first.due(EPISODES, 100) == EPISODES[:50]
+    tick_cursor = CursorState(parts="abc", pending=2).encode()
+    cursor = with_cursor_extra(tick_cursor, "scrub", first.state())
+    assert CursorState.decode(cursor) == CursorState.decode(tick_cursor)  # the tick's own
+    saved = json.loads(json.dumps(cursor_extra(cursor, "scrub")))
+
+    restarted = Scrub(clock=clock)  # a new process: nothing in memory
+    restarted.resume(saved)
+    clock.now += 50
+    assert restarted.due(EPISODES, 100) == EPISODES[50:]
+    clock.now += 10
+    assert restarted.due(EPISODES, 100) == EPISODES[:10]  # and round again
+    # A process that has started its own round keeps it (a cursor is older than memory).
+    first.resume({"next": EPISODES[90].partition_key, "at": 0.0, "carry": 0.0})
+    clock.now += 10  # 70 s since its last share: 70 episodes from where it stopped
+    assert first.due(EPISODES, 100) == EPISODES[50:] + EPISODES[:20]

@@ -149,6 +149,26 @@ def _endpoint_host(scheme: str) -> str:
     return f"{account}.blob.core.windows.net" if account else "the Azure Blob endpoint"
 
 
+# The variable that lets each client talk plain HTTP, and where its endpoint is set.
+_ALLOW_HTTP = {
+    "s3": ("AWS_ALLOW_HTTP", ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT")),
+    "az": ("AZURE_ALLOW_HTTP", ("AZURE_STORAGE_ENDPOINT", "AZURE_ENDPOINT")),
+}
+
+
+def _http_hint(scheme: str) -> str:
+    """What to set when the endpoint is ``http://`` and the client may not use HTTP (any
+    local S3 or azurite): the client's own error says only "builder error"."""
+    if scheme not in _ALLOW_HTTP:
+        return ""
+    allow, endpoints = _ALLOW_HTTP[scheme]
+    endpoint = next((os.environ[n] for n in endpoints if os.environ.get(n)), "")
+    allowed = os.environ.get(allow, "").strip().lower() in ("true", "1", "yes")
+    if not endpoint.lower().startswith("http://") or allowed:
+        return ""
+    return f"; the endpoint is plain http:// and {allow} is not set: set {allow}=true"
+
+
 def _host_of(url: str, name: str) -> str:
     """host[:port] of an endpoint URL (never a user part), or which variable sets it."""
     try:
@@ -183,6 +203,7 @@ class ObjectStorage:
         self.location = parse_bucket_url(url)
         # Read when the storage is opened (never at import): for naming it in errors.
         self.endpoint = _endpoint_host(self.location.scheme)
+        self._http_hint = _http_hint(self.location.scheme)
         try:
             self._store = _build(self.location)
         except (BaseError, ValueError, OSError) as exc:
@@ -318,7 +339,7 @@ class ObjectStorage:
             )
         return PipelineError(
             ErrorCode.STORAGE_UNAVAILABLE,
-            f"{self._where()} failed {action} key {key!r}: {cause}",
+            f"{self._where()} failed {action} key {key!r}: {cause}{self._http_hint}",
             details=details,
         )
 

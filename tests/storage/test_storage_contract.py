@@ -524,3 +524,19 @@ def test_mask_url() -> None:
     assert mask_url(f"az://{SECRET}@c/p") == "az://***@c/p"
     assert mask_url("/plain/path") == "/plain/path"
     assert mask_url("s3://bucket/prefix") == "s3://bucket/prefix"
+
+
+def test_an_http_endpoint_without_allow_http_names_the_fix(
+    s3_server: S3Server,
+    aws_env: Callable[[S3Server], None],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """A local S3 (moto, MinIO) at ``http://`` fails until ``AWS_ALLOW_HTTP=true``; the error
+    said "HTTP error: builder error" and nothing else. It names the variable now."""
+    aws_env(s3_server)
+    monkeypatch.delenv("AWS_ALLOW_HTTP")
+    storage = open_storage(f"s3://{s3_server.new_bucket()}/p", home=tmp_path)
+    error = _error(lambda: storage.put_create("k", b"x"))
+    assert "AWS_ALLOW_HTTP=true" in str(error), error
+    assert _shows_no_credential(error)

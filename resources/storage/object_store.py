@@ -53,6 +53,8 @@ _BUCKET = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{1,254}$")
 # Environment variables whose values are credentials, cut out of any error text.
 _CREDENTIAL_SOURCES = ("AWS_", "AZURE_", "GOOGLE_", "GCS_", "OBJECT_STORE_")
 _CREDENTIAL_NAME = re.compile(r"SECRET|TOKEN|PASSWORD|ACCESS_KEY|ACCOUNT_KEY|SAS|CREDENTIAL")
+# What S3 and Azure answer when the bucket or container itself is missing.
+_NO_BUCKET = ("NoSuchBucket", "ContainerNotFound")
 # Failures of a backend that no code below types: the endpoint failed or refused us.
 _BACKEND_ERRORS = (BaseError, OSError)
 
@@ -320,8 +322,24 @@ class ObjectStorage:
             f"{_NAMES[self.location.scheme]} {self.location.bucket})"
         )
 
+    def _no_bucket(self, exc: BaseException, key: str) -> PipelineError | None:
+        """The bucket (or container) itself is missing: said so, without the XML."""
+        text = str(exc)
+        if not any(marker in text for marker in _NO_BUCKET):
+            return None
+        what = _NAMES[self.location.scheme]
+        cause = f"the {what} {self.location.bucket} does not exist at {self.endpoint}"
+        return PipelineError(
+            ErrorCode.STORAGE_UNAVAILABLE,
+            f"{self._where()}: {cause}; create it, or name another in PIPELINE_STORAGE_URL",
+            details={**error_details(self.url, key, cause), "endpoint": self.endpoint},
+        )
+
     def _failure(self, exc: BaseException, key: str, action: str) -> PipelineError:
         """A backend failure nobody typed above: refused credentials, or unavailable."""
+        missing = self._no_bucket(exc, key)
+        if missing is not None:
+            return missing
         cause = scrub(short_cause(exc), _credential_values())
         details = {**error_details(self.url, key, cause), "endpoint": self.endpoint}
         if isinstance(exc, PermissionDeniedError | UnauthenticatedError | PermissionError):
@@ -344,6 +362,9 @@ class ObjectStorage:
         )
 
     def _missing(self, key: str, exc: BaseException) -> PipelineError:
+        missing = self._no_bucket(exc, key)
+        if missing is not None:
+            return missing
         cause = scrub(short_cause(exc), _credential_values())
         return PipelineError(
             ErrorCode.STORAGE_OBJECT_MISSING,

@@ -323,9 +323,11 @@ def test_a_missing_bucket_is_unavailable(
 ) -> None:
     aws_env(s3_server)
     storage = open_storage("s3://no-such-bucket-here/p", home=tmp_path)
-    error = _error(lambda: storage.put_create("k", b"x"))
-    assert error.code == "storage.unavailable" and "no-such-bucket-here" in str(error)
-    assert SECRET not in str(error)
+    for call in (lambda: storage.put_create("k", b"x"), lambda: storage.get("k")):
+        error = _error(call)
+        assert error.code == "storage.unavailable" and "no-such-bucket-here" in str(error)
+        assert "does not exist" in str(error) and "<Code>" not in str(error), error
+        assert SECRET not in str(error)
 
 
 # -- local only: links, FIFOs, directories ---------------------------------------------------

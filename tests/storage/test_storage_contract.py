@@ -236,6 +236,7 @@ def test_an_unreachable_endpoint_is_unavailable_naming_host_and_bucket(
             monkeypatch.delenv(name)
     for name, value in dead.env(SECRET).items():
         monkeypatch.setenv(name, value)
+    monkeypatch.setenv("PIPELINE_STORAGE_RETRIES", "2")  # retried, briefly (test_bucket_faults)
     storage = open_storage("s3://some-bucket/pre", home=tmp_path)
     for call in (
         lambda: storage.get("k"),
@@ -269,13 +270,13 @@ def test_a_backend_error_text_is_scrubbed_of_credentials(
     assert SECRET not in str(error) and SECRET not in repr(error.details)
 
 
-def test_a_missing_bucket_is_unavailable(
+def test_a_missing_bucket_is_bucket_missing(
     s3_server: S3Server, aws_env: Callable[[S3Server], None], tmp_path: Path
 ) -> None:
     aws_env(s3_server)
     storage = open_storage("s3://no-such-bucket-here/p", home=tmp_path)
     error = _error(lambda: storage.put_create("k", b"x"))
-    assert error.code == "storage.unavailable" and "no-such-bucket-here" in str(error)
+    assert error.code == "storage.bucket_missing" and "no-such-bucket-here" in str(error)
     assert SECRET not in str(error)
 
 

@@ -761,7 +761,7 @@ def _in_doubt(exc: BaseException) -> bool:
 
 def _backoff(attempt: int) -> float:
     """Exponential backoff with jitter (half to full of 0.1 s x 2^attempt, capped)."""
-    ceiling = min(_MAX_BACKOFF_S, _INIT_BACKOFF_S * 2**attempt)
+    ceiling: float = min(_MAX_BACKOFF_S, _INIT_BACKOFF_S * 2.0 ** min(attempt, 30))
     return ceiling * (0.5 + random.random() / 2)
 
 

@@ -96,6 +96,9 @@ class ErrorCode(StrEnum):
     STORAGE_CONFIG = "storage.config", 400
     # The bucket's endpoint cannot be reached or answers with an error nobody typed.
     STORAGE_UNAVAILABLE = "storage.unavailable", 503
+    # The configured bucket (or Azure container) does not exist at the endpoint: misnamed,
+    # deleted, or the wrong endpoint/account. Never read as a missing object.
+    STORAGE_BUCKET_MISSING = "storage.bucket_missing", 404
     # An exception nobody typed (a bug or an unforeseen fault): kept with its type and text.
     INTERNAL = "internal", 500
 

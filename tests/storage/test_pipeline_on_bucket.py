@@ -179,6 +179,43 @@ def test_gc_deletes_only_old_attempts_that_no_row_names(machines: Callable[[], E
     assert first.materialize().total_calls == 0
 
 
+def test_a_foreign_key_under_an_episode_is_skipped_by_judge_run_and_gc(
+    machines: Callable[[], Env], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Keys obstore cannot parse, planted by another tool under the episode's checkpoints
+    and inputs: every machine still judges, runs (nothing to redo) and collects; the keys
+    are left in place and named in a warning (failed before: storage.unavailable
+    InvalidPathError for the episode and the whole gc)."""
+    from datetime import timedelta
+
+    from pipeline_defs.definitions import defs
+    from pipeline_defs.operations.garbage import collect_garbage
+    from pipeline_defs.operations.workspace import Workspace, steps_of
+
+    first = machines()
+    assert first.materialize().result.success
+    client = machines.client  # type: ignore[attr-defined]
+    bucket = machines.bucket  # type: ignore[attr-defined]
+    planted = [
+        f"{PREFIX}/checkpoints/demo/ep01/../stray.png",
+        f"{PREFIX}/checkpoints/demo/ep01/ref_image_gen/./x",
+        f"{PREFIX}/projects/demo/episodes/ep01/../notes.txt",
+    ]
+    for key in planted:
+        client.put_object(Bucket=bucket, Key=key, Body=b"not ours")
+    other = machines()
+    with caplog.at_level("WARNING", logger="resources.storage.object_store"):
+        assert other.judge("ref_image_gen").action is ResumeAction.SKIP
+        outcome = other.materialize()
+        assert outcome.result.success and outcome.total_calls == 0
+        ws = Workspace(defs=defs, steps=steps_of(defs), pipeline=other.pipeline)
+        assert collect_garbage(ws, grace=timedelta(hours=1)).collection.deleted_prefixes == ()
+    warned = " ".join(r.getMessage() for r in caplog.records)
+    assert f"{PREFIX}/checkpoints/demo/ep01/../stray.png" in warned
+    for key in planted:
+        assert client.get_object(Bucket=bucket, Key=key)["Body"].read() == b"not ours"
+
+
 def test_status_says_where_checkpoints_go_and_that_sqlite_serves_one_machine(
     machines: Callable[[], Env],
 ) -> None:

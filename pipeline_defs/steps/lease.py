@@ -20,6 +20,7 @@ it lost.
 
 import logging
 import threading
+import time
 from types import TracebackType
 
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
@@ -48,6 +49,7 @@ class Lease:
         # Renewals that failed with an error (not "lost"): an outage past the store's retry.
         self.failures = 0
         self._lost = threading.Event()
+        self._renewed_at = time.monotonic()  # the claim itself set the heartbeat
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name=f"lease-{key.step_id}", daemon=True)
 
@@ -56,12 +58,32 @@ class Lease:
         return self._lost.is_set()
 
     def check(self) -> None:
+        """Raise ``step.ownership_lost`` if the row is no longer ours. When the renewal
+        thread is behind (two intervals without a renewal: the process was paused or
+        starved), the row is asked now rather than trusting the last renewal: a worker
+        resumed after a SIGSTOP past its lease would otherwise pay for the next call before
+        its thread noticed."""
+        if not self._lost.is_set() and time.monotonic() - self._renewed_at > 2 * self.interval:
+            self._renew_now()
         if self._lost.is_set():
             raise PipelineError(
                 OWNERSHIP_LOST,
                 f"{self.key}: run {self.run_id} lost its lease (another run took the row "
                 "over); no further provider call, nothing published",
             )
+
+    def _renew_now(self) -> None:
+        """One renewal from the caller's thread; an error is no loss (the thread retries)."""
+        try:
+            renewed = self.ledger.heartbeat(self.key, self.run_id)
+        except Exception as exc:  # an outage past the store's retry: no evidence of a loss
+            self.log.warning("%s: lease renewal failed (%s); retrying", self.key, exc)
+            return
+        if not renewed:
+            self._lost.set()
+            self.log.warning("%s: lease of run %s lost", self.key, self.run_id)
+            return
+        self._renewed_at = time.monotonic()
 
     def _beat(self) -> None:
         while not self._stop.wait(self.interval):
@@ -76,6 +98,7 @@ class Lease:
                 self.log.warning("%s: lease of run %s lost", self.key, self.run_id)
                 return
             self.renewals += 1
+            self._renewed_at = time.monotonic()
 
     def __enter__(self) -> "Lease":
         self._thread.start()

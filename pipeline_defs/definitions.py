@@ -4,10 +4,12 @@ from collections.abc import Sequence
 
 import dagster as dg
 
+from pipeline_defs.resume.fleet import FleetSettings
 from pipeline_defs.resume.settings import check_environment
 from pipeline_defs.steps.spec import Step
 from pipeline_defs.storyboard import STORYBOARD_STEPS, ProjectImageModel, ProjectTextModel
 from pipeline_defs.wiring.assets import build_step_assets
+from pipeline_defs.wiring.fleet import build_executor
 from pipeline_defs.wiring.io_manager import CheckpointIOManager
 from resources.pipeline import PipelineResource
 from sensors.resume_sensor import DEFAULT_INTERVAL_SECONDS, build_resume_sensor
@@ -40,6 +42,8 @@ def build_defs(
     and per run).
     """
     check_environment()
+    # PIPELINE_EXECUTOR=celery: every launch path's steps run on the fleet (docs/DESIGN.md#fleet).
+    executor = build_executor(FleetSettings.from_env())
     assets = build_step_assets(steps)
     return dg.Definitions(
         assets=assets,
@@ -47,6 +51,7 @@ def build_defs(
         jobs=[storage_gc],
         schedules=[storage_gc_daily],
         resources=build_resources(pipeline),
+        executor=executor,
     )
 
 

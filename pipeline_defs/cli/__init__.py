@@ -8,7 +8,8 @@ One concern per module: :mod:`.app` (the command group, the checked workspace),
 :mod:`.run_output` (how a run is shown), :mod:`.options` (options several commands
 share), and the commands by what they act on:
 :mod:`.commands_settings`, :mod:`.commands_runs`, :mod:`.commands_status`,
-:mod:`.commands_decide`, :mod:`.commands_checkpoints`, :mod:`.commands_running`.
+:mod:`.commands_decide`, :mod:`.commands_checkpoints`, :mod:`.commands_running`,
+:mod:`.commands_fleet`.
 Importing this package registers every command on :func:`main` (``storyboard`` in
 pyproject.toml's ``[project.scripts]``).
 """
@@ -17,6 +18,7 @@ pyproject.toml's ``[project.scripts]``).
 from pipeline_defs.cli import (  # noqa: F401
     commands_checkpoints,
     commands_decide,
+    commands_fleet,
     commands_running,
     commands_runs,
     commands_settings,

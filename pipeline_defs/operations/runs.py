@@ -1,6 +1,7 @@
 """Running assets in-process through the Dagster instance of ``DAGSTER_HOME``, judged as
 any UI, sensor or backfill launch; the CLI only adds its tags."""
 
+import os
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -10,13 +11,18 @@ import dagster as dg
 from pipeline_defs.operations.inspect import judge_now, utc_now
 from pipeline_defs.operations.run_report import Progress, RunReport, StepReport, summarize_run
 from pipeline_defs.operations.watcher import RunWatcher
-from pipeline_defs.operations.workspace import Workspace
+from pipeline_defs.operations.workspace import Workspace, load_definitions
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.partition import Episode
 from pipeline_defs.steps.graph import StepGraph
 from pipeline_defs.wiring.assets import LAUNCH_PATH_TAG
+from pipeline_defs.wiring.fleet import check_shared_instance
 
 CLI_TAGS: Mapping[str, str] = {LAUNCH_PATH_TAG: "cli"}
+# A run on the fleet gets its id from Dagster: the CLI finds it by this tag to follow it.
+LAUNCH_ID_TAG = "storyboard/launch_id"
+PARTITION_TAG = "dagster/partition"
+FLEET_CLI_JOB = "storyboard_cli"
 QUIET_RUN_CONFIG: Mapping[str, Any] = {
     "loggers": {"console": {"config": {"log_level": "CRITICAL"}}}
 }
@@ -53,26 +59,49 @@ def run_assets(
         report = RunReport(run_id, partition_key, False, tags.get(LAUNCH_PATH_TAG, "api"))
         report.steps = [StepReport(step=s, outcome="waiting", error=w) for s, w in waiting.items()]
         return report
-    watcher = RunWatcher(instance, run_id, progress or (lambda _p: None))
-    with watcher:
-        result = ws.job().execute_in_process(
-            partition_key=partition_key,
-            instance=instance,
-            raise_on_error=False,
-            run_id=run_id,
-            tags=dict(tags),
-            asset_selection=[dg.AssetKey(s) for s in selected],
-            run_config=dict(QUIET_RUN_CONFIG),
-        )
+    on_fleet = ws.job().executor_def.name == "celery"
+    if on_fleet:
+        check_shared_instance(instance)
+    watcher = RunWatcher(instance, None if on_fleet else run_id, progress or (lambda _p: None))
+    if on_fleet:
+        # Each step is a Celery task; a worker rebuilds the job from the Definitions' spec.
+        launch_id = run_id
+        watcher.find_by_tags({LAUNCH_ID_TAG: launch_id})
+        with watcher:
+            fleet_result = dg.execute_job(
+                dg.build_reconstructable_job(
+                    __name__,
+                    fleet_job.__name__,
+                    reconstructable_args=(ws.spec,),
+                    reconstructor_working_directory=os.getcwd(),
+                ),
+                instance,
+                run_config=dict(QUIET_RUN_CONFIG),
+                tags={**tags, PARTITION_TAG: partition_key, LAUNCH_ID_TAG: launch_id},
+                asset_selection=[dg.AssetKey(s) for s in selected],
+            )
+        run_id, success = fleet_result.run_id, fleet_result.success
+    else:
+        with watcher:
+            result = ws.job().execute_in_process(
+                partition_key=partition_key,
+                instance=instance,
+                raise_on_error=False,
+                run_id=run_id,
+                tags=dict(tags),
+                asset_selection=[dg.AssetKey(s) for s in selected],
+                run_config=dict(QUIET_RUN_CONFIG),
+            )
+        success = result.success
     report = summarize_run(
         ws,
         run_id,
         partition_key,
         selected,
         watcher.timeline,  # drained to the end when the watcher stopped
-        success=result.success,
+        success=success,
         launch_path=tags.get(LAUNCH_PATH_TAG, "api"),
-        dagster_status="SUCCESS" if result.success else "FAILURE",
+        dagster_status="SUCCESS" if success else "FAILURE",
     )
     for step in report.steps:
         if step.outcome == "failed" and step.step in blocked:  # the block's way out
@@ -82,6 +111,18 @@ def run_assets(
     if waiting:
         report.success = False  # what was asked for is not all done
     return report
+
+
+def fleet_job(spec: str) -> dg.JobDefinition:
+    """Every asset of ``spec`` as one job, rebuilt in each Celery worker that runs a step.
+
+    Dagster rebuilds a job launched with ``execute_job`` from a function; the implicit
+    asset job's reserved name cannot be handed over that way, so the CLI's runs on the fleet
+    carry this job's name (the steps, resources and executor are the code location's).
+    """
+    job = dg.define_asset_job(FLEET_CLI_JOB, selection=dg.AssetSelection.all())
+    merged = dg.Definitions.merge(load_definitions(spec), dg.Definitions(jobs=[job]))
+    return merged.resolve_job_def(FLEET_CLI_JOB)
 
 
 def _blocked_and_waiting(

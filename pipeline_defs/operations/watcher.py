@@ -14,17 +14,30 @@ class RunWatcher:
     """Tails a run's event log in a thread and reports each step as it finishes."""
 
     def __init__(
-        self, instance: dg.DagsterInstance, run_id: str, report: Callable[[Progress], None]
+        self,
+        instance: dg.DagsterInstance,
+        run_id: str | None,
+        report: Callable[[Progress], None],
     ) -> None:
         self.instance = instance
         self.run_id = run_id
+        self.tags: dict[str, str] = {}
         self.report = report
         self.timeline = Timeline()
         self.cursor: str | None = None
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="storyboard-progress", daemon=True)
 
+    def find_by_tags(self, tags: dict[str, str]) -> None:
+        """Follow the run carrying ``tags`` (its id is Dagster's, not known before launch)."""
+        self.tags = dict(tags)
+
     def _drain(self) -> None:
+        if self.run_id is None:
+            found = self.instance.get_run_records(dg.RunsFilter(tags=self.tags), limit=1)
+            if not found:
+                return
+            self.run_id = found[0].dagster_run.run_id
         while True:
             connection = self.instance.get_records_for_run(
                 self.run_id, cursor=self.cursor, of_type=WATCHED

@@ -37,9 +37,14 @@ DEFAULT_DEFS = "pipeline_defs.definitions:defs"
 PARTITIONS_NAME = str(episodes.name)
 
 
+def definitions_spec(spec: str | None = None) -> str:
+    """``spec``, else ``STORYBOARD_DEFS``, else the shipped code location."""
+    return spec or os.environ.get(DEFS_ENV) or DEFAULT_DEFS
+
+
 def load_definitions(spec: str | None = None) -> dg.Definitions:
     """Import ``module:attr``; the attribute is a Definitions or a factory returning one."""
-    spec = spec or os.environ.get(DEFS_ENV) or DEFAULT_DEFS
+    spec = definitions_spec(spec)
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise PipelineError(
@@ -145,6 +150,8 @@ class Workspace:
     steps: tuple[Step, ...]
     pipeline: PipelineResource
     _instance: dg.DagsterInstance | None = field(default=None, repr=False)
+    # module:attr the Definitions came from: a Celery worker rebuilds the job from it.
+    spec: str = DEFAULT_DEFS
     # Malformed keys found among the registered partitions (key -> why), reported once.
     invalid_partitions: dict[str, PipelineError] = field(default_factory=dict, repr=False)
 
@@ -352,9 +359,10 @@ def safe_url(url: str) -> str:
 
 
 def load_workspace(spec: str | None = None) -> Workspace:
+    spec = definitions_spec(spec)
     defs = load_definitions(spec)
     resources = defs.resources or {}
     pipeline = resources.get("pipeline")
     if not isinstance(pipeline, PipelineResource):
         pipeline = PipelineResource()
-    return Workspace(defs=defs, steps=steps_of(defs), pipeline=pipeline)
+    return Workspace(defs=defs, steps=steps_of(defs), pipeline=pipeline, spec=spec)

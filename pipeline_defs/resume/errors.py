@@ -99,6 +99,10 @@ class ErrorCode(StrEnum):
     # The configured bucket (or Azure container) does not exist at the endpoint: misnamed,
     # deleted, or the wrong endpoint/account. Never read as a missing object.
     STORAGE_BUCKET_MISSING = "storage.bucket_missing", 404
+    # The Celery fleet (PIPELINE_EXECUTOR=celery): the broker cannot be reached; a Dagster
+    # instance its workers cannot share (runs and events outside PostgreSQL).
+    FLEET_BROKER_UNREACHABLE = "fleet.broker_unreachable", 503
+    FLEET_INSTANCE_NOT_SHARED = "fleet.instance_not_shared", 400
     # An exception nobody typed (a bug or an unforeseen fault): kept with its type and text.
     INTERNAL = "internal", 500
 

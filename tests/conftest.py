@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 from azurite_server import AzureServer, running_azurite
+from fleet_support import require_broker
 from pg_throwaway import ThrowawayPostgres
 from s3_server import SECRET, S3Server, running_s3_server
 
@@ -162,3 +163,9 @@ def storage_url(request: pytest.FixtureRequest, aws_env: Callable[[S3Server], No
     server: S3Server = request.getfixturevalue("s3_server")
     aws_env(server)
     return f"s3://{server.new_bucket()}/storyboard"
+
+
+@pytest.fixture
+def celery_broker() -> str:
+    """The machine's RabbitMQ URL (Redis beside it for results), or skip / fail naming it."""
+    return require_broker()

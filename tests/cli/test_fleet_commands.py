@@ -1,0 +1,125 @@
+"""The fleet's doors: settings refused by their variable, a worker that cannot reach its
+broker or backend refuses to start, a fleet launch on an instance the workers cannot share
+is refused before any step runs (docs/DESIGN.md#fleet)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from cli_helpers import make_env
+
+from pipeline_defs.resume.errors import ErrorCode, PipelineError
+from pipeline_defs.resume.fleet import (
+    CELERY,
+    DEFAULT_BACKEND_URL,
+    DEFAULT_BROKER_URL,
+    DEFAULT_QUEUE,
+    MULTIPROCESS,
+    FleetSettings,
+    masked,
+)
+
+STORYBOARD = str(Path(sys.executable).with_name("storyboard"))
+# Nothing listens on port 1: connections are refused at once.
+DEAD_BROKER = "pyamqp://fleet:s3cret@127.0.0.1:1//"
+DEAD_BACKEND = "redis://:s3cret@127.0.0.1:1/0"
+
+
+def test_defaults_and_overrides() -> None:
+    assert FleetSettings.from_env({}) == FleetSettings(
+        MULTIPROCESS, DEFAULT_BROKER_URL, DEFAULT_BACKEND_URL, DEFAULT_QUEUE
+    )
+    chosen = FleetSettings.from_env(
+        {
+            "PIPELINE_EXECUTOR": "Celery",
+            "PIPELINE_CELERY_BROKER_URL": "redis://127.0.0.1:6379/1",
+            "PIPELINE_CELERY_QUEUE": "team-a",
+        }
+    )
+    assert (chosen.executor, chosen.broker_url, chosen.queue) == (
+        CELERY,
+        "redis://127.0.0.1:6379/1",
+        "team-a",
+    )
+    assert FleetSettings.from_env({"PIPELINE_CELERY_QUEUE": "a"}, queue="b").queue == "b"
+
+
+@pytest.mark.parametrize(
+    ("env", "variable"),
+    [
+        ({"PIPELINE_EXECUTOR": "dask"}, "PIPELINE_EXECUTOR"),
+        ({"PIPELINE_CELERY_BROKER_URL": "http://x:s3cret@host/"}, "PIPELINE_CELERY_BROKER_URL"),
+        ({"PIPELINE_CELERY_BACKEND_URL": "db+sqlite:///r.db"}, "PIPELINE_CELERY_BACKEND_URL"),
+        ({"PIPELINE_CELERY_QUEUE": "a b"}, "PIPELINE_CELERY_QUEUE"),
+        ({"PIPELINE_CELERY_QUEUE": "x" * 101}, "PIPELINE_CELERY_QUEUE"),
+    ],
+)
+def test_a_bad_setting_is_refused_by_its_variable(env: dict[str, str], variable: str) -> None:
+    with pytest.raises(PipelineError) as raised:
+        FleetSettings.from_env(env)
+    assert raised.value.code == ErrorCode.SETTINGS_INVALID
+    assert variable in raised.value.message
+    assert "s3cret" not in raised.value.message
+
+
+def test_passwords_are_masked() -> None:
+    assert masked("pyamqp://u:pw@h:5672//") == "pyamqp://u:***@h:5672//"
+    assert masked("redis://:pw@h/0") == "redis://:***@h/0"
+    assert masked("redis://h:6379/0") == "redis://h:6379/0"
+
+
+def _worker(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    cli = make_env(tmp_path)
+    return subprocess.run(
+        [STORYBOARD, "worker"],
+        env={**cli.subprocess_env(), "STORYBOARD_DEFS": "", **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_a_worker_without_its_broker_refuses_to_start(tmp_path: Path) -> None:
+    done = _worker(tmp_path, PIPELINE_CELERY_BROKER_URL=DEAD_BROKER)
+    assert done.returncode == 1, done.stderr
+    error = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert len(error) == 1, done.stderr
+    assert "[fleet.broker_unreachable]" in error[0]
+    assert "PIPELINE_CELERY_BROKER_URL" in error[0] and "127.0.0.1:1" in error[0]
+    assert "s3cret" not in done.stderr + done.stdout
+
+
+def test_a_worker_without_its_result_backend_refuses_to_start(
+    tmp_path: Path, celery_broker: str
+) -> None:
+    done = _worker(
+        tmp_path, PIPELINE_CELERY_BROKER_URL=celery_broker, PIPELINE_CELERY_BACKEND_URL=DEAD_BACKEND
+    )
+    assert done.returncode == 1, done.stderr
+    assert "[fleet.broker_unreachable]" in done.stderr
+    assert "PIPELINE_CELERY_BACKEND_URL" in done.stderr
+    assert "s3cret" not in done.stderr + done.stdout
+
+
+def test_a_fleet_launch_on_an_unshared_instance_is_refused_before_any_step(
+    tmp_path: Path,
+) -> None:
+    cli = make_env(tmp_path)
+    env = {**cli.subprocess_env(), "STORYBOARD_DEFS": "", "PIPELINE_EXECUTOR": "celery"}
+    story = cli.story("fox")
+    add = [STORYBOARD, "add-episode", "--project", "p", "--episode", "e", "--story", str(story)]
+    assert subprocess.run(add, env=env, capture_output=True, check=False).returncode == 0
+    done = subprocess.run(
+        [STORYBOARD, "materialize", "--partition", "p/e"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 1, done.stderr
+    assert "[fleet.instance_not_shared]" in done.stderr, done.stderr
+    assert "PostgreSQL" in done.stderr
+    assert cli.ledger.provider_calls() == []

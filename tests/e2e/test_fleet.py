@@ -1,0 +1,437 @@
+"""The fleet on the real engine: dagster-celery workers that share only PostgreSQL and a bucket.
+
+Three ``storyboard worker`` processes, each with its own empty ``PIPELINE_HOME`` and its own
+working directory, take steps from one queue on the machine's RabbitMQ (results through
+Redis). They share the ledger (a PostgreSQL database), the Dagster instance (another one,
+the shipped ``deploy/dagster.yaml``) and a moto bucket; the launcher is a fourth home that
+runs ``storyboard materialize`` with ``PIPELINE_EXECUTOR=celery``.
+
+- A clean run of an episode completes with its steps spread over more than one worker and
+  the provider calls, step by step, of the same episode run in one process.
+- A worker SIGKILLed while a step of another episode waits on a model call: the broker
+  delivers the task again (``acks_late``) to another worker, whose claim is refused by the
+  dead worker's live lease without a model call; once the lease lapses a new launch
+  recovers the step on a surviving worker. The episode costs at most a clean run plus the
+  call that was in flight.
+- A worker that never saw an episode runs its SKIP path with no call.
+- The broker's password never reaches the run storage.
+"""
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pytest
+import sqlalchemy as sa
+from cli_helpers import ROOT, TESTS_DIR
+from dagster_dev import create_database, drop_database, log_tail
+from fleet_support import delete_queue
+from s3_server import SECRET, running_s3_server
+from storyboard_support import create_pg_database, drop_pg_database
+
+from pipeline_defs.resume.clock import parse_timestamp
+from pipeline_defs.resume.fleet import FLEET_ENV_NAMES
+from pipeline_defs.resume.partition import Episode
+from pipeline_defs.resume.settings import ENV_NAMES
+from pipeline_defs.resume.status import LedgerRow
+from pipeline_defs.storyboard import sample_stories
+from resources.ledger.store import LedgerStore, engine_for
+from resources.pipeline import ledger_for
+
+pytestmark = [pytest.mark.pg, pytest.mark.xdist_group("fleet")]
+
+PREFIX = "fleet"
+CLEAN = Episode.parse("demo/ep01")
+KILLED = Episode.parse("demo/ep02")
+LEASE_SECONDS = 10
+HEARTBEAT_SECONDS = 2
+LATENCY_MS = 700  # per model call: the kill lands while a step waits on one
+# The password the broker URL carries: it must never reach Dagster's run storage.
+BROKER_PASSWORD = "guest"
+
+
+@dataclass
+class Home:
+    """One machine: its own empty PIPELINE_HOME and working directory, and its env."""
+
+    name: str
+    root: Path
+    env: dict[str, str]
+
+    def command(self, *args: str) -> list[str]:
+        return [str(Path(sys.executable).with_name("storyboard")), *args]
+
+    def run(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            self.command(*args),
+            env=self.env,
+            cwd=self.root,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
+    def storyboard(self, *args: str, timeout: float = 600) -> dict[str, Any]:
+        """``storyboard ARGS --json``; its payload (exit 0 required)."""
+        done = self.run(*args, "--json", timeout=timeout)
+        assert done.returncode == 0, (
+            f"{self.name}: {args}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+        )
+        payload: dict[str, Any] = json.loads(done.stdout)
+        return payload
+
+    def spawn(self, *args: str, log: Path) -> subprocess.Popen[bytes]:
+        """``storyboard ARGS`` in a process group of its own (killed as one)."""
+        with log.open("wb") as sink:
+            return subprocess.Popen(
+                self.command(*args),
+                env=self.env,
+                cwd=self.root,
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+
+@dataclass
+class Worker:
+    home: Home
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    @property
+    def node(self) -> str:
+        """The Celery node name ``storyboard worker`` gives itself."""
+        return f"storyboard-{self.process.pid}@"
+
+    def owns(self, pid: int) -> bool:
+        """``pid`` is this worker or one of its pool processes."""
+        if pid == self.process.pid:
+            return True
+        with contextlib.suppress(OSError):
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            return int(stat.rsplit(")", 1)[1].split()[1]) == self.process.pid
+        return False
+
+
+@dataclass
+class Fleet:
+    ledger_url: str
+    dagster_url: str
+    instance: dg.DagsterInstance
+    launcher: Home
+    base: dict[str, str]
+    root: Path
+    logs: Path
+    workers: list[Worker] = field(default_factory=list)
+
+    @property
+    def ledger(self) -> LedgerStore:
+        return ledger_for(self.ledger_url)
+
+    def rows(self, episode: Episode) -> dict[str, LedgerRow]:
+        return {k.step_id: r for k, r in self.ledger.get_many(episodes=[episode]).items()}
+
+    def calls(self, episode: Episode) -> list[dict[str, Any]]:
+        return self.ledger.provider_calls(episode=episode)
+
+    def start_worker(self, name: str) -> Worker:
+        root = self.root / f"worker-{name}"
+        (root / "home").mkdir(parents=True)
+        home = Home(name, root, {**self.base, "PIPELINE_HOME": str(root / "home")})
+        log = self.logs / f"worker-{name}.log"
+        worker = Worker(home, home.spawn("worker", "--concurrency", "1", log=log), log)
+        self.workers.append(worker)
+        wait_for(f"worker {name} ready", lambda: " ready." in log_tail(worker.log), 120, log)
+        return worker
+
+    def worker_of(self, owner: str) -> Worker:
+        pid = int(owner.rsplit(":", 1)[1])
+        found = [w for w in self.workers if w.owns(pid)]
+        assert len(found) == 1, (owner, [w.process.pid for w in self.workers])
+        return found[0]
+
+    def executed_by(self, run_id: str) -> dict[str, list[str]]:
+        """Per step, the Celery nodes Dagster recorded executing it, in order."""
+        nodes: dict[str, list[str]] = {}
+        for entry in self.instance.all_logs(run_id, of_type=dg.DagsterEventType.ENGINE_EVENT):
+            event = entry.dagster_event
+            if event is None or "in celery worker" not in (event.message or ""):
+                continue
+            metadata = event.engine_event_data.metadata
+            node = str(metadata["Celery worker"].value)
+            nodes.setdefault(str(entry.step_key), []).append(node)
+        return nodes
+
+
+def wait_for(
+    what: str, predicate: Callable[[], Any], timeout: float, log: Path | None = None
+) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.3)
+    raise AssertionError(
+        f"timed out after {timeout}s waiting for {what}\n{log_tail(log) if log else ''}"
+    )
+
+
+def stop_group(process: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
+    """Stop a process group we started (a worker and its pool), by its pid only."""
+    if process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, sig)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=30)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)  # pool processes that outlived their parent
+
+
+@pytest.fixture
+def fleet(
+    tmp_path: Path, pg_server_url: str, celery_broker: str, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Fleet]:
+    queue = f"storyboard-test-{uuid.uuid4().hex[:10]}"
+    with contextlib.ExitStack() as stack:
+        werkzeug = logging.getLogger("werkzeug")  # moto's server: a log line per request
+        stack.callback(werkzeug.setLevel, werkzeug.level)
+        werkzeug.setLevel(logging.WARNING)
+        server = stack.enter_context(running_s3_server())
+        bucket = server.new_bucket()
+        ledger_url = create_pg_database(pg_server_url)
+        stack.callback(drop_pg_database, pg_server_url, ledger_url)
+        stack.callback(lambda: engine_for(ledger_url).dispose())
+        dagster_db, dagster_url = create_database(pg_server_url, "fleet_dagster")
+        stack.callback(drop_database, pg_server_url, dagster_db)
+        stack.callback(delete_queue, celery_broker, queue)
+        pg_url = dagster_url.replace("postgresql+psycopg://", "postgresql+psycopg2://")
+        monkeypatch.setenv("DAGSTER_PG_URL", pg_url)  # the test's own view of the instance
+        dagster_home = tmp_path / "dagster_home"  # the shipped instance config, verbatim
+        dagster_home.mkdir()
+        shutil.copyfile(ROOT / "deploy" / "dagster.yaml", dagster_home / "dagster.yaml")
+        python_path = os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")])
+        base = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in ENV_NAMES.values()
+            and k not in FLEET_ENV_NAMES
+            and not k.startswith("AWS_")
+            and k not in ("STORYBOARD_DEFS", "PIPELINE_CRASH_AT")
+        }
+        base.update(
+            {
+                **server.env(SECRET),
+                "PYTHONPATH": python_path.rstrip(os.pathsep),
+                "DAGSTER_HOME": str(dagster_home),
+                "DAGSTER_PG_URL": pg_url,
+                "PIPELINE_DB_URL": ledger_url,
+                "PIPELINE_STORAGE_URL": f"s3://{bucket}/{PREFIX}",
+                "PIPELINE_LEASE_SECONDS": str(LEASE_SECONDS),
+                "PIPELINE_HEARTBEAT_SECONDS": str(HEARTBEAT_SECONDS),
+                "PIPELINE_EXECUTOR": "celery",
+                "PIPELINE_CELERY_BROKER_URL": celery_broker,
+                "PIPELINE_CELERY_QUEUE": queue,
+            }
+        )
+        logs = tmp_path / "logs"
+        logs.mkdir()
+        (tmp_path / "launcher" / "home").mkdir(parents=True)
+        launcher = Home(
+            "launcher",
+            tmp_path / "launcher",
+            {**base, "PIPELINE_HOME": str(tmp_path / "launcher" / "home")},
+        )
+        instance = dg.DagsterInstance.from_config(str(dagster_home))
+        stack.callback(instance.dispose)
+        fleet = Fleet(ledger_url, pg_url, instance, launcher, base, tmp_path, logs)
+        try:
+            yield fleet
+        finally:
+            for worker in fleet.workers:  # our own process groups only
+                stop_group(worker.process)
+            print(f"logs: {logs}")
+
+
+def in_one_process(tmp_path: Path, story: Path) -> dict[str, int]:
+    """Provider calls per step of ``CLEAN``'s story run in one process (SQLite, a disk)."""
+    home = tmp_path / "reference"
+    home.mkdir()
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ENV_NAMES.values() and k not in FLEET_ENV_NAMES and k != "STORYBOARD_DEFS"
+    }
+    env.update({"PIPELINE_HOME": str(home / "pipeline"), "DAGSTER_HOME": str(home / "dagster")})
+    (home / "dagster").mkdir()
+    reference = Home("reference", home, env)
+    reference.storyboard(
+        "add-episode", "--project", "demo", "--episode", "ep01", "--story", str(story)
+    )
+    report = reference.storyboard("materialize", "--partition", CLEAN.partition_key)
+    return {s["step"]: s["provider_calls"] for s in report["steps"] if s["provider_calls"]}
+
+
+def per_step(calls: list[dict[str, Any]]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for call in calls:
+        counts[call["step_id"]] = counts.get(call["step_id"], 0) + 1
+    return counts
+
+
+def test_a_fleet_of_celery_workers_shares_only_postgres_and_the_bucket(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    story = sample_stories()["ep01"]
+    reference = in_one_process(tmp_path, story)
+    assert sum(reference.values()) > 0
+
+    launcher = fleet.launcher
+    launcher.storyboard("migrate")
+    for episode in (CLEAN, KILLED):
+        launcher.storyboard(
+            "add-episode",
+            "--project",
+            episode.project_id,
+            "--episode",
+            episode.episode_id,
+            "--story",
+            str(story),
+        )
+    for name in ("w1", "w2", "w3"):
+        fleet.start_worker(name)
+
+    # 1. A clean run through Celery: every step on a worker, the calls of one process.
+    report = launcher.storyboard("materialize", "--partition", CLEAN.partition_key)
+    assert report["success"], report
+    assert per_step(fleet.calls(CLEAN)) == reference
+    executed = fleet.executed_by(report["run_id"])
+    assert set(executed) == {s["step"] for s in report["steps"]}, executed
+    nodes = {n for ns in executed.values() for n in ns}
+    by_worker = {w.node: w for w in fleet.workers}
+    used = {prefix for prefix in by_worker if any(n.startswith(prefix) for n in nodes)}
+    assert len(used) > 1, f"every step ran on one worker: {executed}"
+    # Who ran it: each claim names the worker process, shown by status --json.
+    status = launcher.storyboard("status", "--partition", CLEAN.partition_key)
+    owners = [s["worker"] for s in status["steps"]]
+    assert owners and all(owners), status
+    assert {fleet.worker_of(o).node for o in owners} == used
+
+    # 2. A worker SIGKILLed while its step waits on a model call.
+    for worker in fleet.workers:
+        stop_group(worker.process)
+    fleet.workers.clear()
+    fleet.base["PIPELINE_OFFLINE_LATENCY_MS"] = str(LATENCY_MS)
+    _first, _second, _third = (fleet.start_worker(n) for n in ("w4", "w5", "w6"))
+    run_log = fleet.logs / "killed-run.log"
+    launch = launcher.spawn(
+        "materialize", "--partition", KILLED.partition_key, "--json", log=run_log
+    )
+
+    def in_flight() -> tuple[str, LedgerRow, dict[str, Any]] | None:
+        rows = fleet.rows(KILLED)
+        for call in fleet.calls(KILLED):
+            row = rows.get(call["step_id"])
+            if call["finished_at"] is None and row is not None and row.status.value == "running":
+                return call["step_id"], row, call
+        return None
+
+    step_id, row, call = wait_for("a step waiting on a model call", in_flight, 240, run_log)
+    assert row.lock_owner is not None
+    victim = fleet.worker_of(row.lock_owner)
+    os.killpg(victim.process.pid, signal.SIGKILL)
+    victim.process.wait(timeout=30)
+    killed_at = time.monotonic()
+    calls_at_kill = len(fleet.calls(KILLED))
+
+    # The broker hands the task to another worker: refused by the live lease, no call.
+    assert launch.wait(timeout=240) != 0, log_tail(run_log)
+    killed_run = json.loads(_json_of(run_log))
+    refused = next(s for s in killed_run["steps"] if s["step"] == step_id)
+    redelivered = fleet.executed_by(killed_run["run_id"]).get(step_id, [])
+    survivors = [w for w in fleet.workers if w is not victim]
+    assert len(redelivered) == 2 and redelivered[0].startswith(victim.node), redelivered
+    assert any(redelivered[1].startswith(w.node) for w in survivors), redelivered
+    assert refused["error_code"] == "step.already_running", refused
+    assert len(fleet.calls(KILLED)) == calls_at_kill, "a refused delivery spent a call"
+    cut = [c for c in fleet.calls(KILLED) if c["id"] == call["id"]]
+    assert cut and cut[0]["finished_at"] is None  # the call in flight: outcome unknown
+
+    # Once the lease lapses, a new launch recovers the step on a surviving worker.
+    def lease_lapsed() -> bool:
+        current = fleet.rows(KILLED)[step_id]
+        beat = parse_timestamp(current.heartbeat_at) if current.heartbeat_at else None
+        return beat is None or time.time() - beat.timestamp() > LEASE_SECONDS + 1
+
+    wait_for("the dead worker's lease to lapse", lease_lapsed, LEASE_SECONDS * 6)
+    assert time.monotonic() - killed_at < 240
+    recovered = launcher.storyboard("materialize", "--partition", KILLED.partition_key)
+    assert recovered["success"], recovered
+    steps = {s["step"]: s for s in recovered["steps"]}
+    assert steps[step_id]["decision"] == "stale_running_recovery", steps[step_id]
+    total = len(fleet.calls(KILLED))
+    assert total <= sum(reference.values()) + 1, (total, reference)
+    takeover = [
+        t.worker
+        for t in fleet.ledger.transitions()
+        if (t.episode_id, t.step_id) == (KILLED.episode_id, step_id)
+        and str(t.run_id).startswith(recovered["run_id"])
+        and t.worker
+    ]
+    assert takeover and {fleet.worker_of(w).node for w in takeover} <= {
+        w.node for w in survivors
+    }, takeover
+
+    # 3. The SKIP path on a worker that never saw the episode: no call.
+    for worker in survivors:
+        stop_group(worker.process)
+    fleet.workers.clear()
+    fresh = fleet.start_worker("fresh")
+    before = len(fleet.calls(CLEAN))
+    again = launcher.storyboard("materialize", "--partition", CLEAN.partition_key)
+    assert again["success"], again
+    assert {s["decision"] for s in again["steps"]} == {"skip"}, again["steps"]
+    assert len(fleet.calls(CLEAN)) == before
+    nodes = {n for ns in fleet.executed_by(again["run_id"]).values() for n in ns}
+    assert nodes and all(n.startswith(fresh.node) for n in nodes), nodes
+
+    # The broker's password is in no run, event or tag of the instance.
+    engine = sa.create_engine(fleet.dagster_url)
+    try:
+        with engine.connect() as conn:
+            for table, column in (
+                ("runs", "run_body"),
+                ("event_logs", "event"),
+                ("run_tags", "value"),
+            ):
+                found = conn.execute(
+                    sa.text(f"SELECT count(*) FROM {table} WHERE {column} LIKE :secret"),
+                    {"secret": f"%:{BROKER_PASSWORD}@%"},
+                ).scalar_one()
+                assert found == 0, f"the broker password is in {table}"
+    finally:
+        engine.dispose()
+
+
+def _json_of(log: Path) -> str:
+    """The JSON payload ``storyboard … --json`` printed on stdout among stderr lines."""
+    text = log.read_text()
+    start = text.index("{")
+    return text[start : text.rindex("}") + 1]

@@ -47,7 +47,11 @@ def build_defs(
     assets = build_step_assets(steps)
     return dg.Definitions(
         assets=assets,
-        sensors=[build_resume_sensor(steps, minimum_interval_seconds=sensor_interval_seconds)],
+        sensors=[
+            build_resume_sensor(
+                steps, minimum_interval_seconds=sensor_interval_seconds, executor=executor
+            )
+        ],
         jobs=[storage_gc],
         schedules=[storage_gc_daily],
         resources=build_resources(pipeline),

@@ -270,8 +270,12 @@ def build_resume_sensor(
     workers: int | None = None,
     trust_seals: bool = True,
     clock: Callable[[], datetime] = utc_now,
+    executor: dg.ExecutorDefinition | None = None,
 ) -> dg.SensorDefinition:
     """The resume sensor over ``steps`` (the assets of :func:`build_step_assets`).
+
+    ``executor``: where its runs' steps execute; None, one after the other in the run's
+    process. The code location passes the fleet's under ``PIPELINE_EXECUTOR=celery``.
 
     ``full_refresh_seconds``: re-judge everything this often; ``tick_budget_seconds``: stop
     judging after this long and continue next tick; ``workers``: judge processes for big
@@ -300,8 +304,8 @@ def build_resume_sensor(
         # The steps of a run one after the other in the run's process, as the CLI runs them:
         # a process per step cost more than the steps themselves (benchmarks/recovery.py C:
         # ten offline steps took 36.6 s with one process each, against 10.4 s for the CLI).
-        # Episodes still run side by side, one run each.
-        executor_def=dg.in_process_executor,
+        # Episodes still run side by side, one run each. On the fleet, each step is a task.
+        executor_def=executor or dg.in_process_executor,
     )
 
     @dg.sensor(

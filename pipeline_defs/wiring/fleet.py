@@ -22,7 +22,7 @@ import dagster as dg
 from celery import Celery
 from dagster_celery.executor import CeleryExecutor
 from dagster_celery.make_app import make_app
-from dagster_celery.tasks import create_task
+from dagster_celery.tasks import create_execute_job_task, create_resume_job_task, create_task
 from kombu.entity import Queue
 
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
@@ -67,9 +67,14 @@ def celery_app(settings: FleetSettings) -> Celery:
 
 
 def worker_app(settings: FleetSettings) -> Celery:
-    """The app of ``storyboard worker``, with dagster-celery's step task registered."""
+    """The app of ``storyboard worker``: dagster-celery's step task and, for a deployment
+    whose run launcher is dagster-celery's ``CeleryRunLauncher`` (deploy/README.md), its run
+    tasks. A run task is acknowledged when taken: delivered again after its worker died, it
+    would start a second orchestration of a run already started."""
     app = celery_app(settings)
     create_task(app)  # type: ignore[no-untyped-call]
+    create_execute_job_task(app, acks_late=False)  # type: ignore[arg-type]
+    create_resume_job_task(app, acks_late=False)  # type: ignore[arg-type]
     return app
 
 

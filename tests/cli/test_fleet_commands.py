@@ -123,3 +123,20 @@ def test_a_fleet_launch_on_an_unshared_instance_is_refused_before_any_step(
     assert "[fleet.instance_not_shared]" in done.stderr, done.stderr
     assert "PostgreSQL" in done.stderr
     assert cli.ledger.provider_calls() == []
+
+
+def test_every_job_of_the_location_runs_its_steps_on_the_fleet(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The launchpad and backfills (the implicit asset job) and the resume sensor's runs
+    (its own job) take the Definitions' executor: Celery under PIPELINE_EXECUTOR=celery."""
+    from pipeline_defs.definitions import build_defs
+    from sensors.resume_sensor import STEPS_JOB
+
+    monkeypatch.setenv("PIPELINE_EXECUTOR", "celery")
+    fleet = build_defs()
+    for job in (fleet.resolve_implicit_global_asset_job_def(), fleet.resolve_job_def(STEPS_JOB)):
+        assert job.executor_def.name == "celery", job.name
+    monkeypatch.delenv("PIPELINE_EXECUTOR")
+    local = build_defs()
+    assert local.resolve_job_def(STEPS_JOB).executor_def.name != "celery"

@@ -10,9 +10,10 @@ runs ``storyboard materialize`` with ``PIPELINE_EXECUTOR=celery``.
   the provider calls, step by step, of the same episode run in one process.
 - A worker SIGKILLed while a step of another episode waits on a model call: the broker
   delivers the task again (``acks_late``) to another worker, whose claim is refused by the
-  dead worker's live lease without a model call; once the lease lapses a new launch
-  recovers the step on a surviving worker. The episode costs at most a clean run plus the
-  call that was in flight.
+  dead worker's live lease without a model call, and the run fails. The resume sensor
+  (``dagster dev``'s daemon, on the shipped instance config) then recovers the step in a run
+  of its own whose steps run on the surviving workers. The episode costs at most a clean run
+  plus the call that was in flight.
 - A worker that never saw an episode runs its SKIP path with no call.
 - The broker's password never reaches the run storage.
 """
@@ -36,12 +37,20 @@ import dagster as dg
 import pytest
 import sqlalchemy as sa
 from cli_helpers import ROOT, TESTS_DIR
-from dagster_dev import create_database, drop_database, log_tail
+from dagster_dev import (
+    create_database,
+    drop_database,
+    log_tail,
+    start_dagster_dev,
+    start_sensor,
+    stop,
+    wait_until_loaded,
+    write_workspace,
+)
 from fleet_support import delete_queue
 from s3_server import SECRET, running_s3_server
 from storyboard_support import create_pg_database, drop_pg_database
 
-from pipeline_defs.resume.clock import parse_timestamp
 from pipeline_defs.resume.fleet import FLEET_ENV_NAMES
 from pipeline_defs.resume.partition import Episode
 from pipeline_defs.resume.settings import ENV_NAMES
@@ -53,6 +62,7 @@ from resources.pipeline import ledger_for
 pytestmark = [pytest.mark.pg, pytest.mark.xdist_group("fleet")]
 
 PREFIX = "fleet"
+LOCATION = "fleet"
 CLEAN = Episode.parse("demo/ep01")
 KILLED = Episode.parse("demo/ep02")
 LEASE_SECONDS = 10
@@ -136,6 +146,8 @@ class Fleet:
     base: dict[str, str]
     root: Path
     logs: Path
+    url: str
+    dagster_dev: subprocess.Popen[bytes]
     workers: list[Worker] = field(default_factory=list)
 
     @property
@@ -261,7 +273,17 @@ def fleet(
         )
         instance = dg.DagsterInstance.from_config(str(dagster_home))
         stack.callback(instance.dispose)
-        fleet = Fleet(ledger_url, pg_url, instance, launcher, base, tmp_path, logs)
+        # The UI and the daemon, on the fleet's location: loading while the workers run.
+        (tmp_path / "daemon" / "home").mkdir(parents=True)
+        workspace = write_workspace(
+            tmp_path / "daemon" / "workspace.yaml", "fleet_location", "defs", LOCATION, TESTS_DIR
+        )
+        daemon_env = {**base, "PIPELINE_HOME": str(tmp_path / "daemon" / "home")}
+        url, process = start_dagster_dev(
+            workspace, daemon_env, tmp_path / "daemon", logs / "dagster-dev.log"
+        )
+        stack.callback(stop, process)
+        fleet = Fleet(ledger_url, pg_url, instance, launcher, base, tmp_path, logs, url, process)
         try:
             yield fleet
         finally:
@@ -358,7 +380,6 @@ def test_a_fleet_of_celery_workers_shares_only_postgres_and_the_bucket(
     victim = fleet.worker_of(row.lock_owner)
     os.killpg(victim.process.pid, signal.SIGKILL)
     victim.process.wait(timeout=30)
-    killed_at = time.monotonic()
     calls_at_kill = len(fleet.calls(KILLED))
 
     # The broker hands the task to another worker: refused by the live lease, no call.
@@ -374,30 +395,45 @@ def test_a_fleet_of_celery_workers_shares_only_postgres_and_the_bucket(
     cut = [c for c in fleet.calls(KILLED) if c["id"] == call["id"]]
     assert cut and cut[0]["finished_at"] is None  # the call in flight: outcome unknown
 
-    # Once the lease lapses, a new launch recovers the step on a surviving worker.
-    def lease_lapsed() -> bool:
-        current = fleet.rows(KILLED)[step_id]
-        beat = parse_timestamp(current.heartbeat_at) if current.heartbeat_at else None
-        return beat is None or time.time() - beat.timestamp() > LEASE_SECONDS + 1
+    # The resume sensor recovers the step in a run of its own, on the surviving workers.
+    wait_until_loaded(fleet.url, fleet.dagster_dev, fleet.logs / "dagster-dev.log")
+    start_sensor(fleet.url, LOCATION)
 
-    wait_for("the dead worker's lease to lapse", lease_lapsed, LEASE_SECONDS * 6)
-    assert time.monotonic() - killed_at < 240
-    recovered = launcher.storyboard("materialize", "--partition", KILLED.partition_key)
-    assert recovered["success"], recovered
-    steps = {s["step"]: s for s in recovered["steps"]}
-    assert steps[step_id]["decision"] == "stale_running_recovery", steps[step_id]
-    total = len(fleet.calls(KILLED))
-    assert total <= sum(reference.values()) + 1, (total, reference)
+    def recovery() -> dg.DagsterRun | None:
+        runs = fleet.instance.get_runs(
+            dg.RunsFilter(tags={"dagster/partition": KILLED.partition_key})
+        )
+        done = [
+            r
+            for r in runs
+            if r.tags.get("dagster/sensor_name") == "resume_sensor"
+            and r.job_name != "resume_report"
+            and r.status.value in ("SUCCESS", "FAILURE", "CANCELED")
+        ]
+        return done[0] if done else None
+
+    run = wait_for("the sensor's recovery run", recovery, 300, fleet.logs / "dagster-dev.log")
+    assert run.status == dg.DagsterRunStatus.SUCCESS, run.run_id
+    assert dg.AssetKey(step_id) in (run.asset_selection or set()), run.asset_selection
+    assert fleet.rows(KILLED)[step_id].status.value == "completed"
+    recovered_on = fleet.executed_by(run.run_id)
+    assert step_id in recovered_on, recovered_on
+    assert all(
+        any(node.startswith(w.node) for w in survivors)
+        for nodes in recovered_on.values()
+        for node in nodes
+    ), recovered_on
     takeover = [
-        t.worker
+        t
         for t in fleet.ledger.transitions()
         if (t.episode_id, t.step_id) == (KILLED.episode_id, step_id)
-        and str(t.run_id).startswith(recovered["run_id"])
-        and t.worker
+        and str(t.run_id).startswith(run.run_id)
     ]
-    assert takeover and {fleet.worker_of(w).node for w in takeover} <= {
-        w.node for w in survivors
-    }, takeover
+    assert any(
+        str(t.action) == "stale_running_recovery" or "recover" in str(t.reason) for t in takeover
+    ), takeover
+    total = len(fleet.calls(KILLED))
+    assert total <= sum(reference.values()) + 1, (total, reference)
 
     # 3. The SKIP path on a worker that never saw the episode: no call.
     for worker in survivors:

@@ -142,3 +142,48 @@ def dagster_dev(
         yield url, process
     finally:
         stop(process)
+
+
+START_SENSOR = """
+mutation($selector: SensorSelector!) {
+  startSensor(sensorSelector: $selector) {
+    __typename
+    ... on Sensor { sensorState { status } }
+    ... on PythonError { message }
+  }
+}
+"""
+
+
+def sensor_selector(location: str, sensor: str = "resume_sensor") -> dict[str, str]:
+    return {
+        "repositoryLocationName": location,
+        "repositoryName": "__repository__",
+        "sensorName": sensor,
+    }
+
+
+def start_sensor(url: str, location: str, sensor: str = "resume_sensor") -> None:
+    """Turn a sensor on, as an operator does in the UI (it may start STOPPED)."""
+    selector = sensor_selector(location, sensor)
+    started = graphql(url, START_SENSOR, {"selector": selector})["startSensor"]
+    assert started["__typename"] == "Sensor", started
+
+
+def start_dagster_dev(
+    workspace: Path, env: Mapping[str, str], cwd: Path, log: Path
+) -> tuple[str, subprocess.Popen[bytes]]:
+    """``dagster dev -w workspace`` started now, in its own process group, not waited for
+    (it loads while the test goes on; :func:`wait_until_loaded`, :func:`stop`)."""
+    port = free_port()
+    dagster = str(Path(sys.executable).with_name("dagster"))
+    with log.open("wb") as sink:
+        process = subprocess.Popen(
+            [dagster, "dev", "-w", str(workspace), "-h", "127.0.0.1", "-p", str(port)],
+            cwd=cwd,
+            env=dict(env),
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    return f"http://127.0.0.1:{port}", process

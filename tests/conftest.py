@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 from azurite_server import AzureServer, running_azurite
+from cli_helpers import CliEnv, make_env
 from fleet_support import require_broker
+from judge_steps import Harness, open_harness
 from pg_throwaway import ThrowawayPostgres
 from s3_server import SECRET, S3Server, running_s3_server
 
@@ -169,3 +171,22 @@ def storage_url(request: pytest.FixtureRequest, aws_env: Callable[[S3Server], No
 def celery_broker() -> str:
     """The machine's RabbitMQ URL (Redis beside it for results), or skip / fail naming it."""
     return require_broker()
+
+
+@pytest.fixture
+def h(db_url: str, pipeline_home: Path) -> Iterator[Harness]:
+    """The judge-step harness (tests/support/judge_steps.py) on SQLite and on PostgreSQL."""
+    with open_harness(pipeline_home, db_url) as harness:
+        yield harness
+
+
+@pytest.fixture
+def cli(tmp_path: Path) -> CliEnv:
+    """``storyboard`` in-process on a fresh home, a SQLite ledger and a Dagster home."""
+    return make_env(tmp_path)
+
+
+@pytest.fixture
+def cli_db(tmp_path: Path, db_url: str) -> CliEnv:
+    """The same, on SQLite and on PostgreSQL."""
+    return make_env(tmp_path, db_url)

@@ -1,6 +1,7 @@
 """Running assets in-process through the Dagster instance of ``DAGSTER_HOME``, judged as
 any UI, sensor or backfill launch; the CLI only adds its tags."""
 
+import functools
 import os
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -113,6 +114,7 @@ def run_assets(
     return report
 
 
+@functools.cache  # a worker process rebuilds it for every step it runs: once is enough
 def fleet_job(spec: str) -> dg.JobDefinition:
     """Every asset of ``spec`` as one job, rebuilt in each Celery worker that runs a step.
 

@@ -2,8 +2,7 @@
 naming the file and its origin, through real Dagster runs — and nothing is deleted."""
 
 import json
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import dagster as dg
 import pytest
@@ -11,7 +10,6 @@ from judge_steps import (
     Harness,
     failure,
     make_data,
-    open_harness,
     rehash_envelope,
     step_key,
     tree_digest,
@@ -22,12 +20,6 @@ from pipeline_defs.wiring.io_manager import STEP_METADATA_KEY, CheckpointIOManag
 from resources.checkpoints.envelope import Checkpoint
 from resources.checkpoints.store import ARCHIVE_DIR
 from resources.pipeline import PipelineResource
-
-
-@pytest.fixture
-def h(db_url: str, pipeline_home: Path) -> Iterator[Harness]:
-    with open_harness(pipeline_home, db_url) as harness:
-        yield harness
 
 
 def _edit(h: Harness, change: Callable[[dict], None], *, rehash: bool = True) -> None:

@@ -7,9 +7,8 @@ rebuilt.
 
 import copy
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,7 +18,6 @@ from judge_steps import (
     Harness,
     failure,
     make_data,
-    open_harness,
     rehash_envelope,
     step_key,
     tree_digest,
@@ -185,12 +183,6 @@ def test_no_wrong_value_of_any_field_escapes_as_a_bare_exception(name: str) -> N
 
 
 # ---------------------------------------------------------------------- through the judge
-@pytest.fixture
-def h(db_url: str, pipeline_home: Path) -> Iterator[Harness]:
-    with open_harness(pipeline_home, db_url) as harness:
-        yield harness
-
-
 def _stores(h: Harness) -> Stores:
     """Fresh stores on the harness's home and ledger (no envelope cached from the run)."""
     return Stores.of(PipelineResource(home=str(h.home), db_url=h.db_url, **h.settings))

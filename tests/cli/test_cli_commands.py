@@ -12,24 +12,13 @@ import dagster as dg
 import pytest
 import sqlalchemy as sa
 import yaml
-from cli_helpers import CliEnv, ledger_dump, make_env, tree_snapshot
+from cli_helpers import CliEnv, ledger_dump, tree_snapshot
 
 from pipeline_defs.operations.workspace import ledger_head
 from pipeline_defs.project import ProjectConfig
 from pipeline_defs.resume.clock import format_timestamp
 from pipeline_defs.resume.partition import StepKey
 from resources.ledger.tables import step_run
-
-
-@pytest.fixture
-def cli(tmp_path: Path) -> CliEnv:
-    return make_env(tmp_path)
-
-
-@pytest.fixture
-def cli_db(tmp_path: Path, db_url: str) -> CliEnv:
-    """The same, on SQLite and on PostgreSQL."""
-    return make_env(tmp_path, db_url)
 
 
 def add(cli: CliEnv, project: str, episode: str, story: str = "fox") -> None:

@@ -7,16 +7,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from cli_helpers import CliEnv, make_env
+from cli_helpers import CliEnv
 from s3_server import S3Server
 
 from pipeline_defs.resume.layout import SCRATCH_DIR
 from pipeline_defs.storyboard import STORYBOARD_STEPS
-
-
-@pytest.fixture
-def cli(tmp_path: Path) -> CliEnv:
-    return make_env(tmp_path)
 
 
 def test_demo_on_test_steps_resumes_for_free(cli: CliEnv) -> None:

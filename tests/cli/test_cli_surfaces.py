@@ -17,9 +17,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import dagster as dg
-import pytest
 import sqlalchemy as sa
-from cli_helpers import ROOT, CliEnv, ledger_dump, make_env
+from cli_helpers import ROOT, CliEnv, ledger_dump
 from sensor_steps import snapshot, stores_for
 
 from pipeline_defs.resume.clock import format_timestamp
@@ -27,11 +26,6 @@ from pipeline_defs.resume.partition import StepKey
 from resources.ledger.tables import step_run
 
 SIGPIPE_EXIT = 141  # 128 + SIGPIPE: what a shell reports for `git log | head`'s git
-
-
-@pytest.fixture
-def cli(tmp_path: Path) -> CliEnv:
-    return make_env(tmp_path)
 
 
 def add(cli: CliEnv, project: str, episode: str = "e1") -> None:

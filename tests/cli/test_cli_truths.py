@@ -12,22 +12,12 @@ from pathlib import Path
 import dagster as dg
 import pytest
 import yaml
-from cli_helpers import CliEnv, ledger_dump, make_env
+from cli_helpers import CliEnv, ledger_dump
 
 from pipeline_defs.resume.partition import StepKey
 
 FAKE_STEP_IDS = ("source", "outline", "sketch", "probe")
 NOT_REGISTERED = "is not registered in the Dagster instance"
-
-
-@pytest.fixture
-def cli(tmp_path: Path) -> CliEnv:
-    return make_env(tmp_path)
-
-
-@pytest.fixture
-def cli_db(tmp_path: Path, db_url: str) -> CliEnv:
-    return make_env(tmp_path, db_url)
 
 
 def add(cli: CliEnv, project: str, episode: str, story: str = "fox") -> None:

@@ -20,11 +20,6 @@ from pipeline_defs.resume.files import write_file_under
 
 
 @pytest.fixture
-def cli(tmp_path: Path) -> CliEnv:
-    return make_env(tmp_path)
-
-
-@pytest.fixture
 def outside(tmp_path: Path) -> Path:
     """A directory outside the home, with one file of its own."""
     found = tmp_path / "outside"

@@ -7,12 +7,11 @@ started_at (BLOCK, manual investigation), and ``storyboard audit-running`` says 
 """
 
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from cli_helpers import CliEnv, make_env
+from cli_helpers import CliEnv
 
 from pipeline_defs.judging.evaluation import next_wake
 from pipeline_defs.resume.clock import MAX_CLOCK_SKEW, format_timestamp
@@ -125,11 +124,6 @@ def _set_started_at(url: str, key: StepKey, value: str) -> None:
             .values(started_at=value)
         )
     engine.dispose()
-
-
-@pytest.fixture
-def cli_db(tmp_path: Path, db_url: str) -> CliEnv:
-    return make_env(tmp_path, db_url)
 
 
 def test_audit_running_classifies_a_future_started_at_as_future(cli_db: CliEnv) -> None:

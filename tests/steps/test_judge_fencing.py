@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,12 +26,6 @@ from resources.checkpoints.envelope import Checkpoint
 
 REPO = ROOT
 LONG_AGO = "2020-01-01T00:00:00.000000Z"
-
-
-@pytest.fixture
-def h(db_url: str, pipeline_home: Path) -> Iterator[Harness]:
-    with open_harness(pipeline_home, db_url) as harness:
-        yield harness
 
 
 @pytest.mark.parametrize("steal", ["claim", "publish"])

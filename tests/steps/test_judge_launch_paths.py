@@ -1,12 +1,9 @@
 """The launch path (UI, sensor, backfill, CLI, API — from run tags) is recorded in audit rows
 and in the checkpoint's provenance, and never changes the decision or the claim."""
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 import yaml
-from judge_steps import Harness, failure, mat_metadata, open_harness
+from judge_steps import Harness, failure, mat_metadata
 
 LAUNCHES = [
     ({}, "api"),
@@ -15,12 +12,6 @@ LAUNCHES = [
     ({"dagster/sensor_name": "resume_sensor"}, "sensor"),
     ({"resume/launch_path": "cli"}, "cli"),
 ]
-
-
-@pytest.fixture
-def h(db_url: str, pipeline_home: Path) -> Iterator[Harness]:
-    with open_harness(pipeline_home, db_url) as harness:
-        yield harness
 
 
 def test_every_launch_path_reaches_the_same_decision_and_claim(h: Harness) -> None:

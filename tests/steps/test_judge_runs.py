@@ -35,12 +35,6 @@ SENSOR_RUN = {"dagster/sensor_name": "resume_sensor"}
 
 
 @pytest.fixture
-def h(db_url: str, pipeline_home: Path) -> Iterator[Harness]:
-    with open_harness(pipeline_home, db_url) as harness:
-        yield harness
-
-
-@pytest.fixture
 def hp(db_url: str, pipeline_home: Path) -> Iterator[Harness]:
     """On ``dg.instance_for_test()``: run and event storage persisted in SQLite."""
     with open_harness(pipeline_home, db_url, persistent=True) as harness:

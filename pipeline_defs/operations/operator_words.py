@@ -8,21 +8,10 @@ from datetime import UTC, datetime
 
 from pipeline_defs.resume.decision import FIRST_RUN_LABEL, FIRST_RUN_REASON, ResumeAction
 from pipeline_defs.resume.status import StepStatus
+from resources.ledger.audit import VERDICT_ACTIONS
 
 # Audit actions that record a judge's verdict (the rest are follow-up transitions).
-DECISION_ACTIONS = frozenset(
-    {
-        "skip",
-        "adopt",
-        "block",
-        "rerun_self",
-        "force_explicit",
-        "redraw_explicit",
-        "stale_running_recovery",
-        "not_applicable",
-        "claim_rejected",
-    }
-)
+DECISION_ACTIONS = VERDICT_ACTIONS
 
 
 # Words operators read where one stored word means two things. The ledger

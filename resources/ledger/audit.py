@@ -17,6 +17,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from pipeline_defs.resume.decision import ResumeAction
 from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.resume.status import StepStatus
 from resources.ledger.tables import step_transition
@@ -72,6 +73,11 @@ class AuditAction(StrEnum):
     SEALED = "sealed"  # ``storyboard seal``: an unsealed completed row verified clean, sealed
 
 
+# The lines that record a judge's verdict: every ``ResumeAction``, a SKIP that adopted an
+# orphan checkpoint, and a claim that lost (the rest are follow-up transitions).
+VERDICT_ACTIONS: frozenset[str] = frozenset(
+    {*(a.value for a in ResumeAction), AuditAction.ADOPT.value, AuditAction.CLAIM_REJECTED.value}
+)
 _ACTIONS: dict[str, AuditAction] = {a.value: a for a in AuditAction}
 
 

@@ -42,4 +42,4 @@ def test_the_glossary_names_every_word_where_it_is_used() -> None:
 def test_the_judges_words_are_recorded_as_they_are() -> None:
     history = {m.value for m in AuditAction}
     assert {a.value for a in ResumeAction} <= history
-    assert DECISION_ACTIONS == {a.value for a in ResumeAction} | {"adopt", "claim_rejected"}
+    assert {a.value for a in ResumeAction} | {"adopt", "claim_rejected"} == DECISION_ACTIONS

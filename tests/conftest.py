@@ -190,3 +190,30 @@ def cli(tmp_path: Path) -> CliEnv:
 def cli_db(tmp_path: Path, db_url: str) -> CliEnv:
     """The same, on SQLite and on PostgreSQL."""
     return make_env(tmp_path, db_url)
+
+
+# The kind of each test (pyproject.toml lists the markers): by its folder, and a test of
+# tests/core that takes a store, a server or a CLI home is an integration test.
+KIND_BY_FOLDER = {"core": "unit", "e2e": "e2e"}
+STATEFUL_FIXTURES = frozenset(
+    {
+        "db_url",
+        "pg_server_url",
+        "cli",
+        "cli_db",
+        "h",
+        "storage",
+        "s3_server",
+        "azure_server",
+        "server",
+    }
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    tests = Path(__file__).resolve().parent
+    for item in items:
+        kind = KIND_BY_FOLDER.get(item.path.resolve().relative_to(tests).parts[0], "integration")
+        if kind == "unit" and STATEFUL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            kind = "integration"
+        item.add_marker(getattr(pytest.mark, kind))

@@ -474,7 +474,7 @@ def apply_changes(changes: dict[str, str], pipeline: PipelineResource, home: Pat
             step = StepKey(project, episode, FAILED_STEP)
             assert ledger.claim(step, "bench-fail:0")
             assert ledger.transition(step, "bench-fail:0", "failed")
-        elif kind == "story_replaced":  # pipeline_defs/operations/launch.py add_episode
+        elif kind == "story_replaced":  # pipeline_defs/operations/episodes.py add_episode
             writer.sync_inputs(project, episode)
             story = home / _story_key(episode)
             story.write_bytes(story.read_bytes() + b"\nA new scene.\n")

@@ -9,7 +9,7 @@ from pipeline_defs.cli.app import checked_workspace, main, report_invalid_partit
 from pipeline_defs.cli.errors import operation
 from pipeline_defs.cli.options import partitions_filter
 from pipeline_defs.cli.render import SaidOnce, advice, table_lines, terminal_width
-from pipeline_defs.operations import inspect as views
+from pipeline_defs.operations.shadow_decide import shadow_decisions, verdict_counts
 from pipeline_defs.operations.workspace import Workspace
 from pipeline_defs.resume.partition import Episode
 from pipeline_defs.steps.redraw import outdated_items
@@ -22,9 +22,9 @@ from pipeline_defs.steps.redraw import outdated_items
 def decide(*, partitions: tuple[str, ...], show_all: bool, as_json: bool) -> dict[str, Any] | None:
     """Shadow mode: what the resume sensor would do now. Writes nothing."""
     ws = checked_workspace()
-    decisions = views.shadow_decisions(ws, partitions)
+    decisions = shadow_decisions(ws, partitions)
     invalid = report_invalid_partitions(ws)
-    counts = views.verdict_counts(decisions)
+    counts = verdict_counts(decisions)
     outdated = _outdated_pictures(ws, decisions)
     if as_json:
         return {

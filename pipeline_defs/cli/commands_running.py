@@ -9,8 +9,7 @@ from pipeline_defs.cli.app import checked_workspace, main
 from pipeline_defs.cli.errors import operation
 from pipeline_defs.cli.options import partition_option
 from pipeline_defs.cli.render import clip, render_table, seconds
-from pipeline_defs.operations import inspect as views
-from pipeline_defs.operations import reset
+from pipeline_defs.operations import reset, running_audit
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
 
 
@@ -20,8 +19,8 @@ def audit_running(*, as_json: bool) -> dict[str, Any] | None:
     """Every running ledger row: healthy / lease_expired / dead_owner / future / unparseable /
     NULL started_at (judged as the resume sensor judges it)."""
     ws = checked_workspace()
-    rows = views.audit_running(ws)
-    counts = {b: sum(1 for r in rows if r.bucket == b) for b in views.RUNNING_BUCKETS}
+    rows = running_audit.audit_running(ws)
+    counts = {b: sum(1 for r in rows if r.bucket == b) for b in running_audit.RUNNING_BUCKETS}
     if as_json:
         from dataclasses import asdict
 

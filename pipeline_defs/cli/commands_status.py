@@ -20,7 +20,9 @@ from pipeline_defs.cli.render import (
     terminal_width,
     wrap,
 )
-from pipeline_defs.operations import inspect as views
+from pipeline_defs.operations.operator_words import shown_status
+from pipeline_defs.operations.status_report import StepState, status_report
+from pipeline_defs.operations.status_summary import QueueHolder, StatusSummary
 from pipeline_defs.operations.workspace import Workspace
 from pipeline_defs.resume.settings import EffectiveSettings, format_value
 from sensors.abandoned_runs import ABANDONED_AFTER_LEASES
@@ -37,7 +39,7 @@ def status(*, partitions: tuple[str, ...], as_json: bool) -> dict[str, Any] | No
     "last decision" is the last one a run recorded.
     """
     ws = checked_workspace()
-    report = views.status_report(ws, partitions)
+    report = status_report(ws, partitions)
     invalid = report_invalid_partitions(ws)
     storage = _storage_line(ws)
     if as_json:
@@ -61,7 +63,7 @@ def status(*, partitions: tuple[str, ...], as_json: bool) -> dict[str, Any] | No
     return {}
 
 
-def _status_table(steps: Sequence[views.StepState], width: int) -> list[str]:
+def _status_table(steps: Sequence[StepState], width: int) -> list[str]:
     """One line per step at 120 columns for the usual states; a block's reason and what to
     do follow its row (as in ``decide``), so nothing about a step is printed twice.
 
@@ -80,7 +82,7 @@ def _status_table(steps: Sequence[views.StepState], width: int) -> list[str]:
             (
                 s.partition,
                 s.step,
-                views.shown_status(s.status),
+                shown_status(s.status),
                 _sensor_now(s),
                 s.last_decision,
                 s.recovery_count,
@@ -99,7 +101,7 @@ def _status_table(steps: Sequence[views.StepState], width: int) -> list[str]:
     return lines
 
 
-def _sensor_now(state: views.StepState) -> str | None:
+def _sensor_now(state: StepState) -> str | None:
     if state.running_healthy:
         return "running"
     if state.verdict == "deferred" and state.retry_in_seconds is not None:
@@ -126,7 +128,7 @@ def _totals_items(t: Mapping[str, Any]) -> list[str]:
 _NAMED_EXHAUSTED = 3
 
 
-def _holder_line(holder: views.QueueHolder, lease_seconds: float) -> str:
+def _holder_line(holder: QueueHolder, lease_seconds: float) -> str:
     """Who holds a partition's run queue, and what the ledger says of its worker."""
     behind = f"{holder.queued_behind} run{'s' if holder.queued_behind != 1 else ''}"
     line = (
@@ -145,7 +147,7 @@ def _holder_line(holder: views.QueueHolder, lease_seconds: float) -> str:
     return line + "; its claims heartbeat: it is working"
 
 
-def _summary_lines(summary: views.StatusSummary, width: int, lease_seconds: float) -> list[str]:
+def _summary_lines(summary: StatusSummary, width: int, lease_seconds: float) -> list[str]:
     """The queue, the leases, what waits for an operator and the last hour, a line each."""
     q, leases, hour = summary.queue, summary.leases, summary.last_hour
     queued = "-" if q.queued_runs is None else str(q.queued_runs)

@@ -7,7 +7,7 @@ from typing import Any
 
 import dagster as dg
 
-from pipeline_defs.operations.inspect import DECISION_ACTIONS, shown_action
+from pipeline_defs.operations.operator_words import DECISION_ACTIONS, shown_action
 from pipeline_defs.operations.workspace import Workspace
 from pipeline_defs.resume.causes import root_cause_of_text
 from pipeline_defs.resume.errors import ErrorCode, PipelineError

@@ -9,8 +9,9 @@ from typing import Any
 
 import dagster as dg
 
-from pipeline_defs.operations.inspect import judge_now, utc_now
+from pipeline_defs.operations.operator_words import utc_now
 from pipeline_defs.operations.run_report import Progress, RunReport, StepReport, summarize_run
+from pipeline_defs.operations.shadow_decide import judge_now
 from pipeline_defs.operations.watcher import RunWatcher
 from pipeline_defs.operations.workspace import Workspace, load_definitions
 from pipeline_defs.resume.errors import ErrorCode, PipelineError

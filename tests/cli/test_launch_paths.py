@@ -32,7 +32,7 @@ from dagster_graphql import DagsterGraphQLClient
 from storyboard_fakes import BARRIER_DIR_ENV
 
 from pipeline_defs.definitions import build_resources
-from pipeline_defs.operations.inspect import DECISION_ACTIONS
+from pipeline_defs.operations.operator_words import DECISION_ACTIONS
 from pipeline_defs.operations.workspace import Workspace, load_workspace
 from pipeline_defs.resume.clock import format_timestamp
 from pipeline_defs.resume.decision import LaunchMode

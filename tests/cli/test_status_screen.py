@@ -23,7 +23,7 @@ from click.testing import CliRunner
 from storyboard_support import EPISODE, PARTITION, Env, built_episode
 
 from pipeline_defs.cli import main
-from pipeline_defs.operations.inspect import failure_code, last_hour
+from pipeline_defs.operations.status_summary import failure_code, last_hour
 from pipeline_defs.operations.workspace import PARTITIONS_NAME
 from pipeline_defs.resume.clock import format_timestamp
 from resources.ledger.audit import Transition

@@ -204,3 +204,27 @@ def test_paths_of_the_data_layout_are_built_by_the_layout() -> None:
         for line, name in _layout_offenders(ast.parse(path.read_text()))
     ]
     assert not offenders, f"{len(offenders)} hand-built layout path(s): {offenders}"
+
+
+def _only_imports(tree: ast.Module) -> bool:
+    body = [
+        n
+        for n in tree.body
+        if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))  # docstring
+        and not (
+            isinstance(n, ast.Assign)
+            and any(isinstance(t, ast.Name) and t.id == "__all__" for t in n.targets)
+        )
+    ]
+    return bool(body) and all(isinstance(n, ast.Import | ast.ImportFrom) for n in body)
+
+
+def test_no_module_only_re_exports_names() -> None:
+    """A name is imported from the module that defines it: a module that only re-exports
+    names is a second door to the same room (package ``__init__`` files aside)."""
+    offenders = [
+        str(path.relative_to(ROOT))
+        for path in product_files()
+        if path.name != "__init__.py" and _only_imports(ast.parse(path.read_text()))
+    ]
+    assert offenders == []

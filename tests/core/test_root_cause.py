@@ -265,11 +265,11 @@ def test_an_invalid_project_file_names_the_file_and_field_not_a_force(cli: CliEn
 # --------------------------------------------------------------------------- outside the body
 def _failure_of(asset: dg.AssetsDefinition) -> tuple[str | None, str]:
     """Run one untyped asset for real; what the CLI reads from its failure event."""
-    from pipeline_defs.operations.launch import _failure_info
+    from pipeline_defs.operations.run_report import failure_info
 
     result = dg.materialize([asset], raise_on_error=False)
     (event,) = [e for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE]
-    return _failure_info(event)
+    return failure_info(event)
 
 
 def test_a_failure_outside_the_typed_body_is_walked_to_its_cause(tmp_path: Path) -> None:

@@ -460,7 +460,7 @@ def test_decide_compares_the_episode_with_the_bucket_before_trusting_seals(
     overwritten envelope is a block at once, whatever the seal says."""
     from datetime import UTC, datetime
 
-    from pipeline_defs.operations.inspect import judge_now
+    from pipeline_defs.operations.shadow_decide import judge_now
     from pipeline_defs.operations.workspace import Workspace
     from pipeline_defs.resume.partition import Episode
 
@@ -591,7 +591,7 @@ def test_a_hand_edit_of_an_envelope_object_is_accepted_from_any_machine(
     from click.testing import CliRunner
 
     from pipeline_defs.cli import main
-    from pipeline_defs.operations.inspect import judge_now
+    from pipeline_defs.operations.shadow_decide import judge_now
     from pipeline_defs.operations.workspace import Workspace
     from pipeline_defs.resume.partition import Episode
     from resources.checkpoints.envelope import EDITED_OUTSIDE

@@ -20,7 +20,7 @@ import sqlalchemy as sa
 import yaml
 
 from pipeline_defs.definitions import build_resources
-from pipeline_defs.operations.inspect import DECISION_ACTIONS
+from pipeline_defs.operations.operator_words import DECISION_ACTIONS
 from pipeline_defs.resume.decision import LaunchMode, ResumeDecision
 from pipeline_defs.resume.partition import Episode, StepKey
 from pipeline_defs.resume.status import LedgerRow

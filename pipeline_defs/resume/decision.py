@@ -22,6 +22,8 @@ from pipeline_defs.resume.clock import (
     parse_timestamp,
 )
 from pipeline_defs.resume.completion import CompletionReport, Origin, report_from_exception
+from pipeline_defs.resume.errors import PipelineError
+from pipeline_defs.resume.files import SYMLINK_CODE
 from pipeline_defs.resume.settings import ResumeSettings
 from pipeline_defs.resume.status import LedgerRow, StepStatus
 
@@ -413,7 +415,7 @@ def _apply_limits(
     return decision
 
 
-def decide(
+def _by_table(
     *,
     mode: LaunchMode,
     applicable: bool,
@@ -426,7 +428,7 @@ def decide(
     now: datetime,
     owner_ended: str | None = None,
 ) -> ResumeDecision:
-    """Apply docs/DESIGN.md#decision-table (first match wins). Pure: no I/O, no writes, no clock.
+    """The decision table's rows (first match wins); :func:`decide` adds what is in the way.
 
     ``owner_ended``: for a running row, the terminal state (e.g. ``FAILURE``) of the Dagster
     run owning it, if known to have ended: its lease is dead at once (docs/DESIGN.md#dead-owners).
@@ -489,3 +491,88 @@ def decide(
         else:
             decision = _judge_settled(status, checkpoint, verify, step, config)  # rows 8-11
     return _apply_limits(decision, row, settings, now)
+
+
+@dataclass(frozen=True)
+class InTheWay:
+    """What may stand where a run of the step would write: facts the reader gathers.
+
+    ``unreadable``: the error that kept the step's checkpoint from loading, if any; a link
+    where our file should be (``checkpoint.symlink``) blocks whatever the row says
+    (docs/DESIGN.md#no-escape). ``probe(action, auto_recovery)``: for a decision that would
+    claim the step, something in its write path (a link in a directory it would write, a
+    directory or FIFO where an artifact goes, an older copy of an artifact put back by hand
+    that an automatic re-run would adopt), or None. Called at most once, lazily, as
+    ``verify`` is: the probes read the file system and are not needed otherwise.
+    """
+
+    unreadable: PipelineError | None = None
+    probe: Callable[[ResumeAction, bool], PipelineError | None] | None = None
+
+
+def decide(
+    *,
+    mode: LaunchMode,
+    applicable: bool,
+    row: LedgerRow | None,
+    checkpoint: CheckpointSummary,
+    verify: Callable[[], CompletionReport],
+    step: JudgedStep,
+    config: ScopedConfig,
+    settings: ResumeSettings,
+    now: datetime,
+    owner_ended: str | None = None,
+    in_the_way: InTheWay | None = None,
+) -> ResumeDecision:
+    """Apply docs/DESIGN.md#decision-table (first match wins). Pure: no I/O, no writes, no clock.
+
+    ``owner_ended``: for a running row, the terminal state (e.g. ``FAILURE``) of the Dagster
+    run owning it, if known to have ended: its lease is dead at once (docs/DESIGN.md#dead-owners).
+
+    ``verify`` is called at most once, and only for a completed step whose contract and
+    scoped config still match (row 10, also reached through row 4).
+
+    ``in_the_way``: what stands where a claiming run would write (:class:`InTheWay`): a
+    decision that would claim is a block instead, before any claim, cleanup or model call.
+    """
+    decision = _by_table(
+        mode=mode,
+        applicable=applicable,
+        row=row,
+        checkpoint=checkpoint,
+        verify=verify,
+        step=step,
+        config=config,
+        settings=settings,
+        now=now,
+        owner_ended=owner_ended,
+    )
+    if in_the_way is None:
+        return decision
+    unreadable = in_the_way.unreadable
+    if unreadable is None and decision.action in CLAIMING_ACTIONS and in_the_way.probe:
+        found = in_the_way.probe(decision.action, decision.auto_recovery)
+        if found is not None:
+            # Not a regular file: the verifier calls it "missing" and a re-run (or a force)
+            # would pay for the item, then fail to move it into place. An older copy: a
+            # re-run would adopt it silently. A link: written through. Blocked before any.
+            origin = Origin.CONTRACT_DRIFT if found.code == SYMLINK_CODE else found.origin
+            return _blocked_by(found, origin)
+    if (
+        unreadable is not None
+        and unreadable.code == SYMLINK_CODE
+        and decision.action is not ResumeAction.BLOCK
+    ):
+        # The table reaches the verifier (which reports the link) only for some rows; a
+        # failed or stale row would be re-run, i.e. written through or over the link.
+        return _blocked_by(unreadable, Origin.CONTRACT_DRIFT)
+    return decision
+
+
+def _blocked_by(error: PipelineError, origin: str | None) -> ResumeDecision:
+    return ResumeDecision(
+        ResumeAction.BLOCK,
+        error.message,
+        origin=Origin(origin or Origin.CONTRACT_DRIFT),
+        code=CODE_RESUME_BLOCKED,
+    )

@@ -21,9 +21,8 @@ from pathlib import Path
 from pipeline_defs.project import ProjectConfig, load_project_config, scoped_fingerprints
 from pipeline_defs.resume.completion import CompletionReport, Origin, Severity, merge_reports
 from pipeline_defs.resume.decision import (
-    CLAIMING_ACTIONS,
-    CODE_RESUME_BLOCKED,
     CheckpointSummary,
+    InTheWay,
     LaunchMode,
     ResumeAction,
     ResumeDecision,
@@ -310,7 +309,7 @@ class StepJudge:
         ]
         return tuple(dict.fromkeys([inputs, *files, *self.step.verify_reads(ctx), *victims]))
 
-    def refuse_links_to_write(self, key: StepKey, decision: ResumeDecision) -> None:
+    def refuse_links_to_write(self, key: StepKey, action: ResumeAction) -> None:
         """``checkpoint.symlink`` if a step directory this claiming run may write in holds a
         link anywhere (docs/DESIGN.md#no-escape): its own (pending, archive, artifacts) and, for an
         explicit force, every downstream one it will invalidate and clear.
@@ -321,7 +320,7 @@ class StepJudge:
         staled, a provider call paid).
         """
         targets = [key]
-        if decision.action is ResumeAction.FORCE_EXPLICIT:
+        if action is ResumeAction.FORCE_EXPLICIT:
             targets += self.downstream_keys(key)
         for target in targets:
             self.checkpoints.refuse_links_in_tree(target)
@@ -409,6 +408,20 @@ class StepJudge:
             if self.owner_ended is not None and row is not None and row.is_running
             else None
         )
+
+        def probe(action: ResumeAction, auto_recovery: bool) -> PipelineError | None:
+            """What stands where a claiming run would write (read-only file probes)."""
+            try:  # a link anywhere in its way blocks it first
+                self.refuse_links_to_write(key, action)
+            except PipelineError as exc:
+                if exc.code != SYMLINK_CODE:
+                    raise
+                return exc
+            found = self.not_a_file(key, checkpoint)
+            if found is None and auto_recovery:
+                found = self.older_copy(key, checkpoint)
+            return found
+
         decision = decide(
             mode=mode,
             applicable=self.step.is_applicable(ctx),
@@ -420,44 +433,8 @@ class StepJudge:
             config=config,
             settings=self.settings,
             now=now or self.clock(),
+            in_the_way=InTheWay(unreadable=loaded[1] if loaded is not None else None, probe=probe),
         )
-        broken = loaded[1] if loaded is not None else None
-        in_the_way: PipelineError | None = None
-        if broken is None and decision.action in CLAIMING_ACTIONS:
-            try:  # a re-run would write there: a link anywhere in its way blocks it first
-                self.refuse_links_to_write(key, decision)
-                in_the_way = self.not_a_file(key, checkpoint)
-                if in_the_way is None and decision.auto_recovery:
-                    in_the_way = self.older_copy(key, checkpoint)
-            except PipelineError as exc:
-                if exc.code != SYMLINK_CODE:
-                    raise
-                broken = exc
-        if in_the_way is not None:
-            # Not a regular file: the verifier calls it "missing" and a re-run (or a force)
-            # would pay for the item, then fail to move it into place. An older copy: a
-            # re-run would adopt it silently. Blocked before either.
-            decision = ResumeDecision(
-                ResumeAction.BLOCK,
-                in_the_way.message,
-                origin=Origin(in_the_way.origin or Origin.CONTRACT_DRIFT),
-                code=CODE_RESUME_BLOCKED,
-            )
-        if (
-            broken is not None
-            and broken.code == SYMLINK_CODE
-            and decision.action is not ResumeAction.BLOCK
-        ):
-            # The table reaches the verifier (which reports the link) only for some rows; a
-            # failed or stale row would be re-run, i.e. written through or over the link.
-            # A link where our file should be blocks whatever the row says (DESIGN.md#no-escape), in
-            # the sensor too (a block reported, not a launch that would only fail).
-            decision = ResumeDecision(
-                ResumeAction.BLOCK,
-                broken.message,
-                origin=Origin.CONTRACT_DRIFT,
-                code=CODE_RESUME_BLOCKED,
-            )
         return Judgement(key, decision, checkpoint, row)
 
     def _evidence(

@@ -18,6 +18,7 @@ from pipeline_defs.resume.completion import (
 )
 from pipeline_defs.resume.decision import (
     CheckpointSummary,
+    InTheWay,
     LaunchMode,
     ResumeAction,
     ResumeDecision,
@@ -880,3 +881,59 @@ def test_format_timestamp() -> None:
     plus2 = datetime(2026, 1, 2, 5, 4, 5, tzinfo=timezone(timedelta(hours=2)))
     assert format_timestamp(plus2) == "2026-01-02T03:04:05.000000Z"
     assert parse_timestamp(format_timestamp(EXPECTED)) == EXPECTED
+
+
+def _in_the_way_base() -> dict[str, Any]:
+    return {
+        "mode": LaunchMode.RESUME,
+        "applicable": True,
+        "step": Step(),
+        "config": CONFIG,
+        "settings": SETTINGS,
+        "now": NOW,
+    }
+
+
+def test_what_stands_in_the_write_path_is_a_fact_of_decide() -> None:
+    """Something in the way of a claiming run comes out of decide() as its block; a probe
+    is asked only for a decision that would claim, once, with the action and whether it is
+    an automatic re-run (an older copy is a block only then)."""
+    asked: list[tuple[ResumeAction, bool]] = []
+    dir_in_the_way = PipelineError("io.integrity_violation", "a directory where C01.png goes")
+
+    def probe(action: ResumeAction, auto_recovery: bool) -> PipelineError | None:
+        asked.append((action, auto_recovery))
+        return dir_in_the_way
+
+    rerun = decide(
+        row=row("failed"),
+        checkpoint=CheckpointSummary.absent(),
+        verify=Verifier(None, allowed=False),
+        in_the_way=InTheWay(probe=probe),
+        **_in_the_way_base(),
+    )
+    assert rerun.action is ResumeAction.BLOCK and rerun.code == "step.resume_blocked"
+    assert rerun.reason == dir_in_the_way.message
+    assert asked == [(ResumeAction.RERUN_SELF, True)]
+    skip = decide(
+        row=row("completed"),
+        checkpoint=good_checkpoint(),
+        verify=Verifier(CompletionReport.clean(), allowed=True),
+        in_the_way=InTheWay(probe=probe),
+        **_in_the_way_base(),
+    )
+    assert skip.action is ResumeAction.SKIP and len(asked) == 1  # no probe for a SKIP
+
+
+def test_a_link_where_the_checkpoint_should_be_blocks_whatever_the_row_says() -> None:
+    link = PipelineError("checkpoint.symlink", "checkpoint.json is a symbolic link")
+    for status in ("failed", "stale", "completed"):
+        decision = decide(
+            row=row(status),
+            checkpoint=CheckpointSummary.absent(),
+            verify=Verifier(CompletionReport.clean(), allowed=True),
+            in_the_way=InTheWay(unreadable=link, probe=lambda *_: pytest.fail("no probe")),
+            **_in_the_way_base(),
+        )
+        assert decision.action is ResumeAction.BLOCK, status
+        assert decision.origin is Origin.CONTRACT_DRIFT and decision.reason == link.message

@@ -25,7 +25,7 @@ from pipeline_defs.resume.identity import (
 )
 from pipeline_defs.resume.partition import Episode, StepKey
 from pipeline_defs.resume.status import LedgerRow, StepStatus
-from pipeline_defs.steps.judge import recovery_way_out
+from pipeline_defs.resume.way_out import recovery_way_out
 from resources.checkpoints.envelope import EDITED_OUTSIDE
 
 UNJUDGEABLE = "cannot be judged"

@@ -5,7 +5,8 @@ from pipeline_defs.resume.decision import CODE_RECOVERY_EXHAUSTED, ResumeDecisio
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.resume.status import LedgerRow, StepStatus
-from pipeline_defs.steps.judge import StepJudge, recovery_way_out
+from pipeline_defs.resume.way_out import recovery_way_out
+from pipeline_defs.steps.judge import StepJudge
 from pipeline_defs.steps.runner.envelope import envelope
 from pipeline_defs.steps.runner.outcome import OutcomeStatus, StepOutcome
 from pipeline_defs.steps.runner.run_info import RunInfo, audit_line

@@ -39,6 +39,11 @@ def add_episode(
         )
         click.echo(f"project config {result['project_config_state']}: {result['project_config']}")
         click.echo(f"partition {result['partition']}: {result['partition_registered']}")
+        click.echo(
+            f"estimated provider calls: {result['estimated_calls']} for "
+            f"{result['estimate']['scenes']} scenes (cap {result['max_calls_per_episode']} "
+            "per episode, max_calls_per_episode)"
+        )
     return result
 
 

@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, Protocol
 
+from pipeline_defs.resume.budget import CODE_BUDGET_EXHAUSTED, Budget
 from pipeline_defs.resume.clock import (
     MAX_CLOCK_SKEW,
     as_utc,
@@ -32,7 +33,13 @@ CODE_RECOVERY_EXHAUSTED = "step.recovery_exhausted"
 # that lost the claim race, so the user sees one outcome whichever way the race went.
 CODE_ALREADY_RUNNING = "step.already_running"
 BLOCK_CODES = frozenset(
-    {CODE_RESUME_BLOCKED, CODE_VERIFY_CRASHED, CODE_RECOVERY_EXHAUSTED, CODE_ALREADY_RUNNING}
+    {
+        CODE_RESUME_BLOCKED,
+        CODE_VERIFY_CRASHED,
+        CODE_RECOVERY_EXHAUSTED,
+        CODE_ALREADY_RUNNING,
+        CODE_BUDGET_EXHAUSTED,
+    }
 )
 
 FORCE_HINT = "launch with tag resume/mode=force to rebuild"
@@ -413,6 +420,25 @@ def _apply_limits(
     return decision
 
 
+def _apply_budget(decision: ResumeDecision, budget: Budget | None) -> ResumeDecision:
+    """Row 14: a claim in an episode at its spend cap is blocked (docs/DESIGN.md#spend-cap).
+
+    Every claiming verdict may pay (a force too: blocked before its cleanup, not after);
+    the episode's recorded calls are read only here, when the verdict claims.
+    """
+    if budget is None or not decision.claims:
+        return decision
+    spent = budget.spent()
+    if spent < budget.cap.limit:
+        return decision
+    return _block(
+        f"{budget.cap.exhausted(budget.project_id, budget.episode_id, spent)}; would have "
+        f"done {decision.label}: {decision.reason}",
+        decision.origin,
+        CODE_BUDGET_EXHAUSTED,
+    )
+
+
 def decide(
     *,
     mode: LaunchMode,
@@ -425,6 +451,7 @@ def decide(
     settings: ResumeSettings,
     now: datetime,
     owner_ended: str | None = None,
+    budget: Budget | None = None,
 ) -> ResumeDecision:
     """Apply docs/DESIGN.md#decision-table (first match wins). Pure: no I/O, no writes, no clock.
 
@@ -433,7 +460,39 @@ def decide(
 
     ``verify`` is called at most once, and only for a completed step whose contract and
     scoped config still match (row 10, also reached through row 4).
+
+    ``budget``: the episode's spend cap and its recorded calls (row 14); ``budget.spent`` is
+    called at most once, and only for a claiming verdict.
     """
+    decision = _decide(
+        mode=mode,
+        applicable=applicable,
+        row=row,
+        checkpoint=checkpoint,
+        verify=verify,
+        step=step,
+        config=config,
+        settings=settings,
+        now=now,
+        owner_ended=owner_ended,
+    )
+    return _apply_budget(decision, budget)
+
+
+def _decide(
+    *,
+    mode: LaunchMode,
+    applicable: bool,
+    row: LedgerRow | None,
+    checkpoint: CheckpointSummary,
+    verify: Callable[[], CompletionReport],
+    step: JudgedStep,
+    config: ScopedConfig,
+    settings: ResumeSettings,
+    now: datetime,
+    owner_ended: str | None = None,
+) -> ResumeDecision:
+    """Rows 1-13 of ``decide`` (the budget, row 14, applies to what they return)."""
     now = as_utc(now)
     # Row 1.
     if not applicable:
@@ -446,7 +505,7 @@ def decide(
     if LaunchMode(mode) is LaunchMode.REDRAW:
         # Row 2b: a scoped-config drift or a live owner must not be redrawn over (one new
         # picture under another config would publish a mixed checkpoint): those stand.
-        judged = decide(
+        judged = _decide(
             mode=LaunchMode.RESUME,
             applicable=applicable,
             row=row,

@@ -5,8 +5,11 @@ A change of status writes its history line in its own transaction instead
 (:mod:`resources.ledger.audit`, docs/DESIGN.md#audit).
 """
 
+import hashlib
+
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
+from sqlalchemy.engine import Connection
 
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.partition import StepKey
@@ -18,6 +21,35 @@ from resources.ledger.tables import provider_call
 _NEXT_CALL_ID = sa.select(
     sa.func.nextval(sa.func.pg_get_serial_sequence(provider_call.name, provider_call.c.id.name))
 )
+
+
+def _episode_lock(key: StepKey) -> int:
+    """The advisory lock id of ``key``'s episode's calls: a signed 64-bit digest."""
+    digest = hashlib.sha256(f"provider_call/{key.project_id}/{key.episode_id}".encode())
+    return int.from_bytes(digest.digest()[:8], "big", signed=True)
+
+
+def _check_cap(conn: Connection, key: StepKey, cap: int) -> None:
+    """Refuse (``budget.exhausted``) if the episode has recorded ``cap`` calls already.
+
+    Called under the episode's lock, in the transaction that then records the call.
+    """
+    spent = int(
+        conn.execute(
+            sa.select(sa.func.count())
+            .select_from(provider_call)
+            .where(
+                provider_call.c.project_id == key.project_id,
+                provider_call.c.episode_id == key.episode_id,
+            )
+        ).scalar_one()
+    )
+    if spent >= cap:
+        raise PipelineError(
+            ErrorCode.BUDGET_EXHAUSTED,
+            f"{key}: episode has recorded {spent} provider calls, at its cap of {cap}",
+            details={"spent": spent, "cap": cap},
+        )
 
 
 class AuditAndCost:
@@ -54,8 +86,18 @@ class AuditAndCost:
 
         return self.session.retry("append transition", body)
 
-    def start_provider_call(self, key: StepKey, run_id: str | None, *, kind: str) -> int:
-        """Record a call before it is sent (a kill during it leaves it unfinished)."""
+    def start_provider_call(
+        self, key: StepKey, run_id: str | None, *, kind: str, cap: int | None = None
+    ) -> int:
+        """Record a call before it is sent (a kill during it leaves it unfinished).
+
+        ``cap``: the episode's spend cap (docs/DESIGN.md#spend-cap). The count of the
+        episode's recorded calls and the new row are one step under a lock of the episode
+        (an advisory transaction lock on PostgreSQL, SQLite's write lock): two steps of one
+        episode running at once never both take its last call. A call that would take the
+        count past ``cap`` is refused, recording nothing: ``budget.exhausted`` with the
+        count in ``details["spent"]``.
+        """
         if kind not in ("text", "image"):
             raise PipelineError(
                 ErrorCode.INPUT_INVALID, f"provider call kind must be text or image, not {kind!r}"
@@ -70,7 +112,9 @@ class AuditAndCost:
             "at": now_text(),
         }
         if self.session.is_sqlite:  # never retried (see _retry): the id comes back with the insert
-            with self.session.single() as conn:
+            with self.session.write() as conn:  # BEGIN IMMEDIATE: the write lock, first
+                if cap is not None:
+                    _check_cap(conn, key, cap)
                 inserted = conn.execute(
                     sa.insert(provider_call).values(values).returning(provider_call.c.id)
                 ).scalar_one()
@@ -81,14 +125,25 @@ class AuditAndCost:
         allocated: list[int] = []
 
         def body(_attempt: int) -> int:
-            with self.session.single() as conn:
-                if not allocated:
+            if not allocated:
+                with self.session.single() as conn:
                     allocated.append(int(conn.execute(_NEXT_CALL_ID).scalar_one()))
-                conn.execute(
-                    postgresql.insert(provider_call)
-                    .values(id=allocated[0], **values)
-                    .on_conflict_do_nothing(index_elements=[provider_call.c.id])
-                )
+            insert = (
+                postgresql.insert(provider_call)
+                .values(id=allocated[0], **values)
+                .on_conflict_do_nothing(index_elements=[provider_call.c.id])
+            )
+            if cap is None:
+                with self.session.single() as conn:
+                    conn.execute(insert)
+                return allocated[0]
+            with self.session.write() as conn:
+                conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_episode_lock(key))))
+                # A retry after a commit whose answer was lost finds its own row: done.
+                mine = sa.select(provider_call.c.id).where(provider_call.c.id == allocated[0])
+                if conn.execute(mine).first() is None:
+                    _check_cap(conn, key, cap)
+                    conn.execute(insert)
             return allocated[0]
 
         return self.session.retry("record a provider call", body)

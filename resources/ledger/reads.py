@@ -139,6 +139,21 @@ class Reads:
             ],
         )
 
+    def episode_calls(self, project_id: str, episode_id: str) -> int:
+        """How many provider calls the episode has recorded (sent, answered or not)."""
+        query = (
+            sa.select(sa.func.count())
+            .select_from(provider_call)
+            .where(
+                provider_call.c.project_id == project_id,
+                provider_call.c.episode_id == episode_id,
+            )
+        )
+        return int(
+            self.session.in_read("count provider calls", lambda conn: conn.execute(query).scalar())
+            or 0
+        )
+
     def provider_calls(
         self,
         key: StepKey | None = None,

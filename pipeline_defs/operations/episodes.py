@@ -74,10 +74,12 @@ def _project_in_force(
 
 def check_estimate(
     ws: Workspace, episode: Episode, parsed: dict[str, Any], project: ProjectConfig, where: Path
-) -> tuple[CallEstimate, CallCap]:
+) -> tuple[CallEstimate | None, CallCap]:
     """The story's estimated calls and the episode's cap; ``budget.over_cap`` (both numbers
-    and the command that raises the cap) when the estimate is over it."""
-    estimate = estimate_calls(parsed, project)
+    and the command that raises the cap) when the estimate is over it.
+
+    The estimate is the reference storyboard's: a code location whose steps are others
+    gets none (and no refusal; its calls are still capped one by one)."""
     settings = ws.settings
     cap = cap_in_force(
         settings.max_calls_per_episode,
@@ -85,6 +87,9 @@ def check_estimate(
         project.budget.max_calls_per_episode,
         str(where),
     )
+    estimate = estimate_calls(parsed, project)
+    if not set(estimate.per_step) <= set(ws.catalog):
+        return None, cap
     if estimate.total > cap.limit:
         raise PipelineError(
             ErrorCode.BUDGET_OVER_CAP,
@@ -187,7 +192,7 @@ def add_episode(
         "project_config": str(config_path),
         "project_config_state": config_state,
         "partition_registered": "added" if added else "already registered",
-        "estimated_calls": estimate.total,
-        "estimate": estimate.as_dict(),
+        "estimated_calls": estimate.total if estimate is not None else None,
+        "estimate": estimate.as_dict() if estimate is not None else None,
         "max_calls_per_episode": cap.limit,
     }

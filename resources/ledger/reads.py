@@ -15,7 +15,7 @@ from pipeline_defs.resume.partition import Episode, StepKey
 from pipeline_defs.resume.status import LedgerRow, StepStatus
 from resources.ledger.audit import Transition
 from resources.ledger.session import LedgerSession
-from resources.ledger.tables import provider_call, step_run, step_transition
+from resources.ledger.tables import episode_calls, provider_call, step_run, step_transition
 
 # A result row as the mapping it is (SQLAlchemy types RowMapping's keys wider than str).
 _Mapping = Mapping[str, Any]
@@ -140,14 +140,11 @@ class Reads:
         )
 
     def episode_calls(self, project_id: str, episode_id: str) -> int:
-        """How many provider calls the episode has recorded (sent, answered or not)."""
-        query = (
-            sa.select(sa.func.count())
-            .select_from(provider_call)
-            .where(
-                provider_call.c.project_id == project_id,
-                provider_call.c.episode_id == episode_id,
-            )
+        """How many provider calls the episode has recorded (sent, answered or not): its
+        ``episode_calls`` count, the one the spend cap is checked against."""
+        query = sa.select(episode_calls.c.calls).where(
+            episode_calls.c.project_id == project_id,
+            episode_calls.c.episode_id == episode_id,
         )
         return int(
             self.session.in_read("count provider calls", lambda conn: conn.execute(query).scalar())

@@ -1,16 +1,19 @@
-"""The spend cap in the ledger (docs/DESIGN.md#spend-cap): a call is counted and recorded
-in one step under the episode's lock, so no two steps of one episode both take its last
-call; a refused call records nothing. On SQLite and on PostgreSQL, with real threads.
+"""The spend cap in the ledger (docs/DESIGN.md#spend-cap): a call is counted (a conditional
+UPDATE of its episode's ``episode_calls`` row) and recorded in one transaction, so no two
+steps of one episode both take its last call; a refused call records nothing. On SQLite
+and on PostgreSQL, with real threads.
 """
 
 import threading
 from collections import Counter
 
 import pytest
+import sqlalchemy as sa
 
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.partition import StepKey
 from resources.ledger.store import LedgerStore
+from resources.ledger.tables import episode_calls
 
 KEY = StepKey("p1", "e1", "scene_image_pipeline")
 SIBLING = StepKey("p1", "e1", "ref_image_gen")
@@ -70,10 +73,21 @@ def _race(store: LedgerStore, *, threads: int, tries: int, cap: int) -> tuple[in
 
 def test_concurrent_steps_never_both_take_the_last_call(store: LedgerStore) -> None:
     """Eight steps of one episode race for 13 calls, 40 tries in all: exactly 13 are
-    recorded, on PostgreSQL (advisory lock of the episode) and SQLite (its write lock).
-    Without the lock, the count and the insert of two transactions interleave and the
-    episode ends past its cap (seen on PostgreSQL: 14 to 16 rows for a cap of 13)."""
+    recorded, on PostgreSQL (the counter row's lock) and SQLite (its write lock). A count
+    of the episode's rows then an insert, unlocked, let two transactions interleave and
+    the episode end past its cap (seen on PostgreSQL: 14 to 16 rows for a cap of 13)."""
     taken, refused = _race(store, threads=8, tries=5, cap=13)
     assert (taken, refused) == (13, 27)
     assert store.episode_calls(KEY.project_id, KEY.episode_id) == 13
     assert len(store.provider_calls(episode=KEY.episode)) == 13
+
+
+def test_the_count_starts_at_the_calls_an_episode_recorded_before_it(store: LedgerStore) -> None:
+    """An episode whose calls predate its counter row (recorded by an older worker) starts
+    at them, not at zero: the cap counts every recorded call."""
+    store.start_provider_call(KEY, "run-a", kind="text")
+    with store.engine.begin() as conn:
+        conn.execute(sa.delete(episode_calls))  # as before the counter existed
+    assert store.episode_calls("p1", "e1") == 0
+    store.start_provider_call(KEY, "run-a", kind="text", cap=5)
+    assert store.episode_calls("p1", "e1") == 2

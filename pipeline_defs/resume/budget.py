@@ -92,9 +92,10 @@ def cap_in_force(
 @dataclass(frozen=True)
 class Budget:
     """The fact ``decide`` judges a claim against: the cap of the step's episode and its
-    recorded calls, read only when the table reaches a claiming verdict (like ``verify``)."""
+    recorded calls, both asked only when the table reaches a claiming verdict (like
+    ``verify``: a sensor tick judges every settled step and claims almost none)."""
 
-    cap: CallCap
+    cap: Callable[[], CallCap]
     spent: Callable[[], int]
     project_id: str
     episode_id: str

@@ -428,11 +428,11 @@ def _apply_budget(decision: ResumeDecision, budget: Budget | None) -> ResumeDeci
     """
     if budget is None or not decision.claims:
         return decision
-    spent = budget.spent()
-    if spent < budget.cap.limit:
+    cap, spent = budget.cap(), budget.spent()
+    if spent < cap.limit:
         return decision
     return _block(
-        f"{budget.cap.exhausted(budget.project_id, budget.episode_id, spent)}; would have "
+        f"{cap.exhausted(budget.project_id, budget.episode_id, spent)}; would have "
         f"done {decision.label}: {decision.reason}",
         decision.origin,
         CODE_BUDGET_EXHAUSTED,
@@ -461,8 +461,8 @@ def decide(
     ``verify`` is called at most once, and only for a completed step whose contract and
     scoped config still match (row 10, also reached through row 4).
 
-    ``budget``: the episode's spend cap and its recorded calls (row 14); ``budget.spent`` is
-    called at most once, and only for a claiming verdict.
+    ``budget``: the episode's spend cap and its recorded calls (row 14); each is asked at
+    most once, and only for a claiming verdict.
     """
     decision = _decide(
         mode=mode,

@@ -270,7 +270,7 @@ class StepJudge:
         from the ledger only if the verdict would claim)."""
         ledger = self.ledger
         return Budget(
-            self.call_cap(key, project),
+            lambda: self.call_cap(key, project),
             lambda: ledger.episode_calls(key.project_id, key.episode_id),
             key.project_id,
             key.episode_id,

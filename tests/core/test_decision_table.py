@@ -897,7 +897,7 @@ class Spent:
 
 
 def _budget(spent: Spent, limit: int = 10) -> Budget:
-    return Budget(CallCap(limit, "ledger"), spent, "p", "e")
+    return Budget(lambda: CallCap(limit, "ledger"), spent, "p", "e")
 
 
 def _judge(

@@ -17,6 +17,7 @@ from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.files import read_nofollow, symlink_error
 from pipeline_defs.resume.layout import DataLayout, stat_identity
 from pipeline_defs.resume.partition import validate_id
+from pipeline_defs.resume.settings import MAX_CALLS_PER_EPISODE
 
 ABSENT = "<absent>"
 
@@ -113,6 +114,12 @@ class ImageKnobs(_Strict):
     ref_min_mentions: int = Field(default=2, ge=1, le=MAX_MENTIONS)
 
 
+class BudgetKnobs(_Strict):
+    # The project's own spend cap (docs/DESIGN.md#spend-cap); unset, the setting
+    # max_calls_per_episode applies.
+    max_calls_per_episode: int | None = Field(default=None, ge=1, le=MAX_CALLS_PER_EPISODE)
+
+
 class ProjectConfig(_Strict):
     """The whole project file. Every section has defaults; unknown keys are refused."""
 
@@ -125,6 +132,7 @@ class ProjectConfig(_Strict):
     review: ReviewKnobs = ReviewKnobs()
     images: ImageKnobs = ImageKnobs()
     provider: ProviderConfig = ProviderConfig()
+    budget: BudgetKnobs = BudgetKnobs()
 
     def as_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")

@@ -39,6 +39,14 @@ def add_episode(
         )
         click.echo(f"project config {result['project_config_state']}: {result['project_config']}")
         click.echo(f"partition {result['partition']}: {result['partition_registered']}")
+        cap = f"cap {result['max_calls_per_episode']} per episode, max_calls_per_episode"
+        if result["estimate"] is None:
+            click.echo(f"estimated provider calls: none (not the storyboard's steps; {cap})")
+        else:
+            click.echo(
+                f"estimated provider calls: {result['estimated_calls']} for "
+                f"{result['estimate']['scenes']} scenes ({cap})"
+            )
     return result
 
 

@@ -84,9 +84,11 @@ def terminal_width() -> int:
 
 
 # A storyboard command inside an operator hint, e.g. "... (storyboard force --partition p/e
-# --step s); ..." or "If not: storyboard reset-running ... --expected-started-at 'T'".
+# --step s); ..." or "If not: storyboard reset-running ... --expected-started-at 'T'", or
+# the one with words of its own: "raise the cap: storyboard settings set KEY VALUE; ...".
 _COMMAND = re.compile(
-    r"storyboard [a-z-]+(?: --[a-z-]+(?: (?!--)(?:'[^']*'|\"[^\"]*\"|[^\s;)'\"]+))?)*"
+    r"storyboard settings set [a-z_]+ [^\s;)'\"]+"
+    r"|storyboard [a-z-]+(?: --[a-z-]+(?: (?!--)(?:'[^']*'|\"[^\"]*\"|[^\s;)'\"]+))?)*"
 )
 
 

@@ -111,12 +111,15 @@ def digest(parts: Iterable[str]) -> str:
 
 
 def scope_of(steps: Sequence[Step], stores: ReadStores) -> str:
-    """What a cursor belongs to: the data root, the ledger and the step graph."""
+    """What a cursor belongs to: the data root, the ledger, the step graph and the spend
+    cap. A changed cap moves no ledger row and no file, yet it changes verdicts (a step
+    blocked at the cap may go on, docs/DESIGN.md#spend-cap): the next tick judges all."""
     return digest(
         [
             str(stores.checkpoints.home),
             stores.ledger.url,
             *(f"{s.step_id}:{s.schema_version}:{','.join(s.deps)}" for s in steps),
+            f"max_calls_per_episode:{stores.settings.max_calls_per_episode}",
         ]
     )
 

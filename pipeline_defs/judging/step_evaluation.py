@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, NamedTuple
 
+from pipeline_defs.resume.budget import CODE_BUDGET_EXHAUSTED, way_out_of
 from pipeline_defs.resume.clock import parse_timestamp
 from pipeline_defs.resume.decision import (
     CODE_ALREADY_RUNNING,
@@ -197,6 +198,8 @@ class StepEvaluation:
             "downstream checkpoints are invalidated"
         )
         facts = self.facts
+        if decision.code == CODE_BUDGET_EXHAUSTED:  # a force would pay too: raise the cap
+            return way_out_of(decision.reason)
         if decision.code == CODE_RECOVERY_EXHAUSTED:  # a running row needs a reset first
             key = Episode.parse(self.partition_key).step(self.step_id)
             return recovery_way_out(key, facts.status, facts.run_id, facts.started_at)

@@ -18,14 +18,16 @@ from pipeline_defs.project import (
     refuse_input_links,
     refuse_project_links,
 )
+from pipeline_defs.resume.budget import CallCap, cap_in_force
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.files import describe_mode, read_nofollow, write_file_under
 from pipeline_defs.resume.layout import DataLayout
 from pipeline_defs.resume.partition import Episode, validate_id
+from pipeline_defs.storyboard.estimate import CallEstimate, estimate_calls
 from pipeline_defs.storyboard.story_source import accept_story
 
 
-def _read_story(path: Path, knobs: StoryKnobs) -> bytes:
+def _read_story(path: Path, knobs: StoryKnobs) -> tuple[bytes, dict[str, Any]]:
     """The operator's story file, refused at the door by the rules ``story_source`` applies
     later (size, NUL bytes, encoding, no text), so nothing is registered that cannot run.
 
@@ -55,16 +57,51 @@ def _read_story(path: Path, knobs: StoryKnobs) -> bytes:
         raise PipelineError(
             ErrorCode.INPUT_INVALID, f"story file {str(path)!r} cannot be read: {exc.strerror}"
         ) from None
-    accept_story(path, payload, knobs, file_size=found.st_size)
-    return payload
+    _text, parsed = accept_story(path, payload, knobs, file_size=found.st_size)
+    return payload, parsed
 
 
-def _story_knobs(home: Path, project_id: str, config_path: Path, template: bytes) -> StoryKnobs:
-    """The story limits in force for the project: its file's, else the template's."""
+def _project_in_force(
+    home: Path, project_id: str, config_path: Path, template: bytes
+) -> ProjectConfig:
+    """The project config in force (story limits, knobs, budget): its file's, else the
+    template's."""
     if config_path.exists():
-        return load_project_config(home, project_id).story  # refuses an invalid file
+        return load_project_config(home, project_id)  # refuses an invalid file
     raw = yaml.safe_load(template.decode("utf-8"))
-    return parse_project_config(raw, source="the project.yaml template").story
+    return parse_project_config(raw, source="the project.yaml template")
+
+
+def check_estimate(
+    ws: Workspace, episode: Episode, parsed: dict[str, Any], project: ProjectConfig, where: Path
+) -> tuple[CallEstimate | None, CallCap]:
+    """The story's estimated calls and the episode's cap; ``budget.over_cap`` (both numbers
+    and the command that raises the cap) when the estimate is over it.
+
+    The estimate is the reference storyboard's: a code location whose steps are others
+    gets none (and no refusal; its calls are still capped one by one)."""
+    settings = ws.settings
+    cap = cap_in_force(
+        settings.max_calls_per_episode,
+        settings.max_calls_source,
+        project.budget.max_calls_per_episode,
+        str(where),
+    )
+    estimate = estimate_calls(parsed, project)
+    if not set(estimate.per_step) <= set(ws.catalog):
+        return None, cap
+    if estimate.total > cap.limit:
+        raise PipelineError(
+            ErrorCode.BUDGET_OVER_CAP,
+            f"episode {episode.partition_key}: the story's {estimate.scenes} scenes are "
+            f"estimated at {estimate.total} provider calls, over the episode's cap of "
+            f"{cap.limit} ({cap.where()}); nothing was registered. Shorten the story, lower "
+            f"the project's knobs (scenes.shots_per_scene, scenes.variations_per_shot, "
+            f"entities.max_characters), or raise the cap: "
+            f"{cap.raise_command(cap.suggestion(estimate.total))}",
+            details={"estimate": estimate.total, "cap": cap.limit},
+        )
+    return estimate, cap
 
 
 def default_project_yaml() -> bytes:
@@ -109,7 +146,11 @@ def add_episode(
     # On object storage the published inputs are the truth: compare with them, not with
     # whatever an earlier process left in this home.
     ws.checkpoints.sync_inputs(project_id, episode_id)
-    payload = _read_story(Path(story), _story_knobs(home, project_id, config_path, template))
+    project = _project_in_force(home, project_id, config_path, template)
+    payload, parsed = _read_story(Path(story), project.story)
+    # The spend cap at the door: a story estimated over it is refused before anything is
+    # written (docs/DESIGN.md#spend-cap).
+    estimate, cap = check_estimate(ws, episode, parsed, project, config_path)
     instance = ws.instance()  # fail before writing anything if DAGSTER_HOME is unusable
     assert instance is not None
     current = os.lstat(target) if target.exists() else None
@@ -151,4 +192,7 @@ def add_episode(
         "project_config": str(config_path),
         "project_config_state": config_state,
         "partition_registered": "added" if added else "already registered",
+        "estimated_calls": estimate.total if estimate is not None else None,
+        "estimate": estimate.as_dict() if estimate is not None else None,
+        "max_calls_per_episode": cap.limit,
     }

@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, Protocol
 
+from pipeline_defs.resume.budget import CODE_BUDGET_EXHAUSTED, Budget
 from pipeline_defs.resume.clock import (
     MAX_CLOCK_SKEW,
     as_utc,
@@ -34,7 +35,13 @@ CODE_RECOVERY_EXHAUSTED = "step.recovery_exhausted"
 # that lost the claim race, so the user sees one outcome whichever way the race went.
 CODE_ALREADY_RUNNING = "step.already_running"
 BLOCK_CODES = frozenset(
-    {CODE_RESUME_BLOCKED, CODE_VERIFY_CRASHED, CODE_RECOVERY_EXHAUSTED, CODE_ALREADY_RUNNING}
+    {
+        CODE_RESUME_BLOCKED,
+        CODE_VERIFY_CRASHED,
+        CODE_RECOVERY_EXHAUSTED,
+        CODE_ALREADY_RUNNING,
+        CODE_BUDGET_EXHAUSTED,
+    }
 )
 
 FORCE_HINT = "launch with tag resume/mode=force to rebuild"
@@ -415,6 +422,25 @@ def _apply_limits(
     return decision
 
 
+def _apply_budget(decision: ResumeDecision, budget: Budget | None) -> ResumeDecision:
+    """Row 14: a claim in an episode at its spend cap is blocked (docs/DESIGN.md#spend-cap).
+
+    Every claiming verdict may pay (a force too: blocked before its cleanup, not after);
+    the episode's recorded calls are read only here, when the verdict claims.
+    """
+    if budget is None or not decision.claims:
+        return decision
+    cap, spent = budget.cap(), budget.spent()
+    if spent < cap.limit:
+        return decision
+    return _block(
+        f"{cap.exhausted(budget.project_id, budget.episode_id, spent)}; would have "
+        f"done {decision.label}: {decision.reason}",
+        decision.origin,
+        CODE_BUDGET_EXHAUSTED,
+    )
+
+
 def _by_table(
     *,
     mode: LaunchMode,
@@ -428,14 +454,8 @@ def _by_table(
     now: datetime,
     owner_ended: str | None = None,
 ) -> ResumeDecision:
-    """The decision table's rows (first match wins); :func:`decide` adds what is in the way.
-
-    ``owner_ended``: for a running row, the terminal state (e.g. ``FAILURE``) of the Dagster
-    run owning it, if known to have ended: its lease is dead at once (docs/DESIGN.md#dead-owners).
-
-    ``verify`` is called at most once, and only for a completed step whose contract and
-    scoped config still match (row 10, also reached through row 4).
-    """
+    """The decision table's rows 1-13 (first match wins); :func:`decide` adds what is in the
+    way and the budget (row 14) to what they return."""
     now = as_utc(now)
     # Row 1.
     if not applicable:
@@ -448,7 +468,7 @@ def _by_table(
     if LaunchMode(mode) is LaunchMode.REDRAW:
         # Row 2b: a scoped-config drift or a live owner must not be redrawn over (one new
         # picture under another config would publish a mixed checkpoint): those stand.
-        judged = decide(
+        judged = _by_table(
             mode=LaunchMode.RESUME,
             applicable=applicable,
             row=row,
@@ -523,6 +543,7 @@ def decide(
     now: datetime,
     owner_ended: str | None = None,
     in_the_way: InTheWay | None = None,
+    budget: Budget | None = None,
 ) -> ResumeDecision:
     """Apply docs/DESIGN.md#decision-table (first match wins). Pure: no I/O, no writes, no clock.
 
@@ -534,6 +555,9 @@ def decide(
 
     ``in_the_way``: what stands where a claiming run would write (:class:`InTheWay`): a
     decision that would claim is a block instead, before any claim, cleanup or model call.
+
+    ``budget``: the episode's spend cap and its recorded calls (row 14); each is asked at
+    most once, and only for a claiming verdict.
     """
     decision = _by_table(
         mode=mode,
@@ -547,6 +571,10 @@ def decide(
         now=now,
         owner_ended=owner_ended,
     )
+    return _apply_budget(_in_the_way(decision, in_the_way), budget)
+
+
+def _in_the_way(decision: ResumeDecision, in_the_way: InTheWay | None) -> ResumeDecision:
     if in_the_way is None:
         return decision
     unreadable = in_the_way.unreadable

@@ -37,6 +37,11 @@ class ErrorCode(StrEnum):
     STEP_PROVIDER_OUTSIDE_RUN = "step.provider_outside_run", 500
     STEP_RESET_REFUSED = "step.reset_refused", 409
     MUTATION_VICTIM_CHANGED = "mutation.victim_changed", 409
+    # The episode's provider calls reached its cap (max_calls_per_episode): nothing more is
+    # sent until an operator raises it (docs/DESIGN.md#spend-cap).
+    BUDGET_EXHAUSTED = "budget.exhausted", 409
+    # ``add-episode``: the story's estimated calls are over the episode's cap.
+    BUDGET_OVER_CAP = "budget.over_cap", 400
     # ``storyboard accept``: a hand edit the step cannot make valid, or nothing to accept.
     ACCEPT_REFUSED = "accept.refused", 422
     ACCEPT_NOTHING = "accept.nothing_published", 409

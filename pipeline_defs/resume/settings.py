@@ -44,6 +44,7 @@ ENV_NAMES: dict[str, str] = {
     "heartbeat_seconds": "PIPELINE_HEARTBEAT_SECONDS",
     "lease_seconds": "PIPELINE_LEASE_SECONDS",
     "scrub_period_seconds": "PIPELINE_SCRUB_PERIOD_SECONDS",
+    "max_calls_per_episode": "PIPELINE_MAX_CALLS_PER_EPISODE",
 }
 
 # Upper bounds. Without them a value validated and broke later instead: a timeout of
@@ -53,6 +54,12 @@ ENV_NAMES: dict[str, str] = {
 MAX_SETTING_SECONDS = 30 * 24 * 3600  # 30 days
 MAX_RECOVERY_ATTEMPTS = 1000
 MAX_OFFLINE_LATENCY_MS = 600_000  # 10 minutes per simulated call
+# The spend cap (docs/DESIGN.md#spend-cap): provider calls one episode may record, all its
+# runs together. The demo's episodes record 24 and 26 calls and ``add-episode`` estimates
+# 35 for each; 200 leaves room for several forced rebuilds of such an episode and refuses
+# a runaway story (a 1 MB story started 5,880 calls) before it spends.
+DEFAULT_MAX_CALLS_PER_EPISODE = 200
+MAX_CALLS_PER_EPISODE = 10_000_000
 
 # The judge's limits, which the sensor daemon and every run worker must share: these may live
 # in the ledger's ``settings`` table. ``home`` and ``db_url`` locate the ledger,
@@ -64,6 +71,7 @@ LEDGER_KEYS: tuple[str, ...] = (
     "heartbeat_seconds",
     "max_recovery_attempts",
     "retry_backoff_seconds",
+    "max_calls_per_episode",
 )
 
 # Where a value in force came from, highest precedence first.
@@ -106,6 +114,15 @@ class ResumeSettings(BaseModel):
     scrub_period_seconds: float = Field(
         default=3600, gt=0, le=MAX_SETTING_SECONDS, allow_inf_nan=False
     )
+    # The spend cap: the provider meter refuses, before sending, a call that would take the
+    # episode's recorded calls past it; ``budget.max_calls_per_episode`` in a project's
+    # ``project.yaml`` overrides it for that project (docs/DESIGN.md#spend-cap).
+    max_calls_per_episode: int = Field(
+        default=DEFAULT_MAX_CALLS_PER_EPISODE, ge=1, le=MAX_CALLS_PER_EPISODE
+    )
+    # Where ``max_calls_per_episode`` came from (one of the SOURCE_* below): the refusal
+    # names the command that raises it there. Set by ``resolve_settings``; no variable.
+    max_calls_source: str = "default"
 
     @model_validator(mode="after")
     def _lease_outlives_heartbeats(self) -> "ResumeSettings":
@@ -288,6 +305,7 @@ def resolve_settings(
     unknown = set(overrides) - set(ENV_NAMES)
     if unknown:  # the model refuses them, naming the first
         values.update({k: overrides[k] for k in unknown})
+    values["max_calls_source"] = sources["max_calls_per_episode"]
     return EffectiveSettings(ResumeSettings.build(_sources=sources, **values), sources)
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from pipeline_defs.project import ProjectConfig
+from pipeline_defs.resume.budget import CallCap
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.steps.readers import CheckpointReader, LedgerReader
@@ -51,13 +52,29 @@ class ProviderMeter:
     # Raises when the owner may no longer spend (its lease was lost): checked before every
     # call, so a worker whose row was taken over makes no further paid call.
     guard: Callable[[], None] | None = None
+    # The episode's spend cap (docs/DESIGN.md#spend-cap): a call that would take the
+    # episode's recorded calls past it is refused before it is sent, ``budget.exhausted``.
+    cap: CallCap | None = None
+
+    def _start(self, kind: str) -> int:
+        """Record the call about to be sent, within the cap (reserved in the ledger)."""
+        limit = None if self.cap is None else self.cap.limit
+        try:
+            return self.ledger.start_provider_call(self.key, self.run_id, kind=kind, cap=limit)
+        except PipelineError as exc:
+            if exc.code != ErrorCode.BUDGET_EXHAUSTED or self.cap is None:
+                raise
+            spent = int(exc.details.get("spent", limit or 0))
+            raise self.cap.refusal(
+                self.key.project_id, self.key.episode_id, spent, step=str(self.key)
+            ) from None
 
     def text(self, call: TextCall) -> TextReply:
         if self.guard is not None:
             self.guard()
         if self.text_model is None:
             raise PipelineError(ErrorCode.PROVIDER_CONFIG, f"{self.key}: no text model configured")
-        call_id = self.ledger.start_provider_call(self.key, self.run_id, kind="text")
+        call_id = self._start("text")
         self.text_calls += 1
         try:
             reply = self.text_model.complete(call)
@@ -71,7 +88,7 @@ class ProviderMeter:
             self.guard()
         if self.image_model is None:
             raise PipelineError(ErrorCode.PROVIDER_CONFIG, f"{self.key}: no image model configured")
-        call_id = self.ledger.start_provider_call(self.key, self.run_id, kind="image")
+        call_id = self._start("image")
         self.image_calls += 1
         try:
             reply = self.image_model.generate(call)

@@ -18,7 +18,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from pipeline_defs.project import ProjectConfig, load_project_config, scoped_fingerprints
+from pipeline_defs.project import (
+    ProjectConfig,
+    load_project_config,
+    project_config_path,
+    scoped_fingerprints,
+)
+from pipeline_defs.resume.budget import Budget, CallCap, cap_in_force
 from pipeline_defs.resume.completion import CompletionReport, Origin, Severity, merge_reports
 from pipeline_defs.resume.decision import (
     CheckpointSummary,
@@ -222,6 +228,26 @@ class StepJudge:
             log=self.log,
         )
 
+    def call_cap(self, key: StepKey, project: ProjectConfig) -> CallCap:
+        """The spend cap of ``key``'s episode: the project's own, else the setting's."""
+        return cap_in_force(
+            self.settings.max_calls_per_episode,
+            self.settings.max_calls_source,
+            project.budget.max_calls_per_episode,
+            str(project_config_path(self.checkpoints.home, key.project_id)),
+        )
+
+    def budget(self, key: StepKey, project: ProjectConfig) -> Budget:
+        """The spend fact of ``decide``: the cap, and the episode's recorded calls (read
+        from the ledger only if the verdict would claim)."""
+        ledger = self.ledger
+        return Budget(
+            lambda: self.call_cap(key, project),
+            lambda: ledger.episode_calls(key.project_id, key.episode_id),
+            key.project_id,
+            key.episode_id,
+        )
+
     def scoped_config(self, project: ProjectConfig) -> ScopedConfig:
         return self.projects.scoped(project, self.step.resume_config_keys)
 
@@ -407,6 +433,7 @@ class StepJudge:
             settings=self.settings,
             now=now or self.clock(),
             in_the_way=InTheWay(unreadable=loaded[1] if loaded is not None else None, probe=probe),
+            budget=self.budget(key, ctx.project),
         )
         return Judgement(key, decision, checkpoint, row)
 

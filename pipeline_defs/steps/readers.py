@@ -46,6 +46,10 @@ class LedgerReader(Protocol):
 
     def cursor(self) -> tuple[int, str]: ...
 
+    def episode_calls(self, project_id: str, episode_id: str) -> int:
+        """The provider calls the episode has recorded, all its runs (the spend cap's count)."""
+        ...
+
 
 class CheckpointReader(Protocol):
     """The checkpoint reads of judging: paths, envelopes, artifact checks, seals."""

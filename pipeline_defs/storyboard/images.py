@@ -26,7 +26,7 @@ from typing import Any
 from pipeline_defs.project import scoped_fingerprints
 from pipeline_defs.resume.completion import CompletionReport, Origin, Severity
 from pipeline_defs.resume.decision import config_hash
-from pipeline_defs.resume.errors import PipelineError
+from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.files import SYMLINK_CODE, file_sha256, fsync_dir, read_nofollow
 from pipeline_defs.resume.layout import DataLayout
 from pipeline_defs.resume.partition import StepKey
@@ -367,6 +367,10 @@ class ImageStep(Step):
                 try:
                     reply = ctx.providers.image(call)
                 except PipelineError as exc:
+                    if exc.code == ErrorCode.BUDGET_EXHAUSTED:
+                        # No item can be drawn past the cap: the step fails on it (what it
+                        # drew is placed with its receipt and reused when it resumes).
+                        raise
                     reason = f"[{exc.code}] {exc.message}"
                     failed.append({"item_id": job.item_id, "reason": reason})
                     sheet.append(SheetItem(job.item_id, ItemAction.FAILED, job.prompt, note=reason))

@@ -7,17 +7,59 @@ A change of status writes its history line in its own transaction instead
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.engine import Connection
 
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.partition import StepKey
 from resources.ledger.audit import Audit, write_audit
 from resources.ledger.session import LedgerSession, now_text
-from resources.ledger.tables import provider_call
+from resources.ledger.tables import episode_calls, provider_call
 
 # The next provider_call id on PostgreSQL (drawn before the insert: see start_provider_call).
 _NEXT_CALL_ID = sa.select(
     sa.func.nextval(sa.func.pg_get_serial_sequence(provider_call.name, provider_call.c.id.name))
 )
+
+
+def _count_call(conn: Connection, key: StepKey, cap: int | None, *, sqlite: bool) -> None:
+    """Count one more call in the episode's ``episode_calls`` row, in the transaction that
+    records it; refuse (``budget.exhausted``) if the episode has ``cap`` calls already.
+
+    The conditional UPDATE takes the row's lock (PostgreSQL) or runs under the database's
+    write lock (SQLite): of two steps of one episode racing for its last call, the second
+    finds the count at the cap. A new episode's row starts at the calls it has recorded.
+    """
+    where = (
+        episode_calls.c.project_id == key.project_id,
+        episode_calls.c.episode_id == key.episode_id,
+    )
+    recorded = (
+        sa.select(sa.literal(key.project_id), sa.literal(key.episode_id), sa.func.count())
+        .select_from(provider_call)
+        .where(
+            provider_call.c.project_id == key.project_id,
+            provider_call.c.episode_id == key.episode_id,
+        )
+    )
+    insert = sqlite_insert if sqlite else postgresql.insert
+    conn.execute(
+        insert(episode_calls)
+        .from_select(["project_id", "episode_id", "calls"], recorded)
+        .on_conflict_do_nothing()
+    )
+    within = (episode_calls.c.calls < cap,) if cap is not None else ()
+    counted = conn.execute(
+        sa.update(episode_calls).where(*where, *within).values(calls=episode_calls.c.calls + 1)
+    )
+    if counted.rowcount == 1:
+        return
+    spent = int(conn.execute(sa.select(episode_calls.c.calls).where(*where)).scalar_one())
+    raise PipelineError(
+        ErrorCode.BUDGET_EXHAUSTED,
+        f"{key}: episode has recorded {spent} provider calls, at its cap of {cap}",
+        details={"spent": spent, "cap": cap},
+    )
 
 
 class AuditAndCost:
@@ -54,8 +96,17 @@ class AuditAndCost:
 
         return self.session.retry("append transition", body)
 
-    def start_provider_call(self, key: StepKey, run_id: str | None, *, kind: str) -> int:
-        """Record a call before it is sent (a kill during it leaves it unfinished)."""
+    def start_provider_call(
+        self, key: StepKey, run_id: str | None, *, kind: str, cap: int | None = None
+    ) -> int:
+        """Record a call before it is sent (a kill during it leaves it unfinished).
+
+        ``cap``: the episode's spend cap (docs/DESIGN.md#spend-cap). The call is counted in
+        its episode's ``episode_calls`` row by a conditional UPDATE in the transaction that
+        records it: two steps of one episode running at once never both take its last
+        call. A call that would take the count past ``cap`` is refused, recording
+        nothing: ``budget.exhausted`` with the count in ``details["spent"]``.
+        """
         if kind not in ("text", "image"):
             raise PipelineError(
                 ErrorCode.INPUT_INVALID, f"provider call kind must be text or image, not {kind!r}"
@@ -70,25 +121,27 @@ class AuditAndCost:
             "at": now_text(),
         }
         if self.session.is_sqlite:  # never retried (see _retry): the id comes back with the insert
-            with self.session.single() as conn:
+            with self.session.write() as conn:  # BEGIN IMMEDIATE: the write lock, first
+                _count_call(conn, key, cap, sqlite=True)
                 inserted = conn.execute(
                     sa.insert(provider_call).values(values).returning(provider_call.c.id)
                 ).scalar_one()
             return int(inserted)
         # PostgreSQL: the row's id is drawn from its sequence before the insert is sent, so
-        # an insert retried after a lost answer names the same row (ON CONFLICT DO NOTHING)
-        # and a paid call is never counted twice. One more round trip per provider call.
+        # an insert retried after a lost answer names the same row and a paid call is never
+        # counted twice. One more round trip per provider call.
         allocated: list[int] = []
 
         def body(_attempt: int) -> int:
-            with self.session.single() as conn:
-                if not allocated:
+            if not allocated:
+                with self.session.single() as conn:
                     allocated.append(int(conn.execute(_NEXT_CALL_ID).scalar_one()))
-                conn.execute(
-                    postgresql.insert(provider_call)
-                    .values(id=allocated[0], **values)
-                    .on_conflict_do_nothing(index_elements=[provider_call.c.id])
-                )
+            with self.session.write() as conn:
+                # A retry after a commit whose answer was lost finds its own row: done.
+                mine = sa.select(provider_call.c.id).where(provider_call.c.id == allocated[0])
+                if conn.execute(mine).first() is None:
+                    _count_call(conn, key, cap, sqlite=False)
+                    conn.execute(sa.insert(provider_call).values(id=allocated[0], **values))
             return allocated[0]
 
         return self.session.retry("record a provider call", body)

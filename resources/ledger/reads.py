@@ -15,7 +15,7 @@ from pipeline_defs.resume.partition import Episode, StepKey
 from pipeline_defs.resume.status import LedgerRow, StepStatus
 from resources.ledger.audit import Transition
 from resources.ledger.session import LedgerSession
-from resources.ledger.tables import provider_call, step_run, step_transition
+from resources.ledger.tables import episode_calls, provider_call, step_run, step_transition
 
 # A result row as the mapping it is (SQLAlchemy types RowMapping's keys wider than str).
 _Mapping = Mapping[str, Any]
@@ -137,6 +137,18 @@ class Reads:
             lambda conn: [
                 Transition.from_row(cast(_Mapping, r)) for r in conn.execute(ordered).mappings()
             ],
+        )
+
+    def episode_calls(self, project_id: str, episode_id: str) -> int:
+        """How many provider calls the episode has recorded (sent, answered or not): its
+        ``episode_calls`` count, the one the spend cap is checked against."""
+        query = sa.select(episode_calls.c.calls).where(
+            episode_calls.c.project_id == project_id,
+            episode_calls.c.episode_id == episode_id,
+        )
+        return int(
+            self.session.in_read("count provider calls", lambda conn: conn.execute(query).scalar())
+            or 0
         )
 
     def provider_calls(

@@ -69,6 +69,7 @@ class LedgerStore:
         self.cursor = reads.cursor
         self.transitions = reads.transitions
         self.provider_calls = reads.provider_calls
+        self.episode_calls = reads.episode_calls
         # Claims
         self.claim = claims.claim
         self.adopt = claims.adopt

@@ -118,6 +118,18 @@ sa.Index(
     provider_call.c.step_id,
 )
 
+# The spend cap's count (docs/DESIGN.md#spend-cap): one row per episode, the number of its
+# provider_call rows, kept in the transaction that inserts each. A call is reserved by a
+# conditional UPDATE of this row (calls < cap), so two steps of one episode never both
+# take its last call.
+episode_calls = sa.Table(
+    "episode_calls",
+    metadata,
+    sa.Column("project_id", sa.String(64), primary_key=True),
+    sa.Column("episode_id", sa.String(64), primary_key=True),
+    sa.Column("calls", sa.Integer, nullable=False),
+)
+
 # The judge's limits shared by the sensor daemon and every run worker: one row
 # per setting in force from the ledger (a PIPELINE_* variable still overrides it per process).
 settings = sa.Table(

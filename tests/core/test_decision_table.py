@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from pipeline_defs.resume.budget import Budget, CallCap
 from pipeline_defs.resume.clock import MAX_CLOCK_SKEW, format_timestamp, parse_timestamp
 from pipeline_defs.resume.completion import (
     ORIGIN_PRIORITY,
@@ -937,3 +938,71 @@ def test_a_link_where_the_checkpoint_should_be_blocks_whatever_the_row_says() ->
         )
         assert decision.action is ResumeAction.BLOCK, status
         assert decision.origin is Origin.CONTRACT_DRIFT and decision.reason == link.message
+
+
+# ---------------------------------------------------------------- row 14: the spend cap
+class Spent:
+    """The episode's recorded calls, counting how often the judge asked."""
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+        self.asked = 0
+
+    def __call__(self) -> int:
+        self.asked += 1
+        return self.value
+
+
+def _budget(spent: Spent, limit: int = 10) -> Budget:
+    return Budget(lambda: CallCap(limit, "ledger"), spent, "p", "e")
+
+
+def _judge(
+    mode: LaunchMode,
+    the_row: LedgerRow | None,
+    checkpoint: CheckpointSummary,
+    spent: Spent,
+) -> ResumeDecision:
+    return decide(
+        mode=mode,
+        applicable=True,
+        row=the_row,
+        checkpoint=checkpoint,
+        verify=Verifier(CompletionReport.clean(), allowed=True),
+        step=Step(),
+        config=CONFIG,
+        settings=SETTINGS,
+        now=NOW,
+        budget=_budget(spent),
+    )
+
+
+@pytest.mark.parametrize(
+    ("mode", "status", "checkpoint"),
+    [
+        (LaunchMode.RESUME, None, CheckpointSummary.absent()),  # a first run
+        (LaunchMode.RESUME, StepStatus.FAILED, good_checkpoint()),  # an automatic recovery
+        (LaunchMode.FORCE, StepStatus.COMPLETED, good_checkpoint()),  # blocked before cleanup
+        (LaunchMode.REDRAW, StepStatus.COMPLETED, good_checkpoint()),
+    ],
+)
+def test_row_14_a_claim_at_the_cap_is_blocked_with_the_raise_command(
+    mode: LaunchMode, status: StepStatus | None, checkpoint: CheckpointSummary
+) -> None:
+    """Before: no budget fact; each of these claimed and then paid (or failed paying)."""
+    the_row = row(status) if status is not None else None
+    spent = Spent(10)
+    decision = _judge(mode, the_row, checkpoint, spent)
+    assert decision.action is ResumeAction.BLOCK and decision.code == "budget.exhausted"
+    assert "recorded 10 provider calls, at its cap of 10" in decision.reason
+    assert "storyboard settings set max_calls_per_episode 20" in decision.reason
+    assert spent.asked == 1
+    below = Spent(9)
+    assert _judge(mode, the_row, checkpoint, below).claims  # one call left: it may claim
+
+
+def test_row_14_reads_the_spend_only_for_a_claim() -> None:
+    """A clean SKIP at (or past) the cap stays a SKIP, and the count is never read."""
+    spent = Spent(50)
+    decision = _judge(LaunchMode.RESUME, row(StepStatus.COMPLETED), good_checkpoint(), spent)
+    assert decision.action is ResumeAction.SKIP and spent.asked == 0

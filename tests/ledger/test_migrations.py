@@ -24,6 +24,7 @@ LEDGER_TABLES = {
     "step_run",
     "step_transition",
     "provider_call",
+    "episode_calls",
     "settings",
     "setting_change",
     "checkpoint_archive",
@@ -302,8 +303,9 @@ def test_worker_migration_keeps_history_and_drops_cleanly(db_url: str) -> None:
             "VALUES ('p', 'e', 's', 'skip', 't')"
         )
     _run(engine, command.upgrade, "0007_transition_worker")
-    assert _diff(engine) == []
     with engine.connect() as conn:
+        columns = {c["name"] for c in sa.inspect(conn).get_columns("step_transition")}
+        assert "worker" in columns
         rows = conn.exec_driver_sql("SELECT action, worker FROM step_transition").all()
     assert rows == [("skip", None)]
     _run(engine, command.downgrade, "0006_checkpoint_pointer")
@@ -381,3 +383,27 @@ def test_sqlite_migration_creates_the_file(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'nested.sqlite3'}"
     LedgerStore(url).migrate()
     assert (tmp_path / "nested.sqlite3").exists()
+
+
+def test_episode_calls_migration_counts_the_calls_already_recorded(db_url: str) -> None:
+    """0007 → 0008 adds the spend cap's counter (docs/DESIGN.md#spend-cap), filled from the
+    provider calls recorded before it; the way back drops it and keeps the calls."""
+    engine = engine_for(db_url)
+    _run(engine, command.upgrade, "0007_transition_worker")
+    with engine.begin() as conn:
+        for episode, step in (("e1", "a"), ("e1", "b"), ("e2", "a")):
+            conn.exec_driver_sql(
+                "INSERT INTO provider_call (project_id, episode_id, step_id, kind, units, at) "
+                f"VALUES ('p', '{episode}', '{step}', 'text', 1, 't')"
+            )
+    _run(engine, command.upgrade, "0008_episode_calls")
+    assert _diff(engine) == []
+    with engine.connect() as conn:
+        counts = conn.exec_driver_sql(
+            "SELECT project_id, episode_id, calls FROM episode_calls ORDER BY episode_id"
+        ).all()
+    assert counts == [("p", "e1", 2), ("p", "e2", 1)]
+    _run(engine, command.downgrade, "0007_transition_worker")
+    assert "episode_calls" not in sa.inspect(engine).get_table_names()
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT COUNT(*) FROM provider_call").scalar() == 3

@@ -217,3 +217,64 @@ def test_a_blocked_step_keeps_what_is_below_it_out_of_the_run(
     assert sensor.failed_checks() == {"t2i_review"}
     sensor.execute(request)
     assert sensor.tick() == []  # still blocked: nothing below it is launched
+
+
+def _check_of(sensor: _Sensor, step_id: str) -> dg.AssetCheckEvaluation:
+    """The ``resume_integrity`` report of ``step_id`` in the last tick."""
+    (found,) = (
+        e
+        for e in (r.evaluation() for r in reported(sensor.last.run_requests or []))
+        if e.asset_key.to_user_string() == step_id
+    )
+    return found
+
+
+def test_a_capped_step_is_reported_blocked_not_relaunched_until_the_cap_is_raised(
+    instance: dg.DagsterInstance, env: Env
+) -> None:
+    """Three pictures of scene_image_pipeline are gone and the episode may record one more
+    call (cap 24 in the ledger's settings table, 23 spent). The sensor's run draws one and
+    is refused the next: the step fails ``budget.exhausted``. Past its backoff the sensor
+    launches nothing and reports it blocked with the command that raises the cap; raised,
+    the next tick's run pays the two missing pictures. Before: no cap, the run drew all 3
+    and no block existed."""
+    step = "scene_image_pipeline"
+    shots = env.step_dir(step) / "shots"
+    for picture in sorted(shots.glob("*.png"))[:3]:
+        picture.unlink()
+        picture.with_name(picture.name + ".receipt.json").unlink()
+    ledger = env.ledger
+    assert ledger.episode_calls("demo", "ep01") == 23
+    ledger.set_setting("max_calls_per_episode", "24", changed_by="test")
+    sensor = _Sensor(instance, env)
+    request, steps = sensor.the_run()
+    assert steps == [step]
+    capped = env.materialize(steps, tags=request.tags, raise_on_error=False)
+    assert not capped.result.success
+    assert capped.calls == {step: {"image": 1}}  # the second picture was never sent
+    assert ledger.episode_calls("demo", "ep01") == 24
+    assert str(env.row(step).status) == "failed"  # type: ignore[union-attr]
+
+    backoff = env.pipeline.settings().retry_backoff_seconds
+    sensor.now = datetime.now(UTC) + timedelta(seconds=backoff + 1)  # past the retry's backoff
+    assert sensor.tick() == []  # not relaunched
+    assert sensor.failed_checks() == {step}
+    check = _check_of(sensor, step)
+    raise_it = "storyboard settings set max_calls_per_episode 48"
+    assert check.description.startswith("blocked (budget.exhausted")
+    assert "recorded 24 provider calls, at its cap of 24" in check.description
+    assert raise_it in check.description
+    what_to_do = check.metadata["what_to_do"].value  # type: ignore[union-attr]
+    assert what_to_do == (
+        f"raise the cap: {raise_it}; then resume (what is already paid for is kept)"
+    )
+    assert sensor.tick() == []  # still blocked, still not launched
+
+    ledger.set_setting("max_calls_per_episode", "30", changed_by="test")
+    request, steps = sensor.the_run()
+    assert steps == [step]
+    resumed = env.materialize(steps, tags=request.tags)
+    assert resumed.result.success
+    assert resumed.calls == {step: {"image": 2}}  # only what was missing
+    assert ledger.episode_calls("demo", "ep01") == 26
+    assert sensor.tick() == [] and not sensor.failed_checks()

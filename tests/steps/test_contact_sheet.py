@@ -244,8 +244,13 @@ def test_a_redraw_shows_the_replaced_picture_beside_the_new_one(env: Env, step_i
 
 def test_many_shots_stay_under_the_event_bound_and_name_what_is_left_out() -> None:
     # 4 scenes x 12 shots x 4 variations: more pictures than fit even at the smallest
-    # shared thumbnail bound, so some must be left out.
-    config = {**TEST_CONFIG, "scenes": {"shots_per_scene": 12, "variations_per_shot": 4}}
+    # shared thumbnail bound, so some must be left out. Some 200 calls: past the default spend
+    # cap of 200 per episode (docs/DESIGN.md#spend-cap), so this project raises its own.
+    config = {
+        **TEST_CONFIG,
+        "scenes": {"shots_per_scene": 12, "variations_per_shot": 4},
+        "budget": {"max_calls_per_episode": 400},
+    }
     env = Env.sqlite(scratch_dir("contact-sheet-many"))
     try:
         write_episode(env.home, config=config)

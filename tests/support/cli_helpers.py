@@ -14,6 +14,7 @@ from click.testing import CliRunner, Result
 from pipeline_defs.cli import main
 from resources.ledger.store import LedgerStore
 from resources.ledger.tables import (
+    episode_calls,
     provider_call,
     setting_change,
     settings,
@@ -32,7 +33,7 @@ STORIES = {
 }
 
 # The tables the zero-writes check must see at least (it reads every table there is).
-LEDGER_TABLES = (step_run, step_transition, provider_call, settings, setting_change)
+LEDGER_TABLES = (step_run, step_transition, provider_call, episode_calls, settings, setting_change)
 
 
 @dataclass

@@ -56,7 +56,13 @@ def execute(
     # (1) execute with metered providers: the models of the project, resolved now
     text_model, image_model = models
     meter = ProviderMeter(
-        writers.ledger, key, run.run_id, text_model, image_model, guard=lease.check
+        writers.ledger,
+        key,
+        run.run_id,
+        text_model,
+        image_model,
+        guard=lease.check,
+        cap=judge.call_cap(key, judge.project(key)),
     )
     ctx = writers.context(judge, key, run_id=run.run_id, meter=meter, redraw=run.redraw_items)
     started = clock()

@@ -12,9 +12,12 @@ naming the evidence, when all of this holds (docs/DESIGN.md#dead-owners):
 - this Dagster instance knows the run and it has not ended (a run another deployment's
   instance holds is never touched: its heartbeat alone decides, and the lease rules recover
   its rows);
-- it owns at least one running ledger row, and every one of them stopped heartbeating more
-  than ``ABANDONED_AFTER_LEASES`` leases ago (a row without a heartbeat: past the running
-  timeout);
+- it owns at least one running ledger row, and every one of them lapsed and missed one more
+  heartbeat: silent longer than :func:`abandoned_after_seconds` (a lease plus a heartbeat
+  interval; a row without a heartbeat: past the running timeout). A killed worker then costs
+  at most one lease plus two sensor intervals plus the dequeue interval before its step is
+  claimed again: one interval to notice the lapse and end the run, the dequeue to start the
+  recovery the sensor already requested;
 - it holds no live claim (no row of it inside its lease).
 
 Nothing is written to the ledger: the recovery run takes the rows over (an expected-match
@@ -33,9 +36,12 @@ from pipeline_defs.resume.settings import ResumeSettings
 from pipeline_defs.resume.status import LedgerRow
 from pipeline_defs.wiring.assets import ENDED_RUN_STATUSES, owner_run_id
 
-# How many leases a run's claims must have been silent before the sensor ends its run: a
-# lease lapses after one; a few more rule out a ledger blip or a slow beat.
-ABANDONED_AFTER_LEASES = 3
+
+def abandoned_after_seconds(lease_seconds: float, heartbeat_seconds: float) -> float:
+    """How long a run's claims must be silent before the sensor ends its run: the lease (past
+    it the claim is anyone's anyway) plus one heartbeat interval, so a beat that is merely
+    late is never taken for a dead worker. A live owner renews every heartbeat interval."""
+    return lease_seconds + heartbeat_seconds
 
 
 @dataclass(frozen=True)
@@ -69,7 +75,7 @@ def abandoned_runs(
     found = []
     for run_id, owned in sorted(by_run.items()):
         silences = [_silence(row, now) for row in owned]
-        silent_for = ABANDONED_AFTER_LEASES * settings.lease_seconds
+        silent_for = abandoned_after_seconds(settings.lease_seconds, settings.heartbeat_seconds)
         limits = [
             silent_for if row.heartbeat_at else max(settings.running_timeout_seconds, silent_for)
             for row in owned
@@ -83,9 +89,9 @@ def abandoned_runs(
         steps = tuple(f"{r.project_id}/{r.episode_id}:{r.step_id}" for r in owned)
         message = (
             f"ended by the resume sensor: the ledger shows its worker gone; its claim(s) "
-            f"{', '.join(steps)} stopped heartbeating {quiet:.0f}s ago (more than "
-            f"{ABANDONED_AFTER_LEASES} leases of {settings.lease_seconds:g}s) and it holds no "
-            "live claim; its steps are recovered by a new run"
+            f"{', '.join(steps)} stopped heartbeating {quiet:.0f}s ago (past the "
+            f"{settings.lease_seconds:g}s lease and a {settings.heartbeat_seconds:g}s "
+            "heartbeat) and it holds no live claim; its steps are recovered by a new run"
         )
         found.append(AbandonedRun(run_id, steps, quiet, message))
     return found

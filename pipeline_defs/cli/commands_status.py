@@ -25,7 +25,7 @@ from pipeline_defs.operations.status_report import StepState, status_report
 from pipeline_defs.operations.status_summary import QueueHolder, StatusSummary
 from pipeline_defs.operations.workspace import Workspace
 from pipeline_defs.resume.settings import EffectiveSettings, format_value
-from sensors.abandoned_runs import ABANDONED_AFTER_LEASES
+from sensors.abandoned_runs import abandoned_after_seconds
 
 
 @main.command()
@@ -54,7 +54,9 @@ def status(*, partitions: tuple[str, ...], as_json: bool) -> dict[str, Any] | No
     # One write for the table (a reader that stops early, e.g. ``head``, cuts it short).
     click.echo("\n".join(_status_table(report.steps, width)) if report.steps else "no partitions")
     lines = ["", *packed("", _totals_items(report.totals), width)]
-    lines += _summary_lines(report.summary, width, ws.settings.lease_seconds)
+    lines += _summary_lines(
+        report.summary, width, ws.settings.lease_seconds, ws.settings.heartbeat_seconds
+    )
     p95 = [f"{k} {seconds(v)}" for k, v in report.p95_duration_seconds.items() if v]
     lines += packed("p95 duration per step:", listed(p95) or ["-"], width)
     lines += packed("settings in force:", _settings_items(ws.effective_settings), width)
@@ -128,7 +130,7 @@ def _totals_items(t: Mapping[str, Any]) -> list[str]:
 _NAMED_EXHAUSTED = 3
 
 
-def _holder_line(holder: QueueHolder, lease_seconds: float) -> str:
+def _holder_line(holder: QueueHolder, lease_seconds: float, heartbeat_seconds: float) -> str:
     """Who holds a partition's run queue, and what the ledger says of its worker."""
     behind = f"{holder.queued_behind} run{'s' if holder.queued_behind != 1 else ''}"
     line = (
@@ -139,7 +141,7 @@ def _holder_line(holder: QueueHolder, lease_seconds: float) -> str:
     if holder.claims == 0:
         return line + "; it holds no ledger claim: if no step of it runs, end it (Terminate)"
     if silent is not None and silent > lease_seconds:
-        limit = ABANDONED_AFTER_LEASES * lease_seconds
+        limit = abandoned_after_seconds(lease_seconds, heartbeat_seconds)
         return line + (
             f"; its claims stopped heartbeating {age(silent)} ago: the resume sensor marks it "
             f"failed once silent {age(limit)}"
@@ -147,7 +149,9 @@ def _holder_line(holder: QueueHolder, lease_seconds: float) -> str:
     return line + "; its claims heartbeat: it is working"
 
 
-def _summary_lines(summary: StatusSummary, width: int, lease_seconds: float) -> list[str]:
+def _summary_lines(
+    summary: StatusSummary, width: int, lease_seconds: float, heartbeat_seconds: float
+) -> list[str]:
     """The queue, the leases, what waits for an operator and the last hour, a line each."""
     q, leases, hour = summary.queue, summary.leases, summary.last_hour
     queued = "-" if q.queued_runs is None else str(q.queued_runs)
@@ -164,7 +168,7 @@ def _summary_lines(summary: StatusSummary, width: int, lease_seconds: float) -> 
         ],
         width,
     )
-    lines += [_holder_line(h, lease_seconds) for h in q.held_by or ()]
+    lines += [_holder_line(h, lease_seconds, heartbeat_seconds) for h in q.held_by or ()]
     lines += packed(
         "leases:",
         [

@@ -10,7 +10,7 @@ from pipeline_defs.operations.operator_words import LEASE_EXPIRED, utc_now
 from pipeline_defs.operations.workspace import Workspace
 from pipeline_defs.resume.clock import MAX_CLOCK_SKEW, beyond_clock_skew, parse_timestamp
 from pipeline_defs.resume.partition import StepKey
-from sensors.abandoned_runs import ABANDONED_AFTER_LEASES
+from sensors.abandoned_runs import abandoned_after_seconds
 
 # "future": started_at (or, the owner run not ended, heartbeat_at) lies beyond the allowed
 # clock skew ahead of now. The judge blocks such a row like an unparseable one (it would
@@ -95,7 +95,7 @@ def audit_running(ws: Workspace, now: datetime | None = None) -> list[RunningRow
                 hint = (
                     f"heartbeat {beat_age:.0f}s old, past the {lease:g}s lease: the resume "
                     "sensor requests its recovery (STALE_RUNNING_RECOVERY)"
-                    + _queue_hint(dagster_status, beat_age, lease)
+                    + _queue_hint(dagster_status, beat_age, lease, ws.settings.heartbeat_seconds)
                 )
         elif elapsed is not None and elapsed < timeout:  # a row without heartbeat
             bucket, hint = "healthy", f"owner has {timeout - elapsed:.0f}s left before the timeout"
@@ -123,12 +123,14 @@ def audit_running(ws: Workspace, now: datetime | None = None) -> list[RunningRow
     return sorted(out, key=lambda r: (r.partition, r.step))
 
 
-def _queue_hint(dagster_status: str | None, beat_age: float | None, lease: float) -> str:
+def _queue_hint(
+    dagster_status: str | None, beat_age: float | None, lease: float, beats: float
+) -> str:
     """What frees the episode's run queue when the owner run still shows as running here: a
     run nobody ends would hold it (sensors.abandoned_runs ends it on the ledger's evidence)."""
     if dagster_status not in ("STARTED", "STARTING", "CANCELING"):
         return ""
-    limit = ABANDONED_AFTER_LEASES * lease
+    limit = abandoned_after_seconds(lease, beats)
     if beat_age is not None and beat_age > limit:
         when = "at its next tick"
     else:

@@ -165,7 +165,7 @@ def queue_holders(
     """Per partition with a run waiting in the queue, the runs that hold its slot (the shipped
     run queue starts one run per ``dagster/partition``), with the ledger's word on them: the
     silence of their claims (a run whose claims all stopped heartbeating is a dead worker,
-    ended by the resume sensor after ``ABANDONED_AFTER_LEASES`` leases)."""
+    ended by the resume sensor once silent past its lease and a heartbeat)."""
     import dagster as dg
 
     waiting = Counter(

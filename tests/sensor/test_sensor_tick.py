@@ -38,7 +38,7 @@ from resources.ledger.reads import Reads
 from resources.ledger.store import LedgerStore
 from resources.pipeline import PipelineResource
 from sensors.report import REPORT_JOB, reported
-from sensors.resume_sensor import TAG_VALUE_LIMIT, build_resume_sensor
+from sensors.resume_sensor import DEFAULT_INTERVAL_SECONDS, TAG_VALUE_LIMIT, build_resume_sensor
 
 TIMEOUT = 600
 FULL_REFRESH = 3600.0
@@ -647,8 +647,9 @@ def test_a_run_whose_claims_stopped_heartbeating_is_ended_so_its_queue_opens(
 ) -> None:
     """A killed run stays STARTED for ever under a launcher that cannot check its
     workers, and the episode's recovery waits behind it in the run queue. Once every claim
-    of the run has been silent for more than three leases (and it holds no live claim) the
-    sensor marks it failed, naming the ledger evidence; never before."""
+    of the run has lapsed and missed one more heartbeat (and it holds no live claim) the
+    sensor marks it failed, naming the ledger evidence; never before. That keeps a killed
+    worker's cost within one lease plus two sensor intervals plus the dequeue interval."""
     rig = sqlite_rig
     seed(rig.stores, "p/e1", "src")
     rig.add("p/e1")
@@ -666,11 +667,14 @@ def test_a_run_whose_claims_stopped_heartbeating_is_ended_so_its_queue_opens(
     rig.now = beat + timedelta(seconds=lease / 2)  # alive
     rig.tick()
     assert status() is dg.DagsterRunStatus.STARTED
-    rig.now = beat + timedelta(seconds=2 * lease)  # lapsed: recovered, but not ended yet
+    beats = rig.stores.settings.heartbeat_seconds
+    rig.now = beat + timedelta(seconds=lease + beats / 2)  # lapsed, one beat may be late
     rig.tick()
     assert status() is dg.DagsterRunStatus.STARTED
     assert ("mid", "p/e1") in rig.requests()
-    rig.now = beat + timedelta(seconds=4 * lease)
+    # The bound: within one sensor interval of the lapse (the other interval and the dequeue
+    # start the recovery the sensor already requested).
+    rig.now = beat + timedelta(seconds=lease + min(beats * 1.5, DEFAULT_INTERVAL_SECONDS))
     rig.tick()
     assert status() is dg.DagsterRunStatus.FAILURE
     failure = [

@@ -75,6 +75,9 @@ class LedgerPointers:
     def archived_pointers(self, key: StepKey) -> Sequence[str]:
         return self.ledger.archived_pointers(key)
 
+    def has_row(self, key: StepKey) -> bool:
+        return self.ledger.get(key) is not None
+
 
 class PipelineResource(dg.ConfigurableResource["PipelineResource"]):
     """Where the data lives and how the judge is tuned.

@@ -118,6 +118,18 @@ def s3_server() -> Iterator[S3Server]:
         yield server
 
 
+@pytest.fixture(scope="module")
+def s3_module(s3_server: S3Server) -> Iterator[S3Server]:
+    """The module's S3 server with the AWS_* environment pointed at it for the whole module:
+    module-scoped templates publish to it and the tests' clones read it."""
+    with pytest.MonkeyPatch.context() as patch:
+        for name in [n for n in os.environ if n.startswith("AWS_")]:
+            patch.delenv(name)
+        for name, value in s3_server.env(SECRET).items():
+            patch.setenv(name, value)
+        yield s3_server
+
+
 @pytest.fixture
 def aws_env(monkeypatch: pytest.MonkeyPatch) -> Callable[[S3Server], None]:
     """Point the AWS_* environment (and only it) at a test server, our SECRET as the key."""

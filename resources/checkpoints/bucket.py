@@ -30,7 +30,7 @@ manifests they read from their rows and store the ones it returns.
 import hashlib
 import json
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from uuid import uuid4
@@ -41,7 +41,13 @@ from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.layout import CHECKPOINTS
 from pipeline_defs.resume.partition import StepKey
 from resources.checkpoints.envelope import EDITED_OUTSIDE, Checkpoint
-from resources.checkpoints.manifest import ENVELOPE_NAME, Manifest, ObjectRef
+from resources.checkpoints.manifest import (
+    COMPANIONS_NAME,
+    ENVELOPE_NAME,
+    Manifest,
+    ObjectRef,
+    encode_companions,
+)
 from resources.storage import ObjectMeta, Storage
 
 CHECKPOINTS_ROOT = CHECKPOINTS  # the bucket keeps the home's tree of names
@@ -82,6 +88,7 @@ class Attempt:
     prefix: str  # checkpoints/<p>/<e>/<step>/<attempt>
     attempt: str
     named: dict[str, ObjectRef] = field(default_factory=dict)
+    companions: ObjectRef | None = None
 
     def key_of(self, relative: str) -> str:
         return f"{self.prefix}/{relative}"
@@ -100,6 +107,11 @@ class Attempt:
     def reuse(self, relative: str, ref: ObjectRef) -> None:
         """Name an object of an earlier attempt (a valid picture kept, copy-free)."""
         self.named[relative] = ref
+
+    def put_companions(self, files: Mapping[str, bytes]) -> None:
+        """Store the files named after the artifacts (their receipts) as one object."""
+        if files:
+            self.companions = self._put(self.key_of(COMPANIONS_NAME), encode_companions(files))
 
     def publishable(self, checkpoint: Checkpoint) -> Manifest:
         """Put the envelope and return the manifest to publish through the ledger.
@@ -121,7 +133,9 @@ class Attempt:
                 )
             artifacts[artifact.path] = ref
         envelope = self._put(self.key_of(ENVELOPE_NAME), checkpoint.to_json().encode("utf-8"))
-        return Manifest(self.step, self.attempt, envelope, checkpoint.content_hash, artifacts)
+        return Manifest(
+            self.step, self.attempt, envelope, checkpoint.content_hash, artifacts, self.companions
+        )
 
     def _put(self, key: str, data: bytes) -> ObjectRef:
         digest = sha256_bytes(data)
@@ -307,6 +321,64 @@ class BucketCheckpoints:
                 Origin.INVARIANT_DRIFT,
             )
 
+    # ------------------------------------------------------------------ discovery
+    def discover(self, key: StepKey) -> Manifest | None:
+        """The newest complete attempt of ``key`` the storage holds, as a manifest to adopt
+        when the ledger lost the step's row (a local home adopts the orphan checkpoint file
+        the same way, after verification): one LIST of the step's prefix, then the newest
+        attempt whose envelope reads as ``key``'s checkpoint and whose every artifact has an
+        object of the listed size (in that attempt, else in an earlier one: a kept picture
+        is named copy-free). Its bytes are verified when the manifest is loaded; None when
+        no attempt is complete."""
+        prefix = self.step_prefix(key)
+        by_attempt: dict[str, dict[str, ObjectMeta]] = {}
+        for meta in self.storage.list(prefix):
+            attempt, _, relative = meta.key.removeprefix(f"{prefix}/").partition("/")
+            if relative and _ATTEMPT.match(attempt):
+                by_attempt.setdefault(attempt, {})[relative] = meta
+        newest_first = sorted(by_attempt, reverse=True)
+        for attempt in newest_first:
+            objects = by_attempt[attempt]
+            envelope_meta = objects.get(ENVELOPE_NAME)
+            if envelope_meta is None:
+                continue
+            payload = self.fetch_unverified(envelope_meta.key)
+            try:
+                checkpoint = Checkpoint.from_dict(json.loads(payload or b""), source=prefix)
+            except (PipelineError, ValueError, TypeError):
+                continue
+            if checkpoint.key != key:
+                continue
+            artifacts: dict[str, ObjectRef] = {}
+            for artifact in checkpoint.artifacts:
+                found = next(
+                    (
+                        by_attempt[other][artifact.path]
+                        for other in [attempt, *newest_first]
+                        if artifact.path in by_attempt[other]
+                        and by_attempt[other][artifact.path].size == artifact.bytes
+                    ),
+                    None,
+                )
+                if found is None:
+                    break
+                artifacts[artifact.path] = _ref(found, artifact.sha256)
+            else:
+                assert payload is not None
+                companions = objects.get(COMPANIONS_NAME)
+                bundle = None if companions is None else self.fetch_unverified(companions.key)
+                return Manifest(
+                    key,
+                    attempt,
+                    _ref(envelope_meta, sha256_bytes(payload)),
+                    checkpoint.content_hash,
+                    artifacts,
+                    None
+                    if companions is None or bundle is None
+                    else _ref(companions, sha256_bytes(bundle)),
+                )
+        return None
+
     # ------------------------------------------------------------------ scrub
     def scrub_episode(
         self, project_id: str, episode_id: str, manifests: Iterable[Manifest]
@@ -413,6 +485,11 @@ def _refuse_hand_edit(storage: Storage, key: str, payload: bytes) -> None:
         if EDITED_OUTSIDE in exc.message:
             raise
     return
+
+
+def _ref(meta: ObjectMeta, sha256: str) -> ObjectRef:
+    """An object as listed, named with the sha256 its bytes must have (verified on read)."""
+    return ObjectRef(meta.key, meta.size, sha256, meta.e_tag, meta.version)
 
 
 def _attempt_of(key: str) -> str:

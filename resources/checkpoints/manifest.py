@@ -16,6 +16,8 @@ store's ``e_tag``/``version``, so:
 Pure: no I/O. Encoded as canonical JSON (sorted keys), versioned by ``v``.
 """
 
+import base64
+import binascii
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -28,6 +30,23 @@ from pipeline_defs.resume.partition import StepKey
 
 MANIFEST_VERSION = 1
 ENVELOPE_NAME = CHECKPOINT_FILE  # an attempt's envelope object, named as on disk
+COMPANIONS_NAME = "companions.json"  # an attempt's files named after its artifacts, bundled
+
+
+def encode_companions(files: Mapping[str, bytes]) -> bytes:
+    """The companion files of an attempt (relative path -> bytes) as one object."""
+    bundle = {p: base64.b64encode(data).decode("ascii") for p, data in sorted(files.items())}
+    return json.dumps({"v": 1, "files": bundle}, sort_keys=True).encode("utf-8")
+
+
+def decode_companions(payload: bytes) -> dict[str, bytes]:
+    """The files of a companions object; empty when it is not one (nothing to reuse)."""
+    try:
+        raw = json.loads(payload)
+        files = raw["files"] if isinstance(raw, Mapping) and raw.get("v") == 1 else {}
+        return {str(p): base64.b64decode(str(d), validate=True) for p, d in files.items()}
+    except (ValueError, TypeError, KeyError, AttributeError, binascii.Error):
+        return {}
 
 
 @dataclass(frozen=True)
@@ -85,25 +104,30 @@ class Manifest:
     envelope: ObjectRef
     content_hash: str
     artifacts: Mapping[str, ObjectRef] = field(default_factory=dict)
+    # The files named after an artifact (``C01.png.receipt.json``), in one object: what a
+    # re-run that lost the envelope reads to reuse a picture, as beside it on a local home.
+    companions: ObjectRef | None = None
 
     @property
     def keys(self) -> frozenset[str]:
         """Every object key this manifest names (what gc must keep)."""
-        return frozenset([self.envelope.key, *(ref.key for ref in self.artifacts.values())])
+        named = [self.envelope, *self.artifacts.values()]
+        if self.companions is not None:
+            named.append(self.companions)
+        return frozenset(ref.key for ref in named)
 
     def encode(self) -> str:
-        return json.dumps(
-            {
-                "v": MANIFEST_VERSION,
-                "step": [self.step.project_id, self.step.episode_id, self.step.step_id],
-                "attempt": self.attempt,
-                "envelope": self.envelope.to_dict(),
-                "content_hash": self.content_hash,
-                "artifacts": {p: r.to_dict() for p, r in sorted(self.artifacts.items())},
-            },
-            sort_keys=True,
-            separators=(",", ":"),
-        )
+        raw: dict[str, Any] = {
+            "v": MANIFEST_VERSION,
+            "step": [self.step.project_id, self.step.episode_id, self.step.step_id],
+            "attempt": self.attempt,
+            "envelope": self.envelope.to_dict(),
+            "content_hash": self.content_hash,
+            "artifacts": {p: r.to_dict() for p, r in sorted(self.artifacts.items())},
+        }
+        if self.companions is not None:  # absent, the manifest reads as before
+            raw["companions"] = self.companions.to_dict()
+        return json.dumps(raw, sort_keys=True, separators=(",", ":"))
 
     @classmethod
     def decode(cls, text: str, *, where: str = "the ledger row") -> "Manifest":
@@ -127,12 +151,14 @@ class Manifest:
         artifacts = raw.get("artifacts")
         if not isinstance(artifacts, Mapping):
             raise _invalid(where, "the manifest's artifacts are not a mapping")
+        companions = raw.get("companions")
         return cls(
             StepKey(*step),
             attempt,
             ObjectRef.from_dict(raw.get("envelope"), where=where),
             content_hash,
             {str(p): ObjectRef.from_dict(r, where=where) for p, r in artifacts.items()},
+            None if companions is None else ObjectRef.from_dict(companions, where=where),
         )
 
 

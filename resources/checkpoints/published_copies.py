@@ -23,6 +23,7 @@ import contextlib
 import hashlib
 import json
 import os
+import posixpath
 import shutil
 import socket
 import threading
@@ -38,7 +39,7 @@ from pipeline_defs.resume.layout import DataLayout
 from pipeline_defs.resume.partition import StepKey
 from resources.checkpoints.bucket import ENVELOPE_WHAT, BucketCheckpoints
 from resources.checkpoints.envelope import Checkpoint
-from resources.checkpoints.manifest import Manifest, ObjectRef
+from resources.checkpoints.manifest import Manifest, ObjectRef, decode_companions
 from resources.checkpoints.store import CheckpointStore, StagedCheckpoint, atomic_write_bytes
 from resources.storage import ObjectMeta, Storage
 
@@ -56,6 +57,10 @@ class PointerSource(Protocol):
 
     def archived_pointers(self, key: StepKey) -> Sequence[str]:
         """The pointers the step's row archived (a force, a replacement), newest first."""
+        ...
+
+    def has_row(self, key: StepKey) -> bool:
+        """Whether the ledger has a row for ``key`` at all (with or without a pointer)."""
         ...
 
 
@@ -106,6 +111,8 @@ class PublishedCopies(CheckpointStore):
         # again (not taken from the marker) the next time they are loaded.
         self._drifted: set[StepKey] = set()
         self._scope_pointers = threading.local()
+        # Steps whose row is lost -> the pointer of the attempt ``load`` found for them.
+        self._orphans: dict[StepKey, str] = {}
         # Within a judging scope: the (step, pointer digest) whose objects this process
         # compared with the storage already (one LIST per step and scope, not per load).
         self._scope_held = threading.local()
@@ -160,8 +167,28 @@ class PublishedCopies(CheckpointStore):
     def load(self, key: StepKey) -> Checkpoint | None:
         text = self.pointers.pointer(key)
         if text is None:
-            return None
+            text = self._orphan(key)
+            if text is None:
+                return None
         return self.load_published(key, text, self._decode(key, text))
+
+    def _orphan(self, key: StepKey) -> str | None:
+        """With no row at all for ``key`` (the ledger lost it), the pointer of the newest
+        complete attempt the storage holds (:meth:`BucketCheckpoints.discover`), kept for
+        the adopting row (:meth:`adoptable_pointer`): what a local home's orphan checkpoint
+        file is. A row without a pointer (a force, a reset) finds nothing here."""
+        self._orphans.pop(key, None)
+        if self.pointers.has_row(key):
+            return None
+        manifest = self.bucket.discover(key)
+        if manifest is None:
+            return None
+        text = manifest.encode()
+        self._orphans[key] = text
+        return text
+
+    def adoptable_pointer(self, key: StepKey) -> str | None:
+        return self._orphans.get(key)
 
     def load_published(self, key: StepKey, text: str, manifest: Manifest) -> Checkpoint | None:
         """``load`` of the pointer ``text`` already read (decoded as ``manifest``)."""
@@ -217,35 +244,81 @@ class PublishedCopies(CheckpointStore):
         return Path(self.layout.published_marker(key.project_id, key.episode_id, key.step_id))
 
     def recall(self, key: StepKey) -> Checkpoint | None:
-        """The checkpoint ``key`` last published before a force archived its pointer, with
-        the artifacts it names that still verify brought into this process's copy of the
-        step directory (fetched, checked against the manifest), where a run looks for them.
+        """What ``key`` last published, for a re-run that has no checkpoint to start from:
+        the artifacts its manifest names that still verify, and the files named after them
+        (their receipts), brought into this process's copy of the step directory, where a
+        run looks for them; the envelope when it is still readable.
 
-        On a local home a force archives only the envelope and every picture stays beside
-        its receipt, so a re-run reuses them; here a new process's scratch starts empty and
-        would pay for every one again (a force of the review redrew every picture). None
-        while the row names a pointer (``load`` serves it), when nothing was archived, or
-        when the archived envelope is gone or unreadable. Nothing is written to the
-        checkpoint file: the step stays invalidated, and only its artifacts are offered."""
-        if self.pointers.pointer(key) is not None:
-            return None
-        archived = self.pointers.archived_pointers(key)
-        if not archived:
+        On a local home a lost envelope or a force leaves every picture beside its
+        receipt, so a re-run reuses them; here a new process's scratch starts empty and
+        would pay for every one again (a force of the review redrew every picture, a lost
+        envelope redrew the whole step). The manifest comes from the row (its envelope is
+        gone: ``load`` found nothing) or, after a force, from the archive. An artifact whose
+        object is gone or no longer the published bytes is left out (the run draws it).
+        Nothing is written to the checkpoint file: only artifacts are offered."""
+        self._gather_leftovers(key)
+        current = self.pointers.pointer(key)
+        texts = [current] if current is not None else list(self.pointers.archived_pointers(key))
+        if not texts:
             return None
         try:
-            manifest = self._decode(key, archived[0])
-            envelope = self.bucket.fetch(manifest.envelope, what=ENVELOPE_WHAT)
-            if envelope is None:
-                return None
-            where = f"{self.location}/{manifest.envelope.key}"
-            recalled = Checkpoint.from_dict(json.loads(envelope), source=where)
-        except (PipelineError, ValueError):
+            manifest = self._decode(key, texts[0])
+        except PipelineError:
             return None  # nothing to reuse: the run draws what it needs
         self.refuse_links_in_tree(key)
         held = _Held(self.bucket, manifest)
         for relative, ref in sorted(manifest.artifacts.items()):
-            self._fetch(key, relative, ref, held)
-        return recalled
+            try:
+                self._fetch(key, relative, ref, held)
+            except PipelineError as exc:
+                if exc.code != ErrorCode.IO_INTEGRITY_VIOLATION:
+                    raise
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.artifact_path(key, relative))  # not the published bytes
+        if manifest.companions is not None:
+            with contextlib.suppress(PipelineError):
+                bundle = self.bucket.fetch(manifest.companions, what="companions")
+                for relative, data in decode_companions(bundle or b"").items():
+                    atomic_write_bytes(self.artifact_path(key, relative), data)
+        try:
+            envelope = self.bucket.fetch(manifest.envelope, what=ENVELOPE_WHAT)
+            if envelope is None:
+                return None
+            where = f"{self.location}/{manifest.envelope.key}"
+            return Checkpoint.from_dict(json.loads(envelope), source=where)
+        except (PipelineError, ValueError):
+            return None
+
+    def _gather_leftovers(self, key: StepKey) -> None:
+        """What another process of this home drew for ``key`` and never published (it was
+        killed: its scratch outlives it) brought into this process's copy of the step: each
+        file that has files named after it (a picture and its receipt), as a local home
+        keeps them in the step directory. Only copies: a run reuses a picture only when its
+        receipt vouches for its bytes and its prompt."""
+        ours = self.step_dir(key)
+        below = ours.relative_to(self.scratch)
+        try:
+            siblings = [
+                entry.path
+                for entry in os.scandir(self.scratch.parent)
+                if entry.is_dir(follow_symlinks=False) and entry.path != str(self.scratch)
+            ]
+        except FileNotFoundError:
+            return
+        for sibling in sorted(siblings):
+            theirs = Path(sibling) / below
+            for folder, dirs, files in os.walk(theirs):  # links are not followed
+                dirs[:] = [d for d in dirs if not d.startswith(".")]
+                here = Path(folder).relative_to(theirs)
+                for name in files:
+                    if not any(f.startswith(f"{name}.") for f in files):
+                        continue  # only what comes with its companions
+                    for part in [name, *(f for f in files if f.startswith(f"{name}."))]:
+                        target = ours / here / part
+                        if target.exists():
+                            continue
+                        with contextlib.suppress(OSError):
+                            atomic_write_bytes(target, read_nofollow(Path(folder) / part))
 
     def checkout_edit(self, key: StepKey) -> None:
         """Bring the copy of ``key`` to its pointer with the envelope as the storage holds
@@ -309,6 +382,7 @@ class PublishedCopies(CheckpointStore):
                     continue
                 data = read_nofollow(self.artifact_path(key, artifact.path))
                 attempt.put(artifact.path, data)
+            attempt.put_companions(self._companions(key, checkpoint))
             manifest = attempt.publishable(checkpoint)
         except BaseException:
             staged.discard()
@@ -329,6 +403,30 @@ class PublishedCopies(CheckpointStore):
                 inner.discard()
 
         return _Published(staged.temp, staged.target, lambda: None, pointer=pointer)
+
+    def _companions(self, key: StepKey, checkpoint: Checkpoint) -> dict[str, bytes]:
+        """The files beside the checkpoint's artifacts named after one (``C01.png`` ->
+        ``C01.png.receipt.json``) in the staged copy: published with it in one object, so a
+        re-run that lost the envelope reuses a picture its receipt vouches for, as a local
+        home does (:meth:`recall`)."""
+        out: dict[str, bytes] = {}
+        listed: dict[str, list[str]] = {}
+        for artifact in checkpoint.artifacts:
+            folder, name = posixpath.split(posixpath.normpath(artifact.path))
+            if folder not in listed:
+                try:
+                    with os.scandir(self.step_dir(key) / folder) as entries:
+                        listed[folder] = [
+                            e.name for e in entries if e.is_file(follow_symlinks=False)
+                        ]
+                except (FileNotFoundError, NotADirectoryError):
+                    listed[folder] = []
+            for companion in listed[folder]:
+                if companion.startswith(f"{name}."):
+                    relative = posixpath.join(folder, companion)
+                    with contextlib.suppress(OSError):
+                        out[relative] = read_nofollow(self.artifact_path(key, relative))
+        return out
 
     def _still_there(self, ref: ObjectRef, sha256: str, size: int) -> bool:
         """The published object holds these bytes and is still in the storage (one HEAD)."""

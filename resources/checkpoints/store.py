@@ -106,6 +106,12 @@ class CheckpointStore(PendingEdits, Publisher):
         """Make an operator's edit of ``key``'s published checkpoint readable at
         ``path_for(key)``: it already is on a local home (the file they edited)."""
 
+    def adoptable_pointer(self, key: StepKey) -> str | None:
+        """The commit pointer a row adopting ``key``'s orphan checkpoint must carry: none
+        on a local home (the file is the checkpoint); on object storage the manifest of the
+        attempt ``load`` found when the row was lost (``PublishedCopies``)."""
+        return None
+
     def recall(self, key: StepKey) -> Checkpoint | None:
         """The checkpoint ``key`` last published before it left service (a force archived
         it), with the artifacts it names brought to where a run looks for them, so a re-run

@@ -206,18 +206,20 @@ class Claims:
         *,
         summary: str,
         seal: str | None = None,
+        pointer: str | None = None,
         now: str | None = None,
         audit: Audit | None = None,
     ) -> bool:
         """Record a verified orphan checkpoint as completed; never overwrites an existing row.
 
         ``seal``: the adopting run verified it clean, so the row can carry its seal;
+        ``pointer``: on object storage, the manifest of the attempt adopted;
         ``audit``: its history line, in the same transaction.
         """
         ts = now or now_text()
         statement = self._settled_insert(key, run_id, StepStatus.COMPLETED, summary, ts)
         statement = (
-            statement.values(checkpoint_seal=seal)
+            statement.values(checkpoint_seal=seal, checkpoint_pointer=pointer)
             .on_conflict_do_nothing(
                 index_elements=[step_run.c.project_id, step_run.c.episode_id, step_run.c.step_id]
             )

@@ -12,8 +12,10 @@ both processes together must not exceed a clean run's plus the crashed step's ow
 (the calls in flight at the kill).
 
 Every case runs on both ledgers (``db_url``: SQLite and PostgreSQL, where row locks and
-isolation differ); the clean reference run is made once, on SQLite (its rows, content hashes
-and call counts do not depend on the database).
+isolation differ) and on both storages (``storage_url``: a local home, and S3 on a real moto
+server with the home as scratch), with the same expected decisions and calls; the clean
+reference run is made once, on SQLite and a local home (its rows, content hashes and call
+counts do not depend on either).
 
 Before the fix, ``t2i_review:published`` (the mutator's row completed, its edits not yet
 written) resumed into SKIPs everywhere with un-reviewed prompts and images drawn from them.
@@ -36,6 +38,7 @@ from s3_server import SECRET, S3Server, running_s3_server
 
 from pipeline_defs.resume.partition import Episode
 from pipeline_defs.storyboard import STORYBOARD_STEPS, sample_stories
+from resources.checkpoints.published import SCRATCH_DIR, PublishedCheckpoints
 from resources.checkpoints.store import CheckpointStore
 from resources.pipeline import PipelineResource
 
@@ -60,6 +63,16 @@ CASES: dict[str, tuple[str, int]] = {
 }
 
 
+def _checkpoints(cli: CliEnv, storage_url: str | None) -> CheckpointStore:
+    """The published checkpoints, read as a new process would."""
+    if storage_url is None:
+        return CheckpointStore(cli.home)
+    reader = PipelineResource(
+        home=str(cli.root / "reader"), db_url=cli.db_url, storage_url=storage_url
+    )
+    return reader.checkpoints()
+
+
 def _storyboard(cli: CliEnv, *args: str, env: Mapping[str, str] | None = None) -> Any:
     script = str(Path(sys.executable).with_name("storyboard"))
     full = {**cli.subprocess_env(), **(env or {})}
@@ -81,8 +94,8 @@ def _setup(tmp_path: Path, db_url: str | None = None) -> CliEnv:
     return cli
 
 
-def _state(cli: CliEnv) -> dict[str, Any]:
-    store = CheckpointStore(cli.home)
+def _state(cli: CliEnv, storage_url: str | None = None) -> dict[str, Any]:
+    store = _checkpoints(cli, storage_url)
     episode = Episode.parse(PARTITION)
     rows = {r.step_id: r.status for r in cli.ledger.get_many(episodes=[episode]).values()}
     hashes = {}
@@ -105,29 +118,46 @@ def clean(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 @pytest.mark.parametrize("crash_at", CASES)
 def test_one_resume_after_a_kill_ends_as_a_clean_run(
-    crash_at: str, clean: dict[str, Any], tmp_path: Path, db_url: str
+    crash_at: str,
+    clean: dict[str, Any],
+    tmp_path: Path,
+    db_url: str,
+    storage_url: str | None,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    if storage_url is not None:
+        monkeypatch.setenv("PIPELINE_STORAGE_URL", storage_url)  # the processes inherit it
     cli = _setup(tmp_path, db_url)
     killed = _storyboard(
         cli, "materialize", "--partition", PARTITION, env={"PIPELINE_CRASH_AT": crash_at}
     )
     assert killed.returncode == -9, (killed.returncode, killed.stderr[-2000:])
-    left = _state(cli)["rows"]  # what the killed run finished before it died
+    left = _state(cli, storage_url)["rows"]  # what the killed run finished before it died
     time.sleep(LEASE_SECONDS + 0.2)  # the dead owner never renews: its lease lapses
     resumed = _storyboard(
         cli, "materialize", "--partition", PARTITION, "--json",
         env={"PIPELINE_LEASE_SECONDS": str(LEASE_SECONDS), "PIPELINE_HEARTBEAT_SECONDS": "0.2"},
     )  # fmt: skip
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
-    state = _state(cli)
+    state = _state(cli, storage_url)
     assert state["rows"] == clean["rows"]
     assert state["hashes"] == clean["hashes"], "checkpoints differ from a clean run"
     step = crash_at.split(":")[0]
     total, expected = sum(state["calls"].values()), sum(clean["calls"].values())
     assert total <= expected + clean["calls"][step], (crash_at, state["calls"], clean["calls"])
-    # Nothing left half-done: no write-ahead edit, no staged temp file.
-    leftovers = [p for p in cli.home.rglob("*") if p.name.endswith(".tmp") or "pending" in p.parts]
+    # Nothing left half-done: no write-ahead edit, no staged temp file (a bucket's scratch
+    # is each process's own cache: the killed one's stays, and is no state).
+    leftovers = [
+        p
+        for p in cli.home.rglob("*")
+        if (p.name.endswith(".tmp") or "pending" in p.parts) and SCRATCH_DIR not in p.parts
+    ]
     assert not [p for p in leftovers if p.is_file()], leftovers
+    if storage_url is not None:
+        store = _checkpoints(cli, storage_url)
+        assert isinstance(store, PublishedCheckpoints)
+        pending = [meta.key for meta in store.storage.list("pending")]
+        assert pending == [], pending
     # The resume's own report says what it did, step by step, and agrees with the ledger.
     payload = json.loads(resumed.stdout)
     assert (payload["ok"], payload["command"], payload["partition"]) == (
@@ -198,7 +228,7 @@ BUCKET_CASES = [c for c in CASES if c.startswith("t2i_review:")] + ["ref_image_g
 
 
 @pytest.mark.parametrize("crash_at", BUCKET_CASES)
-def test_one_resume_after_a_kill_on_a_bucket_ends_as_a_clean_run(
+def test_one_resume_after_a_kill_on_a_bucket_from_another_machine(
     crash_at: str,
     clean: dict[str, Any],
     tmp_path: Path,
@@ -206,11 +236,12 @@ def test_one_resume_after_a_kill_on_a_bucket_ends_as_a_clean_run(
     s3: S3Server,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The same kills with checkpoints on S3 (moto) and the ledger on PostgreSQL, the two
-    processes with homes of their own (scratch): the resumed episode publishes exactly the
-    clean run's checkpoints (same content hashes, the review's fixes applied once), within
-    the clean run's calls plus the killed step's own, and leaves no write-ahead edit in the
-    bucket."""
+    """The same kills with checkpoints on S3 (moto) and the ledger on PostgreSQL, the
+    resume on another machine (an empty home of its own: what the killed process drew and
+    never published is out of its reach, so its calls are bounded, not the table's): the
+    resumed episode publishes exactly the clean run's checkpoints (same content hashes, the
+    review's fixes applied once), within the clean run's calls plus the killed step's own,
+    and leaves no write-ahead edit in the bucket."""
     for name in [n for n in os.environ if n.startswith("AWS_")]:
         monkeypatch.delenv(name)
     for name, value in s3.env(SECRET).items():

@@ -1,15 +1,23 @@
-"""End-to-end: the ten storyboard assets under real Dagster runs, on SQLite and PostgreSQL.
+"""End-to-end: the ten storyboard assets under real Dagster runs, on a local home and on a
+bucket, on SQLite and PostgreSQL.
 
-A completed pipeline is built once per ledger backend (module scope); every scenario runs
-on its own copy of that home and database, so each test starts from the same state.
+One behaviour suite over every backend (docs/DESIGN.md#storage): a completed pipeline is
+built once per backend (module scope) — a local home on SQLite, on PostgreSQL, and S3 (a
+real moto server) with the home as scratch — and every scenario runs on its own copy of it
+(files, database and bucket copied), so each test starts from the same state. The accidents
+go through backend-neutral helpers of :class:`Env` (a file or an object lost, replaced), and
+every test asserts the same outcome and the same provider calls on each backend; a test
+that cannot apply to a bucket says why in its body.
 """
 
+import hashlib
 import io
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from PIL import Image
+from s3_server import S3Server
 from storyboard_support import (
     PRE_REVIEW,
     STEP_IDS,
@@ -24,7 +32,6 @@ from storyboard_support import (
 
 from pipeline_defs.resume.completion import Origin
 from pipeline_defs.resume.decision import ResumeAction
-from resources.checkpoints.store import FORCE_MARKER, file_sha256
 from resources.providers import ImageCall, ImageReply, OfflineImageModel
 from resources.providers.base import RETRIES_EXHAUSTED, provider_error
 
@@ -36,6 +43,11 @@ SCENE_DOWNSTREAM = (
     "scene_image_pipeline",
 )
 IMAGE_STEPS = ("ref_image_gen", "composite_image_gen", "scene_image_pipeline")
+COMPOSITE = "composites/C01_O02.png"
+
+
+def sha256(data: bytes | None) -> str | None:
+    return None if data is None else hashlib.sha256(data).hexdigest()
 
 
 # ----------------------------------------------------------------------------- templates
@@ -43,6 +55,17 @@ IMAGE_STEPS = ("ref_image_gen", "composite_image_gen", "scene_image_pipeline")
 def sqlite_pre_review() -> Iterator[Env]:
     """Steps before the review done: the state t2i_review and fail-soft tests start from."""
     env = Env.sqlite(scratch_dir("pre"))
+    write_episode(env.home)
+    env.first = env.materialize(PRE_REVIEW)
+    yield env
+    env.destroy()
+
+
+@pytest.fixture(scope="module")
+def s3_pre_review(s3_module: S3Server) -> Iterator[Env]:
+    """The same on S3: checkpoints published to a bucket, the home is scratch (and inputs)."""
+    env = Env.sqlite(scratch_dir("pre-s3"))
+    env.storage_url, env.s3 = f"s3://{s3_module.new_bucket()}/storyboard", s3_module
     write_episode(env.home)
     env.first = env.materialize(PRE_REVIEW)
     yield env
@@ -58,6 +81,14 @@ def sqlite_built(sqlite_pre_review: Env) -> Iterator[Env]:
 
 
 @pytest.fixture(scope="module")
+def s3_built(s3_pre_review: Env) -> Iterator[Env]:
+    env = s3_pre_review.clone()
+    env.first = env.materialize()
+    yield env
+    env.destroy()
+
+
+@pytest.fixture(scope="module")
 def postgresql_built(pg_server_url: str) -> Iterator[Env]:
     env = Env(scratch_dir("pg"), create_pg_database(pg_server_url), pg_server_url)
     write_episode(env.home)
@@ -66,9 +97,22 @@ def postgresql_built(pg_server_url: str) -> Iterator[Env]:
     env.destroy()
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=["sqlite", "postgresql", "s3"])
 def built(request: pytest.FixtureRequest) -> Env:
+    """The built episode on every backend: two ledgers on a local home, and a bucket."""
     return request.getfixturevalue(f"{request.param}_built")  # type: ignore[no-any-return]
+
+
+@pytest.fixture(params=["sqlite", "s3"])
+def stored_built(request: pytest.FixtureRequest) -> Env:
+    """The built episode on a local home and on a bucket (one ledger: what the test shows
+    does not depend on it)."""
+    return request.getfixturevalue(f"{request.param}_built")  # type: ignore[no-any-return]
+
+
+@pytest.fixture(params=["sqlite", "s3"])
+def pre_review(request: pytest.FixtureRequest) -> Env:
+    return request.getfixturevalue(f"{request.param}_pre_review")  # type: ignore[no-any-return]
 
 
 @pytest.fixture
@@ -78,8 +122,8 @@ def env(built: Env) -> Iterator[Env]:
 
 
 @pytest.fixture
-def sqlite_env(sqlite_built: Env) -> Iterator[Env]:
-    with cloned(sqlite_built) as copy:
+def stored_env(stored_built: Env) -> Iterator[Env]:
+    with cloned(stored_built) as copy:
         yield copy
 
 
@@ -130,8 +174,8 @@ def test_whole_pipeline_builds_every_step(built: Env) -> None:
     ):
         assert calls[step_id] == len(data["images"]), step_id
         for entry in data["images"].values():
-            png = built.step_dir(step_id) / entry["path"]
-            assert Image.open(io.BytesIO(png.read_bytes())).size == (128, 96)
+            png = built.read_artifact(step_id, entry["path"])
+            assert png is not None and Image.open(io.BytesIO(png)).size == (128, 96)
 
     review = built.checkpoint("t2i_review").data  # type: ignore[union-attr]
     assert review["applied"]["scene_detail"] and review["applied"]["entity_t2i"]
@@ -184,14 +228,13 @@ def test_incident_replay_after_review_fixes_never_reruns_scene_detail(env: Env) 
 
 
 def test_lost_composite_png_costs_exactly_one_image_call(env: Env) -> None:
-    lost = env.step_dir("composite_image_gen") / "composites" / "C01_O02.png"
-    sha = file_sha256(lost)
-    checkpoint_bytes = env.checkpoint_path("composite_image_gen").read_bytes()
-    lost.unlink()
+    sha = env.artifact_sha256("composite_image_gen", COMPOSITE)
+    checkpoint = env.checkpoint("composite_image_gen")
+    env.lose_artifact("composite_image_gen", COMPOSITE)
     decision = env.judge("composite_image_gen")
     assert decision.action is ResumeAction.RERUN_SELF
     assert decision.origin is Origin.ARTIFACT_MISSING
-    assert "composites/C01_O02.png" in decision.reason
+    assert COMPOSITE in decision.reason
 
     outcome = env.materialize()
 
@@ -199,8 +242,15 @@ def test_lost_composite_png_costs_exactly_one_image_call(env: Env) -> None:
     expected = dict.fromkeys(STEP_IDS, "skip") | {"composite_image_gen": "rerun_self"}
     assert outcome.decisions == expected
     assert outcome.calls == {"composite_image_gen": {"image": 1}}
-    assert file_sha256(lost) == sha
-    assert env.checkpoint_path("composite_image_gen").read_bytes() == checkpoint_bytes
+    assert env.artifact_sha256("composite_image_gen", COMPOSITE) == sha
+    repaired = env.checkpoint("composite_image_gen")
+    assert repaired is not None and checkpoint is not None
+    # The same checkpoint (content, configuration, edits); on a bucket its provenance names
+    # the repairing run (objects are immutable: the redrawn picture is a new publication).
+    assert repaired.identity_hash == checkpoint.identity_hash
+    assert (repaired.data, repaired.artifacts) == (checkpoint.data, checkpoint.artifacts)
+    if not env.on_bucket:
+        assert repaired == checkpoint  # a local home keeps its envelope as it was
     assert env.row("composite_image_gen").status == "completed"
 
 
@@ -222,7 +272,7 @@ def test_lost_checkpoints_rerun_exactly_those_steps(env: Env) -> None:
     lost = ("world_guide", "composite_image_gen")
     data_before = {s: env.checkpoint(s).data for s in lost}  # type: ignore[union-attr]
     for step_id in lost:
-        env.checkpoint_path(step_id).unlink()
+        env.lose_checkpoint(step_id)
         decision = env.judge(step_id)
         assert decision.action is ResumeAction.RERUN_SELF
         assert decision.origin is Origin.ARTIFACT_MISSING
@@ -231,8 +281,8 @@ def test_lost_checkpoints_rerun_exactly_those_steps(env: Env) -> None:
 
     assert outcome.result.success
     assert outcome.decisions == dict.fromkeys(STEP_IDS, "skip") | dict.fromkeys(lost, "rerun_self")
-    # The composites are still on disk with their receipts: re-publishing them costs no
-    # image call; only the lost text checkpoint is regenerated.
+    # The composites are still there (on disk with their receipts, or the bucket's objects):
+    # re-publishing them costs no image call; only the lost text checkpoint is regenerated.
     assert outcome.calls == {"world_guide": {"text": 1}}
     for step_id in lost:
         assert env.checkpoint(step_id).data == data_before[step_id]  # type: ignore[union-attr]
@@ -275,7 +325,7 @@ def test_explicit_force_of_scene_detail_reruns_it_and_stales_downstream(env: Env
     for step_id in SCENE_DOWNSTREAM:
         assert rows[step_id].status == "stale", step_id
         assert env.checkpoint(step_id) is None
-        assert (env.step_dir(step_id) / FORCE_MARKER).exists()
+        assert env.force_cleared(step_id), step_id
     for step_id in ("story_source", "entity_canon", "world_guide", "entity_t2i"):
         assert rows[step_id].status == "completed", step_id
     # The rebuilt scene_detail is the model's raw output again: no review edits yet.
@@ -283,8 +333,8 @@ def test_explicit_force_of_scene_detail_reruns_it_and_stales_downstream(env: Env
     assert env.judge("shot_dependency_t2i").action is ResumeAction.RERUN_SELF
 
 
-def test_config_edit_outside_a_steps_keys_leaves_it_skip(sqlite_env: Env) -> None:
-    env = sqlite_env
+def test_config_edit_outside_a_steps_keys_leaves_it_skip(stored_env: Env) -> None:
+    env = stored_env
     edit_config(env.home, "title", "A retitled project")
     edit_config(env.home, "story.max_bytes", 500_000)
     outcome = env.materialize()
@@ -315,9 +365,9 @@ class FlakyImageModel(OfflineImageModel):
 
 
 def test_shots_missing_a_composite_fail_soft_then_resume_fills_only_them(
-    sqlite_pre_review: Env,
+    pre_review: Env,
 ) -> None:
-    with cloned(sqlite_pre_review) as env:
+    with cloned(pre_review) as env:
         outcome = env.materialize(image_model=FlakyImageModel(fail_on="C01_O02"))
 
         assert outcome.result.success  # partial is not a failure
@@ -335,8 +385,10 @@ def test_shots_missing_a_composite_fail_soft_then_resume_fills_only_them(
         }
         assert failed == needing and failed
         assert all("C01/O02" in f["reason"] for f in shots["failed"])
+        published = env.checkpoint("scene_image_pipeline")
+        assert published is not None
         for item in failed:  # never drawn with a wrong or default reference
-            assert not (env.step_dir("scene_image_pipeline") / f"shots/{item}.png").exists()
+            assert f"shots/{item}.png" not in {a.path for a in published.artifacts}
         assert len(shots["images"]) == 8 - len(failed)
 
         resumed = env.materialize()
@@ -350,19 +402,20 @@ def test_shots_missing_a_composite_fail_soft_then_resume_fills_only_them(
         assert {s: r.status for s, r in env.rows().items()} == dict.fromkeys(STEP_IDS, "completed")
 
 
-def test_offline_pipeline_is_deterministic_across_homes(sqlite_built: Env) -> None:
-    """Same inputs, another home, another launcher: byte-identical data and PNGs."""
+def test_offline_pipeline_is_deterministic_across_homes(stored_built: Env) -> None:
+    """Same inputs, another home, another launcher: byte-identical data and PNGs (the
+    built episode on a local home or on a bucket; the other one on a local home)."""
     other = Env.sqlite(scratch_dir("determinism"))
     try:
         write_episode(other.home)
         other.run_direct()  # the run protocol without Dagster
         for step_id in STEP_IDS:
-            a, b = sqlite_built.checkpoint(step_id), other.checkpoint(step_id)
+            a, b = stored_built.checkpoint(step_id), other.checkpoint(step_id)
             assert a is not None and b is not None
             assert a.data == b.data, step_id
             assert a.artifacts == b.artifacts, step_id
             assert a.content_hash == b.content_hash, step_id
-        built_files = {k: v for k, v in sqlite_built.snapshot().items() if k.endswith(".png")}
+        built_files = {k: v for k, v in stored_built.snapshot().items() if k.endswith(".png")}
         other_files = {k: v for k, v in other.snapshot().items() if k.endswith(".png")}
         assert built_files == other_files and len(built_files) == 14
     finally:
@@ -370,14 +423,15 @@ def test_offline_pipeline_is_deterministic_across_homes(sqlite_built: Env) -> No
 
 
 def test_images_of_a_run_killed_before_publishing_are_reused(env: Env) -> None:
-    """A first run that died after drawing some shots leaves PNGs + receipts but no
-    checkpoint and no ledger row; the recovery draws only what is not on disk yet."""
+    """A first run that died after drawing some shots leaves pictures (files with receipts,
+    or the objects of the bucket) but no checkpoint and a stale row; the recovery draws only
+    what is not there any more."""
     step = "scene_image_pipeline"
     images = env.checkpoint(step).data["images"]  # type: ignore[union-attr]
     kept, lost = list(images)[:3], list(images)[3:]
-    env.checkpoint_path(step).unlink()
     for item in lost:
-        (env.step_dir(step) / images[item]["path"]).unlink()
+        env.lose_artifact(step, images[item]["path"])
+    env.lose_checkpoint(step)
     env.ledger.invalidate([env.key(step)], "simulated crash")  # stale: an auto recovery
 
     outcome = env.materialize()
@@ -393,38 +447,42 @@ def test_a_receipt_never_vouches_for_changed_bytes(env: Env) -> None:
     step = "scene_image_pipeline"
     images = env.checkpoint(step).data["images"]  # type: ignore[union-attr]
     first = next(iter(images))
-    env.checkpoint_path(step).unlink()
-    png = env.step_dir(step) / images[first]["path"]
-    png.write_bytes(png.read_bytes() + b"tampered")
+    path = images[first]["path"]
+    original = env.read_artifact(step, path)
+    assert original is not None
+    env.replace_artifact(step, path, original + b"tampered")
+    env.lose_checkpoint(step)
     env.ledger.invalidate([env.key(step)], "simulated crash")
 
     outcome = env.materialize()
 
     assert outcome.calls == {step: {"image": 1}}
-    assert file_sha256(png) == images[first]["sha256"]
+    assert env.artifact_sha256(step, path) == images[first]["sha256"]
 
 
 def test_a_changed_png_blocks_naming_it_until_moved_away(env: Env) -> None:
     """Replacing the old silent redraw: bytes other than the recorded
     ones block as an edited envelope does, since an older copy put back comes with a
     receipt that would vouch for it. Moved away, the picture is drawn again alone."""
-    changed = env.step_dir("composite_image_gen") / "composites" / "C01_O02.png"
-    sha = file_sha256(changed)
-    edited = changed.read_bytes() + b"edited by hand"
-    changed.write_bytes(edited)
-    decision = env.judge("composite_image_gen")
+    step = "composite_image_gen"
+    sha = env.artifact_sha256(step, COMPOSITE)
+    original = env.read_artifact(step, COMPOSITE)
+    assert original is not None
+    edited = original + b"edited by hand"
+    env.replace_artifact(step, COMPOSITE, edited)
+    decision = env.judge(step)
     assert decision.action is ResumeAction.BLOCK
     assert decision.origin is Origin.INVARIANT_DRIFT
-    assert "composites/C01_O02.png (sha256 mismatch)" in decision.reason
+    assert COMPOSITE in decision.reason
 
     blocked = env.materialize(raise_on_error=False)
 
-    assert blocked.decisions["composite_image_gen"] == "block"
+    assert blocked.decisions[step] == "block"
     assert blocked.total_calls == 0
-    assert changed.read_bytes() == edited  # the evidence stays where it was
+    assert env.read_artifact(step, COMPOSITE) == edited  # the evidence stays where it was
 
-    changed.rename(env.root / "C01_O02.edited.png")  # the operator keeps the edit aside
+    env.lose_artifact(step, COMPOSITE)  # the operator keeps the edit aside
     outcome = env.materialize()
 
-    assert outcome.calls == {"composite_image_gen": {"image": 1}}
-    assert file_sha256(changed) == sha
+    assert outcome.calls == {step: {"image": 1}}
+    assert env.artifact_sha256(step, COMPOSITE) == sha

@@ -5,6 +5,7 @@ Not a test module: the ``test_storyboard_*`` files import it. Scratch data goes 
 """
 
 import contextlib
+import hashlib
 import os
 import shutil
 import tempfile
@@ -30,7 +31,9 @@ from pipeline_defs.steps.runner import RunInfo, StepOutcome, StepRunner
 from pipeline_defs.storyboard import STORYBOARD_STEPS, sample_stories
 from pipeline_defs.wiring.assets import build_step_assets
 from resources.checkpoints.envelope import Checkpoint
-from resources.checkpoints.store import CheckpointStore
+from resources.checkpoints.manifest import Manifest
+from resources.checkpoints.published import SCRATCH_DIR, PublishedCheckpoints
+from resources.checkpoints.store import FORCE_MARKER, CheckpointStore
 from resources.ledger.store import LedgerStore, engine_for
 from resources.ledger.tables import step_run
 from resources.pipeline import PipelineResource, checkpoints_for, ledger_for
@@ -156,6 +159,8 @@ class Env:
     first: RunOutcome | None = field(default=None, repr=False)
     # Checkpoints published on object storage (PIPELINE_STORAGE_URL); the home is scratch.
     storage_url: str | None = None
+    # The S3 server behind ``storage_url`` (a clone copies the bucket there).
+    s3: Any = field(default=None, repr=False)
 
     @classmethod
     def sqlite(cls, root: Path) -> "Env":
@@ -204,13 +209,93 @@ class Env:
             conn.execute(sa.delete(step_run).where(step_run.c.project_id == PROJECT))
 
     def snapshot(self) -> dict[str, bytes]:
-        """Every checkpoint and artifact file of the episode (archives excluded)."""
+        """Every checkpoint and artifact of the episode as published (archives excluded):
+        the files of its tree on a local home, the objects its rows' manifests name on a
+        bucket (``<step>/checkpoint.json``, ``<step>/<artifact>``)."""
+        if self.on_bucket:
+            out = {}
+            for step_id in STEP_IDS:
+                manifest = self.manifest(step_id)
+                if manifest is None:
+                    continue
+                named = {"checkpoint.json": manifest.envelope, **manifest.artifacts}
+                for relative, ref in sorted(named.items()):
+                    out[f"{step_id}/{relative}"] = self._bucket().storage.get(ref.key)
+            return out
         base = self.checkpoints.root / PROJECT / EPISODE_ID
         return {
             str(p.relative_to(base)): p.read_bytes()
             for p in sorted(base.rglob("*"))
             if p.is_file() and "archive" not in p.parts
         }
+
+    # ------------------------------------------------ accidents, on a disk or on a bucket
+    @property
+    def on_bucket(self) -> bool:
+        return self.storage_url is not None
+
+    def _bucket(self) -> PublishedCheckpoints:
+        store = self.checkpoints
+        assert isinstance(store, PublishedCheckpoints), store
+        return store
+
+    def manifest(self, step_id: str) -> Manifest | None:
+        """The published manifest a step's row names (a bucket only)."""
+        row = self.row(step_id)
+        if row is None or row.checkpoint_pointer is None:
+            return None
+        return Manifest.decode(row.checkpoint_pointer)
+
+    def _object_key(self, step_id: str, relative: str | None) -> str:
+        manifest = self.manifest(step_id)
+        assert manifest is not None, f"{step_id} has no published manifest"
+        return (manifest.envelope if relative is None else manifest.artifacts[relative]).key
+
+    def read_artifact(self, step_id: str, relative: str) -> bytes | None:
+        """The bytes of a step's published artifact (None: gone): its file, or the object
+        its row's manifest names."""
+        if self.on_bucket:
+            storage = self._bucket().storage
+            key = self._object_key(step_id, relative)
+            return storage.get(key) if storage.head(key) is not None else None
+        path = self.step_dir(step_id) / relative
+        return path.read_bytes() if path.is_file() else None
+
+    def artifact_sha256(self, step_id: str, relative: str) -> str | None:
+        data = self.read_artifact(step_id, relative)
+        return None if data is None else hashlib.sha256(data).hexdigest()
+
+    def lose_artifact(self, step_id: str, relative: str) -> None:
+        """An artifact lost: its file deleted, or its object deleted from the bucket."""
+        if self.on_bucket:
+            self._bucket().storage.delete(self._object_key(step_id, relative))
+        else:
+            (self.step_dir(step_id) / relative).unlink()
+
+    def replace_artifact(self, step_id: str, relative: str, data: bytes) -> None:
+        """An artifact overwritten in place by other bytes (a hand edit, a tamper)."""
+        if self.on_bucket:
+            storage = self._bucket().storage
+            key = self._object_key(step_id, relative)
+            storage.delete(key)
+            storage.put_create(key, data)
+        else:
+            (self.step_dir(step_id) / relative).write_bytes(data)
+
+    def lose_checkpoint(self, step_id: str) -> None:
+        """A checkpoint's envelope lost (its artifacts stay): the file, or the object."""
+        if self.on_bucket:
+            self._bucket().storage.delete(self._object_key(step_id, None))
+        else:
+            self.checkpoint_path(step_id).unlink()
+
+    def force_cleared(self, step_id: str) -> bool:
+        """Whether a force left its mark on the step: on a local home the marker file in its
+        cleared folder; on a bucket nothing is deleted or written, the stale row without a
+        manifest is the whole record."""
+        if self.on_bucket:
+            return self.manifest(step_id) is None
+        return (self.step_dir(step_id) / FORCE_MARKER).exists()
 
     def step_judge(self, step_id: str) -> StepJudge:
         return StepJudge(
@@ -306,17 +391,23 @@ class Env:
         return RunOutcome(result, decisions, calls)
 
     def clone(self) -> "Env":
-        """An independent copy: files copied, database copied (file or PG template)."""
+        """An independent copy: files copied, database copied (file or PG template), the
+        bucket copied object by object into a new one (same keys: the manifests in the
+        copied rows name them), the scratch left behind as a new process would."""
         root = scratch_dir("clone")
-        shutil.copytree(self.home, root / "home")
+        shutil.copytree(self.home, root / "home", ignore=shutil.ignore_patterns(SCRATCH_DIR))
         if self.pg_server is None:
             engine_for(self.db_url).dispose()
             for suffix in ("", "-wal", "-shm"):
                 source = self.root / f"ledger.sqlite3{suffix}"
                 if source.exists():
                     shutil.copy2(source, root / source.name)
-            return Env.sqlite(root)
-        return Env(root, create_pg_database(self.pg_server, self.db_url), self.pg_server)
+            copy = Env.sqlite(root)
+        else:
+            copy = Env(root, create_pg_database(self.pg_server, self.db_url), self.pg_server)
+        if self.storage_url is not None:
+            copy.storage_url, copy.s3 = copy_bucket(self.s3, self.storage_url), self.s3
+        return copy
 
     def destroy(self) -> None:
         if self.pg_server is not None:
@@ -324,6 +415,20 @@ class Env:
         else:
             engine_for(self.db_url).dispose()
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def copy_bucket(s3: Any, storage_url: str) -> str:
+    """Every object of ``storage_url``'s bucket copied into a new bucket of the same server;
+    the storage URL of the copy (same prefix)."""
+    source, _, prefix = storage_url.removeprefix("s3://").partition("/")
+    target = s3.new_bucket()
+    client = s3.client()
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=source):
+        for item in page.get("Contents", []):
+            client.copy_object(
+                Bucket=target, Key=item["Key"], CopySource={"Bucket": source, "Key": item["Key"]}
+            )
+    return f"s3://{target}/{prefix}"
 
 
 @contextlib.contextmanager

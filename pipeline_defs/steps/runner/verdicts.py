@@ -55,7 +55,10 @@ def adopt(
     line = audit_line(
         run, decision, action=AuditAction.ADOPT, from_status=None, to_status=StepStatus.COMPLETED
     )
-    return writers.ledger.adopt(key, run.run_id, summary=decision.reason, seal=seal, audit=line)
+    pointer = writers.checkpoints.adoptable_pointer(key)
+    return writers.ledger.adopt(
+        key, run.run_id, summary=decision.reason, seal=seal, pointer=pointer, audit=line
+    )
 
 
 def block(

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pipeline_defs.project import IMAGE_MODEL_KEYS
-from pipeline_defs.steps.context import StepContext
+from pipeline_defs.steps.context import VerifyContext
 from pipeline_defs.steps.spec import ItemSource
 from pipeline_defs.storyboard.entity_canon import DEFAULT_OUTLOOK
 from pipeline_defs.storyboard.images import ImageJob, ImagePlan, ImageStep, upstream_file
@@ -25,7 +25,7 @@ class CompositeImageGen(ImageStep):
     description = "One PNG per (character, outlook other than O00)."
     kind = "composite"
 
-    def plan(self, ctx: StepContext, inputs: Mapping[str, Checkpoint]) -> ImagePlan:
+    def plan(self, ctx: VerifyContext, inputs: Mapping[str, Checkpoint]) -> ImagePlan:
         refs = inputs[REF_STEP].data
         ref_images = refs.get("images") or {}
         plan = ImagePlan(jobs=[])

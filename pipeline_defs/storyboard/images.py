@@ -80,7 +80,7 @@ class ImagePlan:
 
 
 def upstream_file(
-    ctx: StepContext, step_id: str, entry: Mapping[str, Any] | None
+    ctx: VerifyContext, step_id: str, entry: Mapping[str, Any] | None
 ) -> tuple[str, str] | None:
     """(path, sha256) of a reference image another step recorded, if its bytes still match."""
     if not entry or not isinstance(entry.get("path"), str):
@@ -104,8 +104,47 @@ class ImageStep(Step):
     # Tag resume/redraw names items by the ids of ``expected`` (the PNG names).
     redrawable = True
 
-    def plan(self, ctx: StepContext, inputs: Mapping[str, Checkpoint]) -> ImagePlan:
+    def plan(self, ctx: VerifyContext, inputs: Mapping[str, Checkpoint]) -> ImagePlan:
+        """The pictures this step is to have, from its inputs (a run draws them; the
+        verifier compares what was drawn with what is asked for now)."""
         raise NotImplementedError
+
+    def verify_reads(self, ctx: VerifyContext) -> tuple[Path, ...]:
+        """The checkpoints the prompts come from: a verdict on whether each picture was drawn
+        from the prompt asked for now depends on them (an accepted or reviewed edit)."""
+        return tuple(
+            ctx.checkpoints.path_for(StepKey(ctx.key.project_id, ctx.key.episode_id, dep))
+            for dep in self.deps
+        )
+
+    def drawn_from_older_prompts(self, ctx: VerifyContext, checkpoint: Checkpoint) -> list[str]:
+        """The pictures of ``checkpoint`` drawn from a prompt other than the one their job
+        asks for now (an edit of an upstream prompt, accepted or made by the review), as
+        ``<path> (drawn from an older prompt)``; a re-run redraws exactly those (their seed
+        changed) and keeps every other. Nothing when an input cannot be read or planned
+        (other verdicts say why)."""
+        inputs: dict[str, Checkpoint] = {}
+        for dep in self.deps:
+            try:
+                upstream = ctx.upstream(dep)
+            except PipelineError:
+                return []
+            if upstream is None:
+                return []
+            inputs[dep] = upstream
+        try:
+            jobs = self.plan(ctx, inputs).jobs
+        except (KeyError, TypeError, ValueError, AttributeError, PipelineError):
+            return []
+        images = checkpoint.data.get("images") or {}
+        out = []
+        for job in jobs:
+            entry = images.get(job.item_id)
+            if not isinstance(entry, Mapping) or entry.get("prompt_seed") is None:
+                continue  # not drawn (the verdict above says so), or a record of before
+            if entry["prompt_seed"] != job.prompt_seed:
+                out.append(f"{job.path} (drawn from an older prompt)")
+        return out
 
     def _previous(self, ctx: StepContext) -> Checkpoint | None:
         try:
@@ -469,5 +508,14 @@ class ImageStep(Step):
                 tuple(missing[:MAX_LISTED]),
                 severity,
                 missing_count=len(missing),
+            )
+        # A picture for the prompt asked for now is missing too: redrawn, one call each.
+        outdated = self.drawn_from_older_prompts(ctx, checkpoint)
+        if outdated:
+            return CompletionReport.incomplete(
+                Origin.ARTIFACT_MISSING,
+                tuple(outdated[:MAX_LISTED]),
+                Severity.PARTIAL,
+                missing_count=len(outdated),
             )
         return CompletionReport.clean(images=len(expected))

@@ -7,7 +7,7 @@ are listed as skipped (not missing), and later steps do not require a reference 
 from collections.abc import Mapping
 
 from pipeline_defs.project import IMAGE_MODEL_KEYS
-from pipeline_defs.steps.context import StepContext
+from pipeline_defs.steps.context import VerifyContext
 from pipeline_defs.storyboard.entity_canon import DEFAULT_OUTLOOK
 from pipeline_defs.storyboard.entity_t2i import entity_item_id
 from pipeline_defs.storyboard.images import ImageJob, ImagePlan, ImageStep
@@ -27,7 +27,7 @@ class RefImageGen(ImageStep):
     description = "One reference PNG per active character."
     kind = "reference"
 
-    def plan(self, ctx: StepContext, inputs: Mapping[str, Checkpoint]) -> ImagePlan:
+    def plan(self, ctx: VerifyContext, inputs: Mapping[str, Checkpoint]) -> ImagePlan:
         characters = inputs["entity_canon"].data["characters"]
         prompts = {p["item_id"]: p for p in inputs["entity_t2i"].data["prompts"]}
         threshold = ctx.project.images.ref_min_mentions

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pipeline_defs.project import IMAGE_MODEL_KEYS
-from pipeline_defs.steps.context import StepContext
+from pipeline_defs.steps.context import VerifyContext
 from pipeline_defs.steps.spec import ItemSource
 from pipeline_defs.storyboard.entity_canon import DEFAULT_OUTLOOK
 from pipeline_defs.storyboard.images import ImageJob, ImagePlan, ImageStep, upstream_file
@@ -28,7 +28,7 @@ class SceneImagePipeline(ImageStep):
     kind = "shot"
 
     def _source(
-        self, ctx: StepContext, composites: Mapping[str, Any], need: Mapping[str, Any]
+        self, ctx: VerifyContext, composites: Mapping[str, Any], need: Mapping[str, Any]
     ) -> ItemSource | None:
         """The picture a need is drawn from, if its bytes still match its record."""
         cid, oid = need["character_id"], need["outlook_id"]
@@ -46,7 +46,7 @@ class SceneImagePipeline(ImageStep):
         found = upstream_file(ctx, COMPOSITE_STEP, (composites.get("images") or {}).get(item))
         return ItemSource(COMPOSITE_STEP, item, found[1]) if found else None
 
-    def plan(self, ctx: StepContext, inputs: Mapping[str, Checkpoint]) -> ImagePlan:
+    def plan(self, ctx: VerifyContext, inputs: Mapping[str, Checkpoint]) -> ImagePlan:
         scenes = inputs["scene_detail"].data["scenes"]
         deps = {s["shot_id"]: s for s in inputs["shot_dependency_t2i"].data["shots"]}
         composites = inputs[COMPOSITE_STEP].data

@@ -105,6 +105,38 @@ def test_an_edited_prompt_is_accepted_with_no_call_and_downstream_judges_itself(
     assert after.data["scenes"][0]["t2i_variations"][0]["t2i_prompt"].endswith("by hand")
 
 
+def test_an_accepted_prompt_reaches_its_picture_and_only_it(env: Env) -> None:
+    """The accepted words are what the shot is drawn from: the image step redraws exactly the
+    pictures whose prompt changed (one call each) and keeps every other; ``decide`` names them
+    before the run."""
+    raw = edit_first_prompt(env, "a lighthouse at dusk, ink storyboard, edited by hand")
+    scene = raw["data"]["scenes"][0]
+    edited = f"S{scene['scene_index']}_L0_V0"
+    code, payload = storyboard(env, "accept", "--partition", PARTITION, "--step", "scene_detail")
+    assert code == 0, payload
+    decision = env.judge("scene_image_pipeline")
+    assert decision.action.value == "rerun_self", decision
+    assert edited in decision.reason and "older prompt" in decision.reason, decision.reason
+    before = env.checkpoint("scene_image_pipeline")
+    assert before is not None
+
+    outcome = env.materialize()
+
+    assert outcome.decisions["scene_image_pipeline"] == "rerun_self"
+    assert outcome.calls_of("scene_image_pipeline") == 1
+    for step_id in ("ref_image_gen", "composite_image_gen"):
+        assert outcome.decisions[step_id] == "skip", step_id
+    after = env.checkpoint("scene_image_pipeline")
+    assert after is not None
+    redrawn = {
+        item
+        for item, entry in after.data["images"].items()
+        if entry["sha256"] != before.data["images"][item]["sha256"]
+    }
+    assert redrawn == {edited}
+    assert env.judge("scene_image_pipeline").action.value == "skip"
+
+
 def edit_camera_direction(env: Env) -> None:
     """An edit the step cannot make valid: it does not re-derive the hash that covers it."""
     path = env.checkpoint_path("scene_detail")

@@ -45,6 +45,7 @@ class Picture:
     uri: str | None  # the thumbnail; None when the file is absent or not what was recorded
     problem: str | None = None  # why there is no thumbnail
     outdated_from: tuple[str, ...] = ()  # "step/item" redrawn since this was built from it
+    older_prompt: bool = False  # drawn from a prompt edited since (accepted or reviewed)
 
 
 @dataclass
@@ -104,6 +105,19 @@ class _Reader:
             for step, items in outdated.items()
             for item, sources in items.items()
         }
+        self.older_prompts: set[tuple[str, str]] = set()
+        for step_id, checkpoint in self.checkpoints.items():
+            step = ws.catalog.get(step_id)
+            if step is None:
+                continue
+            try:
+                context = ws.judge(step).context(episode.step(step_id))
+                items = step.items_from_older_prompts(context, checkpoint)
+            except PipelineError:
+                continue
+            self.older_prompts.update((step_id, item) for item in items)
+        # Every picture the page marks (missing, replaced, unreadable), for the JSON too.
+        self.marked: list[str] = []
 
     def data(self, step_id: str) -> Mapping[str, Any]:
         found = self.checkpoints.get(step_id)
@@ -118,22 +132,29 @@ class _Reader:
         if not isinstance(entry, Mapping) or not isinstance(entry.get("path"), str):
             return None
         outdated = self.outdated.get((step_id, item_id), ())
+        older = (step_id, item_id) in self.older_prompts
         recorded = checkpoint.artifact(entry["path"])
+        problem: str | None = None
+        uri: str | None = None
         try:
             payload = read_nofollow(
                 self.ws.checkpoints.artifact_path(checkpoint.key, entry["path"])
             )
         except FileNotFoundError:
-            return Picture(item_id, step_id, None, "file missing", outdated)
+            problem = "file missing"
         except (OSError, PipelineError) as exc:
-            return Picture(item_id, step_id, None, f"unreadable ({exc})", outdated)
-        if recorded is None or hashlib.sha256(payload).hexdigest() != recorded.sha256:
-            return Picture(item_id, step_id, None, "file differs from its checkpoint", outdated)
-        try:
-            uri = data_uri(thumbnail_png(payload, name=f"{step_id}/{entry['path']}"))
-        except PipelineError as exc:
-            return Picture(item_id, step_id, None, exc.message, outdated)
-        return Picture(item_id, step_id, uri, None, outdated)
+            problem = f"unreadable ({exc})"
+        else:
+            if recorded is None or hashlib.sha256(payload).hexdigest() != recorded.sha256:
+                problem = "file differs from its checkpoint"
+            else:
+                try:
+                    uri = data_uri(thumbnail_png(payload, name=f"{step_id}/{entry['path']}"))
+                except PipelineError as exc:
+                    problem = exc.message
+        if problem is not None:
+            self.marked.append(f"{step_id}/{item_id}: {problem}")
+        return Picture(item_id, step_id, uri, problem, outdated, older)
 
 
 def build_sheet(ws: Workspace, episode: Episode) -> SheetReport:
@@ -183,7 +204,8 @@ def build_sheet(ws: Workspace, episode: Episode) -> SheetReport:
             f'<div class="grid">{"".join(cards)}</div></section>'
         )
     body.append(_characters(reader, report))
-    report.outdated = sorted(f"{s}/{i}" for s, i in reader.outdated)
+    report.problems += reader.marked
+    report.outdated = sorted(f"{s}/{i}" for s, i in set(reader.outdated) | reader.older_prompts)
     report.html = _page(f"{title} — {episode.partition_key}", title, episode, "".join(body))
     return report
 
@@ -217,8 +239,10 @@ def _figure(picture: Picture | None, caption: str, detail: str = "") -> str:
         why = picture.problem if picture is not None else "not drawn yet"
         image = f'<div class="absent">{_e(why)}</div>'
     flag = ""
+    if picture is not None and picture.older_prompt:
+        flag += '<p class="outdated">outdated: drawn from an older prompt (edited since)</p>'
     if picture is not None and picture.outdated_from:
-        flag = (
+        flag += (
             '<p class="outdated">outdated: built from '
             + ", ".join(_e(s) for s in picture.outdated_from)
             + ", redrawn since</p>"
@@ -312,5 +336,8 @@ def sheet_summary_lines(report: SheetReport, out: Path) -> Sequence[str]:
         lines.append("not drawn yet (or unreadable): " + ", ".join(report.missing_steps))
     lines += [f"problem: {p}" for p in report.problems]
     if report.outdated:
-        lines.append("outdated (built from a picture redrawn since): " + ", ".join(report.outdated))
+        lines.append(
+            "outdated (drawn from an older prompt, or built from a picture redrawn since): "
+            + ", ".join(report.outdated)
+        )
     return lines

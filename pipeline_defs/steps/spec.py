@@ -129,6 +129,14 @@ class Step:
         """Ids of the items a redraw may name (a ``redrawable`` step lists them)."""
         return ()
 
+    def items_from_older_prompts(
+        self, ctx: "VerifyContext", checkpoint: "Checkpoint"
+    ) -> tuple[str, ...]:
+        """Ids of the items of ``checkpoint`` made from a prompt other than the one asked for
+        now (an upstream prompt edited, accepted or reviewed, since): what a re-run redoes
+        and the contact sheet marks outdated. None for a step without items."""
+        return ()
+
     def item_sources(self, checkpoint: "Checkpoint") -> Mapping[str, tuple[ItemSource, ...]]:
         """Item id -> the upstream items it was built from, as ``checkpoint`` records them."""
         return {}

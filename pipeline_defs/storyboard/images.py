@@ -117,25 +117,26 @@ class ImageStep(Step):
             for dep in self.deps
         )
 
-    def drawn_from_older_prompts(self, ctx: VerifyContext, checkpoint: Checkpoint) -> list[str]:
+    def items_from_older_prompts(
+        self, ctx: VerifyContext, checkpoint: Checkpoint
+    ) -> tuple[str, ...]:
         """The pictures of ``checkpoint`` drawn from a prompt other than the one their job
-        asks for now (an edit of an upstream prompt, accepted or made by the review), as
-        ``<path> (drawn from an older prompt)``; a re-run redraws exactly those (their seed
-        changed) and keeps every other. Nothing when an input cannot be read or planned
-        (other verdicts say why)."""
+        asks for now (an edit of an upstream prompt, accepted or made by the review); a
+        re-run redraws exactly those (their seed changed) and keeps every other. Nothing
+        when an input cannot be read or planned (other verdicts say why)."""
         inputs: dict[str, Checkpoint] = {}
         for dep in self.deps:
             try:
                 upstream = ctx.upstream(dep)
             except PipelineError:
-                return []
+                return ()
             if upstream is None:
-                return []
+                return ()
             inputs[dep] = upstream
         try:
             jobs = self.plan(ctx, inputs).jobs
         except (KeyError, TypeError, ValueError, AttributeError, PipelineError):
-            return []
+            return ()
         images = checkpoint.data.get("images") or {}
         out = []
         for job in jobs:
@@ -143,8 +144,8 @@ class ImageStep(Step):
             if not isinstance(entry, Mapping) or entry.get("prompt_seed") is None:
                 continue  # not drawn (the verdict above says so), or a record of before
             if entry["prompt_seed"] != job.prompt_seed:
-                out.append(f"{job.path} (drawn from an older prompt)")
-        return out
+                out.append(job.item_id)
+        return tuple(out)
 
     def _previous(self, ctx: StepContext) -> Checkpoint | None:
         try:
@@ -510,7 +511,10 @@ class ImageStep(Step):
                 missing_count=len(missing),
             )
         # A picture for the prompt asked for now is missing too: redrawn, one call each.
-        outdated = self.drawn_from_older_prompts(ctx, checkpoint)
+        outdated = [
+            f"{images[item]['path']} (drawn from an older prompt)"
+            for item in self.items_from_older_prompts(ctx, checkpoint)
+        ]
         if outdated:
             return CompletionReport.incomplete(
                 Origin.ARTIFACT_MISSING,

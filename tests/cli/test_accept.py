@@ -119,6 +119,13 @@ def test_an_accepted_prompt_reaches_its_picture_and_only_it(env: Env) -> None:
     assert edited in decision.reason and "older prompt" in decision.reason, decision.reason
     before = env.checkpoint("scene_image_pipeline")
     assert before is not None
+    page = env.root / "sheet.html"
+    code, sheet = storyboard(
+        env, "sheet", "--partition", PARTITION, "--out", str(page), "--json"
+    )  # fmt: skip
+    assert code == 0 and isinstance(sheet, dict), sheet
+    assert sheet["outdated"] == [f"scene_image_pipeline/{edited}"], sheet
+    assert "drawn from an older prompt" in page.read_text(encoding="utf-8")
 
     outcome = env.materialize()
 
@@ -135,6 +142,8 @@ def test_an_accepted_prompt_reaches_its_picture_and_only_it(env: Env) -> None:
     }
     assert redrawn == {edited}
     assert env.judge("scene_image_pipeline").action.value == "skip"
+    code, sheet = storyboard(env, "sheet", "--partition", PARTITION, "--out", str(page), "--json")
+    assert code == 0 and isinstance(sheet, dict) and sheet["outdated"] == [], sheet
 
 
 def edit_camera_direction(env: Env) -> None:

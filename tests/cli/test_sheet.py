@@ -93,6 +93,12 @@ def test_a_replaced_picture_is_marked_not_shown(built: Env, tmp_path: Path) -> N
         payload = sheet(env, out)
         page = out.read_text(encoding="utf-8")
         assert "file differs from its checkpoint" in page
+        # What the page marks, the JSON lists.
+        item = victim.name.removesuffix(".png")
+        assert any(
+            f"scene_image_pipeline/{item}" in p and "differs from its checkpoint" in p
+            for p in payload["problems"]  # type: ignore[attr-defined]
+        ), payload["problems"]
         assert payload["pictures"] == sheet(built, tmp_path / "clean.html")["pictures"] - 1
     finally:
         env.destroy()

@@ -22,7 +22,8 @@ class AcceptReport:
     partition: str
     step: str
     accepted: bool
-    changed: list[str] = field(default_factory=list)  # data paths the step re-derived
+    changed: list[str] = field(default_factory=list)  # data paths the editor changed
+    derived: list[str] = field(default_factory=list)  # data paths the step re-derived
     content_hash: str | None = None
     archived: str | None = None
     downstream: list[str] = field(default_factory=list)  # they judge themselves next
@@ -57,6 +58,7 @@ def accept(
         step_id,
         True,
         changed=list(done.changed),
+        derived=list(done.derived),
         content_hash=done.checkpoint.content_hash,
         archived=done.archived,
         downstream=list(done.downstream),

@@ -19,7 +19,7 @@ Dagster-free and below the asset factory, so that both ways of asking share this
 
 import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -48,7 +48,8 @@ class Accepted:
     note: str = ""
     checkpoint: Checkpoint | None = None  # the envelope now published
     status: str | None = None  # the row's status, kept as it was (completed or partial)
-    changed: tuple[str, ...] = ()  # data paths the step re-derived
+    changed: tuple[str, ...] = ()  # data paths the editor changed (the hashed fields)
+    derived: tuple[str, ...] = ()  # data paths the step re-derived from them
     archived: str | None = None  # the edited file as it was, kept as evidence
     downstream: tuple[str, ...] = ()  # steps that judge themselves against it next
     run_id: str | None = None  # names the accept in the audit row and in ``mutations``
@@ -62,6 +63,24 @@ def _refused(key: object, problem: str, exc: PipelineError | None = None) -> Pip
         origin=exc.origin if exc is not None else None,
         details=exc.details if exc is not None else None,
     )
+
+
+def edited_fields(derived: Sequence[str]) -> list[str]:
+    """The fields an editor changed, from the hashes the step re-derived for them: a hash
+    names its field by its own name (``t2i_prompt_hash`` covers ``t2i_prompt``), beside it
+    or, in an ``owned_validation`` sentinel, beside the sentinel. A path of another shape is
+    its own field."""
+    out: list[str] = []
+    for path in derived:
+        parent, _, name = path.rpartition(".")
+        if not parent or not name.endswith("_hash"):
+            out.append(path)
+            continue
+        parent = parent.removesuffix(".owned_validation")
+        field = f"{parent}.{name.removesuffix('_hash')}"
+        if field not in out:
+            out.append(field)
+    return out
 
 
 def changed_paths(before: Any, after: Any, where: str = "data") -> list[str]:
@@ -153,7 +172,8 @@ def accept_hand_edit(
     if raw.get("content_hash") == edited.content_hash:
         return Accepted(key, False, note="the checkpoint was not edited")
     derived = dict(step.accept_edit(edited.data))
-    changed = changed_paths(edited.data, derived) or ["data (fields the step does not derive)"]
+    rederived = changed_paths(edited.data, derived)
+    changed = edited_fields(rederived) or ["data (fields the step does not derive)"]
     stamp = format_timestamp(now or datetime.now(UTC))
     run_id = run_id or f"accept:{uuid.uuid4().hex[:12]}"
     record = {"by_step": MANUAL, "run_id": run_id, "at": stamp, "fields": changed, "origin": MANUAL}
@@ -211,6 +231,7 @@ def accept_hand_edit(
         checkpoint=new,
         status=str(row.status),
         changed=tuple(changed),
+        derived=tuple(rederived),
         archived=str(archived[-1]) if archived else None,
         downstream=tuple(k.step_id for k in judge.downstream_keys(key)),
         run_id=run_id,

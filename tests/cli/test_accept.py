@@ -82,7 +82,9 @@ def test_an_edited_prompt_is_accepted_with_no_call_and_downstream_judges_itself(
     )
     assert code == 0, payload
     assert isinstance(payload, dict) and payload["accepted"] is True
-    assert payload["changed"] == [
+    # The field the editor changed, and what the step re-derived from it.
+    assert payload["changed"] == ["data.scenes[0].t2i_variations[0].t2i_prompt"]
+    assert payload["derived"] == [
         "data.scenes[0].t2i_variations[0].owned_validation.t2i_prompt_hash"
     ]
     assert "shot_dependency_t2i" in payload["downstream"]
@@ -267,7 +269,7 @@ def test_a_launch_tagged_accept_keeps_the_edit_and_the_other_steps_judge_themsel
     metadata = mat_metadata(outcome.result, "scene_detail")
     assert metadata["resume/decision"] == "accepted"
     assert metadata["resume/origin"] == "manual" and metadata["resume/provider_calls"] == 0
-    field = "data.scenes[0].t2i_variations[0].owned_validation.t2i_prompt_hash"
+    field = "data.scenes[0].t2i_variations[0].t2i_prompt"  # the field the editor changed
     assert metadata["resume/accepted_fields"] == field
     accepted = env.checkpoint("scene_detail")  # loads clean: content hash recomputed
     assert accepted is not None and metadata["checkpoint/content_hash"] == accepted.content_hash

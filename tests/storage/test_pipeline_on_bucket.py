@@ -634,9 +634,7 @@ def test_a_hand_edit_of_an_envelope_object_is_accepted_from_any_machine(
     assert result.exit_code == 0, result.output
     payload = json.loads(result.stdout)
     assert payload["accepted"] is True
-    assert payload["changed"] == [
-        "data.scenes[0].t2i_variations[0].owned_validation.t2i_prompt_hash"
-    ]
+    assert payload["changed"] == ["data.scenes[0].t2i_variations[0].t2i_prompt"]
     after = manifest(first, "scene_detail")
     assert after.envelope.key != before.envelope.key  # a new attempt; nothing overwritten
     assert before.encode() in first.ledger.archived_pointers(first.key("scene_detail"))

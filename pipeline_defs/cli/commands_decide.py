@@ -41,7 +41,8 @@ def decide(*, partitions: tuple[str, ...], show_all: bool, as_json: bool) -> dic
     for d in shown:
         # waiting / deferred say why in their detail; a block says what to do below its row
         waits = d["verdict"] not in ("blocked", "launch", "skip", "not_applicable")
-        text = f"{d['reason']} — {d['detail']}" if waits else d["reason"]
+        said_first = d["reason"].startswith(d["detail"])  # a blocked upstream leads
+        text = f"{d['reason']} — {d['detail']}" if waits and not said_first else d["reason"]
         first = (
             said.earlier(f"{d['partition']} {d['step']}", text, d["what_to_do"])
             if d["verdict"] == "blocked"

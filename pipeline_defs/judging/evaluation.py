@@ -39,6 +39,7 @@ from datetime import datetime, timedelta
 
 from pipeline_defs.judging.projects import ProjectCache
 from pipeline_defs.judging.step_evaluation import (
+    BLOCKED_UPSTREAM,
     JUDGED_COLUMNS,
     LAUNCH_ACTIONS,
     RUN_KEY_PREFIX,
@@ -407,6 +408,9 @@ def _verdict(
     if decision.deferred_until is not None:
         return Verdict.DEFERRED, f"backoff: retry not before {decision.deferred_until}"
     if outside:
+        blocked = [u for u in outside if u in done and done[u].verdict is Verdict.BLOCKED]
+        if blocked:  # what holds it is the block, not its own reason
+            return Verdict.WAITING, f"{BLOCKED_UPSTREAM} {', '.join(blocked)}"
         listed = ", ".join(f"{u} ({done[u].verdict.value})" for u in outside if u in done)
         return Verdict.WAITING, f"waiting for upstream {listed}"
     if waits:

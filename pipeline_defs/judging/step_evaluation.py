@@ -52,6 +52,10 @@ RUN_KEY_PREFIX = "resume"
 PartitionRows = Mapping[str, tuple[StepKey, LedgerRow]]
 
 
+# The detail of a step that waits on a blocked upstream step (named after it).
+BLOCKED_UPSTREAM = "waits on blocked upstream"
+
+
 class Verdict(StrEnum):
     """What the sensor does with one (step, partition) this tick."""
 

@@ -73,6 +73,11 @@ def judged_item(
                 detail=f"launch {recovery}: its owner run {run_id} ended ({ended})",
             )
             return item
+    from pipeline_defs.judging.step_evaluation import BLOCKED_UPSTREAM, Verdict
+
+    if ev.verdict is Verdict.WAITING and ev.detail.startswith(BLOCKED_UPSTREAM):
+        # Held by a block upstream: that comes first, its own reason after it.
+        item["reason"] = f"{ev.detail}; then: {item['reason']}"
     if ev.decision.first_run:  # the sensor launches it as RERUN_SELF; it re-runs nothing
         item["action"] = FIRST_RUN
         launch = f"launch {ResumeAction.RERUN_SELF.value}"

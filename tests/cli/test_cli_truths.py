@@ -15,6 +15,7 @@ import yaml
 from cli_helpers import CliEnv, ledger_dump
 
 from pipeline_defs.resume.partition import StepKey
+from resources.checkpoints.store import CheckpointStore
 
 FAKE_STEP_IDS = ("source", "outline", "sketch", "probe")
 NOT_REGISTERED = "is not registered in the Dagster instance"
@@ -72,6 +73,22 @@ def test_status_shows_the_blocks_decide_reports(cli_db: CliEnv) -> None:
     assert "blocked 1" in text
     assert "scenes.camera_style" in text
     assert "storyboard force --partition p1/e1 --step outline" in text
+
+
+def test_a_step_waiting_on_a_blocked_upstream_says_so_naming_it(cli: CliEnv) -> None:
+    """Not "artifacts are missing": what holds the step is its blocked upstream."""
+    add(cli, "p1", "e1")
+    cli.ok("materialize", "--partition", "p1/e1")
+    CheckpointStore(cli.home).path_for(StepKey("p1", "e1", "sketch")).unlink()
+    change_camera_style(cli, "p1")  # outline blocks (contract drift)
+
+    decided = cli.json("decide")
+    sketch = next(d for d in decided["decisions"] if d["step"] == "sketch")
+    assert sketch["verdict"] == "waiting", sketch
+    assert sketch["reason"].startswith("waits on blocked upstream outline"), sketch
+    text = cli.ok("decide").stdout
+    (row,) = [line for line in text.splitlines() if " sketch " in line]
+    assert "waits on blocked upstream outline" in row, text
 
 
 # --------------------------------------------------------------------------- b. unknown partitions

@@ -8,8 +8,9 @@ partitions), laid out by a :class:`PartitionScan`:
   ``checkpoint.json``, deleting or adding a PNG, a force marker or an archive all change
   the mtime of the directory that holds the entry;
 - the project (``project.yaml`` and the directories on the way, watched for links only),
-  the episode's checkpoint directory (links only), the episode input directory and the
-  files seen in it.
+  the episode's checkpoint directory (links only), the episode input directory, each step's
+  ``checkpoint.json`` (mtime and size: an edit written over the file in place leaves its
+  directory as it was) and the input files seen.
 
 Every stat is an ``lstat`` (docs/DESIGN.md#no-escape): a dir moved out and linked back keeps its
 identity through the link, so every directory on the way is taken itself.
@@ -31,7 +32,7 @@ from pipeline_defs.resume.identity import (
     file_identity_or_absent,
     link_identity,
 )
-from pipeline_defs.resume.layout import DataLayout
+from pipeline_defs.resume.layout import CHECKPOINT_FILE, DataLayout
 from pipeline_defs.resume.partition import Episode
 
 
@@ -141,6 +142,7 @@ def scan_partitions(
             )
 
     lstat, is_link = os.lstat, stat.S_ISLNK
+    envelopes = tuple(f"{step_id}/{CHECKPOINT_FILE}" for step_id, _ in shape.steps)
     scans: dict[str, Scan] = {}
     # One flat loop, the stat calls inlined (this is all a warm tick does per partition):
     # the same identities as directory_identity / file_identity_or_absent / link_identity
@@ -179,6 +181,17 @@ def scan_partitions(
         else:
             ident = (st.st_mtime_ns, st.st_ino)
         ints.extend(ident)
+        # Each step's envelope, by (mtime_ns, size): an edit written over the file in place
+        # (an editor that truncates and writes) leaves its directory as it was.
+        for envelope in envelopes:
+            try:
+                st = lstat(f"{base}/{envelope}")
+            except OSError:
+                add(-1)  # ABSENT
+                add(-1)
+            else:
+                add(st.st_mtime_ns)
+                add(st.st_size)
         seen = known.get(pk)
         if seen is not None and ident != ABSENT and seen.input_dir == ident:
             names = seen.inputs  # same directory entries: stat the known files only

@@ -386,7 +386,7 @@ def test_a_blocked_step_keeps_its_downstream_out_of_the_run(
     assert evs["mid"].verdict is Verdict.BLOCKED and evs["mid"].run_key is None
     assert evs["end"].decision.action is ResumeAction.RERUN_SELF  # needs work itself, but
     assert evs["end"].verdict is Verdict.WAITING and "mid" in evs["end"].waits_on
-    assert "mid (blocked)" in evs["end"].detail and not evs["end"].launch
+    assert evs["end"].detail == "waits on blocked upstream mid" and not evs["end"].launch
 
 
 def test_a_deferred_step_keeps_its_downstream_out_of_the_run(

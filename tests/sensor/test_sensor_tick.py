@@ -6,6 +6,7 @@ Ticks are evaluated with ``build_sensor_context`` against a test instance whose
 ``episodes`` partitions are registered.
 """
 
+import json
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -355,6 +356,14 @@ def test_changes_are_noticed_and_only_changed_partitions_are_judged(rig: Rig) ->
     assert changed({"p/e0"}, "disk") == {("end", "p/e0")}
     (rig.step_dir("p/e1", "mid") / "frames" / "f0.png").unlink()
     assert changed({"p/e1"}, "disk") == {("mid", "p/e1")}
+    # A checkpoint edited in place (same file, its directory untouched): a hand edit with an
+    # editor that writes over the file. Seen at the next tick, a block naming the step.
+    envelope = rig.step_dir("p/e4", "end") / "checkpoint.json"
+    raw = json.loads(envelope.read_text(encoding="utf-8"))
+    raw["data"]["edited"] = "by hand"
+    envelope.write_text(json.dumps(raw), encoding="utf-8")  # truncated and written over
+    assert changed({"p/e4"}, "disk") == set()
+    assert rig.checks()[("end", "p/e4")].passed is False
     # A ledger write (through the ledger's own operations).
     key = rig.key("p/e2", "side")
     assert rig.stores.ledger.claim(key, "x:0") and rig.stores.ledger.transition(
@@ -375,8 +384,9 @@ def test_changes_are_noticed_and_only_changed_partitions_are_judged(rig: Rig) ->
     rig.tick()
     assert rig.stats.evaluated_partitions == 7
     assert {(s, p) for (s, p) in rig.checks() if s == "end"} == {
-        ("end", pk) for pk in ("p/e1", "p/e2", "p/e3", "p/e4", "p/e5")
-    }  # p/e0's end has no checkpoint (re-run) and p/e9 never ran: not config-blocked
+        ("end", pk) for pk in ("p/e1", "p/e2", "p/e3", "p/e5")
+    }  # p/e0's end has no checkpoint (re-run), p/e9 never ran: not config-blocked; p/e4's
+    # end was blocked by its edit already (its check failed then, and stays failed)
 
 
 def test_full_refresh_rejudges_everything_periodically(sqlite_rig: Rig) -> None:

@@ -32,7 +32,7 @@ from pipeline_defs.resume.identity import (
     file_identity_or_absent,
     link_identity,
 )
-from pipeline_defs.resume.layout import CHECKPOINT_FILE, DataLayout
+from pipeline_defs.resume.layout import DataLayout
 from pipeline_defs.resume.partition import Episode
 
 
@@ -142,7 +142,7 @@ def scan_partitions(
             )
 
     lstat, is_link = os.lstat, stat.S_ISLNK
-    envelopes = tuple(f"{step_id}/{CHECKPOINT_FILE}" for step_id, _ in shape.steps)
+    envelopes = tuple(DataLayout.checkpoint_in(step_id) for step_id, _ in shape.steps)
     scans: dict[str, Scan] = {}
     # One flat loop, the stat calls inlined (this is all a warm tick does per partition):
     # the same identities as directory_identity / file_identity_or_absent / link_identity

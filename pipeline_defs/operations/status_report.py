@@ -49,6 +49,38 @@ _FINISHED = frozenset({StepStatus.COMPLETED, StepStatus.PARTIAL, StepStatus.FAIL
 _WAITING = frozenset({StepStatus.PENDING, StepStatus.STALE})
 
 
+# At most this many runs' step timings are read from the Dagster instance per ``status``
+# (the newest finished rows' runs); older rows show the ledger's claim-to-finish time.
+RUN_TIMINGS_READ = 200
+
+
+def _run_step_durations(
+    ws: Workspace, rows: Mapping[StepKey, LedgerRow]
+) -> dict[tuple[str, str], float]:
+    """(Dagster run id, step) -> the step's duration in that run, from the run's events
+    (step start to its end): what the run's own report says, judge, inputs and publish
+    included. Empty without a Dagster instance."""
+    from pipeline_defs.wiring.assets import owner_run_id
+
+    instance = ws.instance(required=False)
+    if instance is None:
+        return {}
+    runs: dict[str, None] = {}
+    finished = [r for r in rows.values() if r.status in _FINISHED and r.run_id]
+    for row in sorted(finished, key=lambda r: str(r.completed_at or ""), reverse=True):
+        run_id = owner_run_id(str(row.run_id))
+        if run_id is not None:
+            runs.setdefault(run_id, None)
+        if len(runs) >= RUN_TIMINGS_READ:
+            break
+    out: dict[tuple[str, str], float] = {}
+    for run_id in runs:
+        for stats in instance.get_run_step_stats(run_id):
+            if stats.start_time is not None and stats.end_time is not None:
+                out[run_id, stats.step_key] = round(stats.end_time - stats.start_time, 3)
+    return out
+
+
 def _seconds_between(start: Any, end: Any) -> float | None:
     began, ended = parse_timestamp(start), parse_timestamp(end)
     if began is None or ended is None or ended < began:
@@ -253,6 +285,7 @@ def status_report(
                 unknown[key] += 1  # sent, never answered: its worker died during it
     step_ids = [s.step_id for s in ws.steps]
     extra = sorted({k.step_id for k in rows} - set(step_ids))
+    run_durations = _run_step_durations(ws, rows)
     states: list[StepState] = []
     durations: dict[str, list[float]] = defaultdict(list)
     pending_ages: list[float] = []
@@ -299,7 +332,12 @@ def status_report(
                 state.updated_at = row.updated_at
                 state.error = row.error_message
                 if row.status in _FINISHED:
-                    state.last_duration_seconds = _seconds_between(row.started_at, row.completed_at)
+                    # The run's own timing of the step; the ledger's claim-to-finish when the
+                    # instance does not know the run (another deployment's, or pruned).
+                    run_id = str(row.run_id or "").split(":", 1)[0]
+                    state.last_duration_seconds = run_durations.get(
+                        (run_id, step_id), _seconds_between(row.started_at, row.completed_at)
+                    )
                     failed = row.status is StepStatus.FAILED
                     if state.last_duration_seconds is not None and not failed:
                         durations[step_id].append(state.last_duration_seconds)

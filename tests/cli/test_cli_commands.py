@@ -165,7 +165,10 @@ def test_materialize_then_resume_then_status(cli: CliEnv) -> None:
     rows = {(r["partition"], r["step"]): r for r in status["steps"]}
     assert rows["p1/e1", "outline"]["last_decision"] == "skip"
     assert rows["p1/e1", "outline"]["provider_calls"] == 3
-    assert rows["p1/e1", "outline"]["last_duration_seconds"] is not None
+    # The run's own duration of each step (its events), as the run report said it.
+    for step_id, reported in by_step.items():
+        shown = rows["p1/e1", step_id]["last_duration_seconds"]
+        assert shown == pytest.approx(reported["duration_seconds"], abs=0.002), step_id
     # Who ran it: the worker (host:pid) named by each step's claim line, this process here.
     here = f"{socket.gethostname()}:{os.getpid()}"
     assert {r["worker"] for r in status["steps"]} == {here}

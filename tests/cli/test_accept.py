@@ -11,6 +11,10 @@ The same through a Dagster launch tagged ``resume/mode=accept``: the edited step
 (no call, audited as manual, its materialization says so), the others judge themselves; a
 tagged launch of one step with nothing to accept, or an edit it cannot make valid, fails
 typed with not one byte or row changed.
+
+Every test runs on a local home and on S3 (a real moto server) from one fixture, with the
+same outcome and the same calls: on a bucket the editor's edit is the envelope object
+downloaded, edited and put back.
 """
 
 import json
@@ -20,9 +24,10 @@ from typing import Any
 
 import dagster as dg
 import pytest
-from cli_helpers import ledger_dump, tree_snapshot
+from cli_helpers import ledger_dump
 from click.testing import CliRunner
-from storyboard_support import PARTITION, Env, built_episode
+from s3_server import S3Server
+from storyboard_support import PARTITION, Env, built_episode, scratch_dir, write_episode
 
 from pipeline_defs.cli import main
 from pipeline_defs.operations.workspace import PARTITIONS_NAME
@@ -30,9 +35,29 @@ from resources.checkpoints.envelope import sha256_text
 
 
 @pytest.fixture(scope="module")
-def built() -> Iterator[Env]:
+def sqlite_built() -> Iterator[Env]:
     with built_episode("accept") as env:
         yield env
+
+
+@pytest.fixture(scope="module")
+def s3_built(s3_module: S3Server) -> Iterator[Env]:
+    """The same episode with its checkpoints on S3 (moto): the editor downloads the envelope
+    object, edits it and puts it back; ``accept`` publishes it as a new attempt."""
+    env = Env.sqlite(scratch_dir("accept-s3"))
+    env.storage_url, env.s3 = f"s3://{s3_module.new_bucket()}/storyboard", s3_module
+    try:
+        write_episode(env.home)
+        env.materialize()
+        yield env
+    finally:
+        env.destroy()
+
+
+@pytest.fixture(params=["sqlite", "s3"])
+def built(request: pytest.FixtureRequest) -> Env:
+    """One behaviour suite on a local home and on a bucket (docs/DESIGN.md#storage)."""
+    return request.getfixturevalue(f"{request.param}_built")  # type: ignore[no-any-return]
 
 
 @pytest.fixture
@@ -55,6 +80,7 @@ def storyboard(env: Env, *args: str) -> tuple[int, dict[str, Any] | str]:
         env={
             "PIPELINE_HOME": str(env.home),
             "PIPELINE_DB_URL": env.db_url,
+            "PIPELINE_STORAGE_URL": env.storage_url,
             "DAGSTER_HOME": str(env.dagster_home),  # type: ignore[attr-defined]
         },
     )
@@ -64,11 +90,10 @@ def storyboard(env: Env, *args: str) -> tuple[int, dict[str, Any] | str]:
 
 
 def edit_first_prompt(env: Env, text: str) -> dict[str, Any]:
-    path = env.checkpoint_path("scene_detail")
-    raw = json.loads(path.read_text(encoding="utf-8"))
-    raw["data"]["scenes"][0]["t2i_variations"][0]["t2i_prompt"] = text
-    path.write_text(json.dumps(raw), encoding="utf-8")
-    return raw
+    def edit(raw: dict[str, Any]) -> None:
+        raw["data"]["scenes"][0]["t2i_variations"][0]["t2i_prompt"] = text
+
+    return env.edit_envelope("scene_detail", edit)
 
 
 def test_an_edited_prompt_is_accepted_with_no_call_and_downstream_judges_itself(
@@ -150,20 +175,21 @@ def test_an_accepted_prompt_reaches_its_picture_and_only_it(env: Env) -> None:
 
 def edit_camera_direction(env: Env) -> None:
     """An edit the step cannot make valid: it does not re-derive the hash that covers it."""
-    path = env.checkpoint_path("scene_detail")
-    raw = json.loads(path.read_text(encoding="utf-8"))
-    raw["data"]["scenes"][0]["camera_direction"] = "a camera direction edited by hand"
-    path.write_text(json.dumps(raw), encoding="utf-8")
+
+    def edit(raw: dict[str, Any]) -> None:
+        raw["data"]["scenes"][0]["camera_direction"] = "a camera direction edited by hand"
+
+    env.edit_envelope("scene_detail", edit)
 
 
 def test_an_edit_the_step_cannot_make_valid_is_refused_and_changes_nothing(env: Env) -> None:
     edit_camera_direction(env)
-    before_files, before_rows = tree_snapshot(env.home), ledger_dump(env.db_url)
+    before_files, before_rows = env.stored(), ledger_dump(env.db_url)
     code, output = storyboard(env, "accept", "--partition", PARTITION, "--step", "scene_detail")
     assert code == 1
     assert isinstance(output, str) and "[accept.refused]" in output
     assert "camera_direction" in output and "nothing was changed" in output
-    assert tree_snapshot(env.home) == before_files
+    assert env.stored() == before_files
     assert ledger_dump(env.db_url) == before_rows
 
 
@@ -299,12 +325,12 @@ def test_a_launch_tagged_accept_with_nothing_to_accept_fails_typed_and_changes_n
 
     if edit == "camera_direction":
         edit_camera_direction(env)
-    before_files, before_rows = tree_snapshot(env.home), ledger_dump(env.db_url)
+    before_files, before_rows = env.stored(), ledger_dump(env.db_url)
     outcome = env.materialize(["scene_detail"], tags=ACCEPT_TAG, raise_on_error=False)
 
     assert not outcome.result.success
     description, metadata = failure(outcome.result, "scene_detail")
     assert metadata["error/code"] == code, description
     assert "nothing was changed" in description
-    assert tree_snapshot(env.home) == before_files  # not one byte, not one row
+    assert env.stored() == before_files  # not one byte, not one row
     assert ledger_dump(env.db_url) == before_rows

@@ -6,6 +6,7 @@ Not a test module: the ``test_storyboard_*`` files import it. Scratch data goes 
 
 import contextlib
 import hashlib
+import json
 import os
 import shutil
 import tempfile
@@ -288,6 +289,41 @@ class Env:
             self._bucket().storage.delete(self._object_key(step_id, None))
         else:
             self.checkpoint_path(step_id).unlink()
+
+    def edit_envelope(self, step_id: str, edit: Any) -> dict[str, Any]:
+        """An operator's hand edit of a published envelope, ``edit(raw)`` changing its JSON:
+        the file written over on a local home; on a bucket the object downloaded, edited and
+        put back under its key (what ``storyboard accept`` then reads). Returns the edited
+        JSON."""
+        if self.on_bucket:
+            storage = self._bucket().storage
+            key = self._object_key(step_id, None)
+            raw = json.loads(storage.get(key))
+            edit(raw)
+            storage.delete(key)
+            storage.put_create(key, json.dumps(raw).encode("utf-8"))
+            return dict(raw)
+        path = self.checkpoint_path(step_id)
+        raw = json.loads(path.read_text(encoding="utf-8"))
+        edit(raw)
+        path.write_text(json.dumps(raw), encoding="utf-8")
+        return dict(raw)
+
+    def stored(self) -> dict[str, Any]:
+        """What the home and the bucket hold (the ledger apart): every file of the home
+        but a process's scratch copies, and every object of the bucket by key, size and
+        e_tag. Equal before and after: not one byte written."""
+        files = {}
+        for path in sorted(self.home.rglob("*")):
+            relative = path.relative_to(self.home)
+            if SCRATCH_DIR in relative.parts or not path.is_file():
+                continue
+            files[relative.as_posix()] = (path.read_bytes(), path.stat().st_mtime_ns)
+        objects = {}
+        if self.on_bucket:
+            for meta in self._bucket().storage.list(""):
+                objects[meta.key] = (meta.size, meta.e_tag)
+        return {"files": files, "objects": objects}
 
     def force_cleared(self, step_id: str) -> bool:
         """Whether a force left its mark on the step: on a local home the marker file in its

@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import dagster as dg
 import pytest
 import sqlalchemy as sa
 from azurite_server import AzureServer, running_azurite
@@ -19,6 +20,7 @@ from fleet_support import require_broker
 from judge_steps import Harness, open_harness
 from pg_throwaway import ThrowawayPostgres
 from s3_server import SECRET, S3Server, running_s3_server
+from storyboard_support import Env, built_episode, cloned
 
 from resources.ledger.store import LedgerStore, engine_for
 
@@ -229,3 +231,64 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if kind == "unit" and STATEFUL_FIXTURES & set(getattr(item, "fixturenames", ())):
             kind = "integration"
         item.add_marker(getattr(pytest.mark, kind))
+
+
+# ------------------------------------ the sample episode, built once per module and backend
+# A test takes ``built`` (the template: read it, never change it) or ``env`` (its own copy:
+# files, database and bucket copied). The backends a module runs on: its ``BACKENDS``
+# (default: SQLite on a local home), one behaviour suite over each (docs/DESIGN.md#storage).
+ALL_BACKENDS = ("sqlite", "postgresql", "s3")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "built" in metafunc.fixturenames:
+        backends = getattr(metafunc.module, "BACKENDS", ("sqlite",))
+        metafunc.parametrize("built", backends, indirect=True)
+
+
+@pytest.fixture(scope="module")
+def sqlite_built() -> Iterator[Env]:
+    """The sample episode run end to end: a local home, a SQLite ledger."""
+    with built_episode("built") as env:
+        yield env
+
+
+@pytest.fixture(scope="module")
+def postgresql_built(pg_server_url: str) -> Iterator[Env]:
+    """The same on a PostgreSQL ledger (a database of its own)."""
+    with built_episode("built", pg_server_url) as env:
+        yield env
+
+
+@pytest.fixture(scope="module")
+def s3_built(s3_module: S3Server) -> Iterator[Env]:
+    """The same with its checkpoints on S3 (a bucket of the module's moto server)."""
+    with built_episode("built-s3", s3=s3_module) as env:
+        yield env
+
+
+@pytest.fixture
+def built(request: pytest.FixtureRequest) -> Env:
+    """The built episode on one of the module's ``BACKENDS``."""
+    return request.getfixturevalue(f"{request.param}_built")  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def env(built: Env) -> Iterator[Env]:
+    """A copy of the built episode of its own: change anything."""
+    with cloned(built) as copy:
+        yield copy
+
+
+@pytest.fixture
+def sqlite_env(sqlite_built: Env) -> Iterator[Env]:
+    """A copy of the SQLite built episode, for a test about neither ledger nor storage."""
+    with cloned(sqlite_built) as copy:
+        yield copy
+
+
+@pytest.fixture(scope="module")
+def instance() -> Iterator[dg.DagsterInstance]:
+    """One Dagster test instance per module (creating one costs seconds)."""
+    with dg.instance_for_test() as shared:
+        yield shared

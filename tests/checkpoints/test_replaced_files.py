@@ -8,13 +8,13 @@ of the archived files, real outages of the image model; on both ledgers.
 
 import json
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from storyboard_support import Env, built_episode, cloned
+from storyboard_support import Env
 
 from pipeline_defs.resume.completion import CompletionReport, Origin
 from pipeline_defs.resume.decision import (
@@ -31,24 +31,8 @@ from resources.checkpoints.store import ARCHIVE_DIR
 from resources.providers import ImageCall, ImageReply, OfflineImageModel
 from resources.providers.base import RETRIES_EXHAUSTED, provider_error
 
-
 # ----------------------------------------------------------------------------- homes
-@pytest.fixture(scope="module")
-def sqlite_built() -> Iterator[Env]:
-    with built_episode("replaced") as env:
-        yield env
-
-
-@pytest.fixture(scope="module")
-def postgresql_built(pg_server_url: str) -> Iterator[Env]:
-    with built_episode("replaced", pg_server_url) as env:
-        yield env
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def env(request: pytest.FixtureRequest) -> Iterator[Env]:
-    with cloned(request.getfixturevalue(f"{request.param}_built")) as copy:
-        yield copy
+BACKENDS = ("sqlite", "postgresql")  # ``built`` and ``env`` (tests/conftest.py)
 
 
 class OutageImageModel(OfflineImageModel):

@@ -127,7 +127,7 @@ NOT_SEALED_ENTRIES = {"archive_dir", "force_marker", "receipt", "pending_dir"}
 
 
 @pytest.fixture
-def built(db_url: str) -> Iterator[Env]:
+def built_in_place(db_url: str) -> Iterator[Env]:
     """The whole storyboard built in place (not copied), so every seal still holds."""
     env = Env(scratch_dir("links"), db_url)
     write_episode(env.home)
@@ -152,9 +152,9 @@ def sensor_block(env: Env, step_id: str, *, trust_seals: bool = True) -> str:
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_a_planted_link_blocks_every_path_and_nothing_outside_changes(
-    built: Env, case: str
+    built_in_place: Env, case: str
 ) -> None:
-    env = built
+    env = built_in_place
     where, step_id, upstream = CASES[case]
     episode_dir = env.checkpoints.root / PROJECT / "ep01"
     link = episode_dir / where if where else episode_dir
@@ -220,11 +220,11 @@ def test_a_planted_link_blocks_every_path_and_nothing_outside_changes(
     unchanged("force upstream")
 
 
-def test_the_observed_archive_pruning_bug(built: Env) -> None:
+def test_the_observed_archive_pruning_bug(built_in_place: Env) -> None:
     """As first reported: composite_image_gen/archive linked outside, then
     ``force --step ref_image_gen``: four outside files were pruned and the force archive
     was written outside. Now the force fails, typed, before writing anything there."""
-    env = built
+    env = built_in_place
     link = env.step_dir("composite_image_gen") / ARCHIVE_DIR
     target = plant(link, env.root / "outside")
     before = tree(target)
@@ -454,11 +454,11 @@ def test_listing_checkpoints_never_walks_through_a_link(
 
 
 # ----------------------------------------------------------------------------- no-escape gaps
-def test_a_force_refuses_a_downstream_link_before_changing_the_ledger(built: Env) -> None:
+def test_a_force_refuses_a_downstream_link_before_changing_the_ledger(built_in_place: Env) -> None:
     """Gap 1: forcing ref_image_gen invalidated composite_image_gen's row (stale) before the
     force-clear met the link in its step directory. The refusal comes first now (the
     judge blocks the force): no row, no file of the episode changes."""
-    env = built
+    env = built_in_place
     link = env.step_dir("composite_image_gen") / ARCHIVE_DIR
     target = plant(link, env.root / "outside")
     rows, seq, files = env.rows(), env.ledger.cursor()[0], env.snapshot()
@@ -483,10 +483,10 @@ def fail_row(env: Env, step_id: str) -> None:
     assert env.ledger.transition(key, "failed-run:0", "failed", error="boom")
 
 
-def test_a_linked_checkpoint_of_a_failed_row_blocks(built: Env) -> None:
+def test_a_linked_checkpoint_of_a_failed_row_blocks(built_in_place: Env) -> None:
     """Gap 2: a failed row was judged RERUN_SELF whatever its checkpoint was; a linked
     checkpoint must block like on a completed row, in the judge and in the sensor."""
-    env = built
+    env = built_in_place
     step_id = "composite_image_gen"
     link = env.checkpoint_path(step_id)
     target = plant(link, env.root / "outside")
@@ -505,14 +505,16 @@ def test_a_linked_checkpoint_of_a_failed_row_blocks(built: Env) -> None:
 
 
 @pytest.mark.parametrize("where", ["step_dir", "episode_dir"])
-def test_the_sensor_tick_notices_a_link_instead_of_following_it(built: Env, where: str) -> None:
+def test_the_sensor_tick_notices_a_link_instead_of_following_it(
+    built_in_place: Env, where: str
+) -> None:
     """Gap 3: the tick's change detection stat'ed directories through links, so a step (or
     episode) directory moved outside and linked back looked unchanged: no re-judge, no
     block. With lstat the link has its own identity and the tick re-judges and blocks."""
     from pipeline_defs.judging.tick import ResumeTicker
     from pipeline_defs.judging.tick_result import TickConfig
 
-    env = built
+    env = built_in_place
     ticker = ResumeTicker(STORYBOARD_STEPS, Stores.of(env.pipeline), TickConfig(workers=1))
     now = datetime.now(UTC)
     first = ticker.tick([PARTITION], now, None)
@@ -541,12 +543,12 @@ INPUT_CASES = {
 
 
 @pytest.mark.parametrize("case", sorted(INPUT_CASES))
-def test_a_linked_input_is_refused_naming_it(built: Env, case: str) -> None:
+def test_a_linked_input_is_refused_naming_it(built_in_place: Env, case: str) -> None:
     """Gap 4: inputs under projects/ were read through links. Now a link there is the same
     typed refusal as in the checkpoint tree (``checkpoint.symlink``: one code for "a link
     where a file or directory of the pipeline should be"), in the judge, the sensor (seals
     trusted) and a run; the input is never read through it."""
-    env = built
+    env = built_in_place
     where, step_id = INPUT_CASES[case]
     project = env.home / "projects" / PROJECT
     link = project / where if where else project
@@ -569,10 +571,12 @@ def test_a_linked_input_is_refused_naming_it(built: Env, case: str) -> None:
     assert_link_kept(link, target)
 
 
-def test_a_mutator_force_with_a_linked_pending_edit_makes_no_provider_call(built: Env) -> None:
+def test_a_mutator_force_with_a_linked_pending_edit_makes_no_provider_call(
+    built_in_place: Env,
+) -> None:
     """Gap 5: forcing t2i_review with pending/scene_detail.json linked outside made its
     review call first and met the link only when writing the edit ahead."""
-    env = built
+    env = built_in_place
     pending = env.step_dir("t2i_review") / "pending"
     pending.mkdir(exist_ok=True)
     forged = env.root / "outside" / "scene_detail.json"

@@ -18,7 +18,6 @@ downloaded, edited and put back.
 """
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,51 +25,28 @@ import dagster as dg
 import pytest
 from cli_helpers import ledger_dump
 from click.testing import CliRunner
-from s3_server import S3Server
-from storyboard_support import PARTITION, Env, built_episode, scratch_dir, write_episode
+from storyboard_support import PARTITION, Env
 
 from pipeline_defs.cli import main
 from pipeline_defs.operations.workspace import PARTITIONS_NAME
 from resources.checkpoints.envelope import sha256_text
 
-
-@pytest.fixture(scope="module")
-def sqlite_built() -> Iterator[Env]:
-    with built_episode("accept") as env:
-        yield env
+BACKENDS = ("sqlite", "s3")  # ``built`` and ``env`` (tests/conftest.py)
 
 
-@pytest.fixture(scope="module")
-def s3_built(s3_module: S3Server) -> Iterator[Env]:
-    """The same episode with its checkpoints on S3 (moto): the editor downloads the envelope
-    object, edits it and puts it back; ``accept`` publishes it as a new attempt."""
-    env = Env.sqlite(scratch_dir("accept-s3"))
-    env.storage_url, env.s3 = f"s3://{s3_module.new_bucket()}/storyboard", s3_module
-    try:
-        write_episode(env.home)
-        env.materialize()
-        yield env
-    finally:
-        env.destroy()
-
-
-@pytest.fixture(params=["sqlite", "s3"])
-def built(request: pytest.FixtureRequest) -> Env:
-    """One behaviour suite on a local home and on a bucket (docs/DESIGN.md#storage)."""
-    return request.getfixturevalue(f"{request.param}_built")  # type: ignore[no-any-return]
-
-
-@pytest.fixture
-def env(built: Env, tmp_path: Path) -> Iterator[Env]:
-    copy = built.clone()
-    dagster_home = tmp_path / "dagster_home"
-    dagster_home.mkdir()
-    (dagster_home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
-    instance = dg.DagsterInstance.from_config(str(dagster_home))
+@pytest.fixture(autouse=True)
+def dagster_home(request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    """A Dagster home beside each test's copy of the episode, its partition registered (the
+    CLI's commands ask the instance)."""
+    if "env" not in request.fixturenames:
+        return
+    env: Env = request.getfixturevalue("env")
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    instance = dg.DagsterInstance.from_config(str(home))
     instance.add_dynamic_partitions(PARTITIONS_NAME, [PARTITION])
-    copy.dagster_home = dagster_home  # type: ignore[attr-defined]
-    yield copy
-    copy.destroy()
+    env.dagster_home = home  # type: ignore[attr-defined]
 
 
 def storyboard(env: Env, *args: str) -> tuple[int, dict[str, Any] | str]:

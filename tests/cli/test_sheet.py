@@ -10,24 +10,16 @@ import base64
 import io
 import json
 import re
-from collections.abc import Iterator
 from html.parser import HTMLParser
 from pathlib import Path
 
-import pytest
 from cli_helpers import tree_snapshot
 from click.testing import CliRunner
 from PIL import Image
-from storyboard_support import PARTITION, Env, built_episode, scratch_dir, write_episode
+from storyboard_support import PARTITION, Env, scratch_dir, write_episode
 
 from pipeline_defs.cli import main
 from pipeline_defs.storyboard.thumbnails import THUMBNAIL_SIDE
-
-
-@pytest.fixture(scope="module")
-def built() -> Iterator[Env]:
-    with built_episode("sheet") as env:
-        yield env
 
 
 def sheet(env: Env, out: Path, partition: str = PARTITION) -> dict[str, object]:

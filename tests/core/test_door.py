@@ -275,13 +275,13 @@ PARTITION = "p1/e1"
 
 
 @pytest.fixture
-def server() -> Iterator[FakeOpenAI]:
+def fake_openai() -> Iterator[FakeOpenAI]:
     with serving(fallback=True) as fake:
         yield fake
 
 
 @pytest.fixture
-def openai_cli(cli: CliEnv, server: FakeOpenAI, monkeypatch: pytest.MonkeyPatch) -> CliEnv:
+def openai_cli(cli: CliEnv, fake_openai: FakeOpenAI, monkeypatch: pytest.MonkeyPatch) -> CliEnv:
     """The shipped code location; project p1 asks for an OpenAI-compatible endpoint."""
     monkeypatch.delenv(KEY_ENV, raising=False)
     cli.defs = SHIPPED
@@ -291,7 +291,7 @@ def openai_cli(cli: CliEnv, server: FakeOpenAI, monkeypatch: pytest.MonkeyPatch)
         {
             "provider": {
                 "kind": "openai",
-                "base_url": server.base_url,
+                "base_url": fake_openai.base_url,
                 "text_model": "gpt-door-text",
                 "image_model": "gpt-door-image",
                 "timeout_seconds": 5,
@@ -316,30 +316,30 @@ def _statuses(cli: CliEnv) -> dict[str, str]:
 
 
 def test_story_source_calls_no_model_and_needs_no_key(
-    openai_cli: CliEnv, server: FakeOpenAI
+    openai_cli: CliEnv, fake_openai: FakeOpenAI
 ) -> None:
     code, report = _materialize(openai_cli, "story_source")
     assert code == 0, report
     assert _statuses(openai_cli) == {"story_source": "completed"}
-    assert server.requests == [] and openai_cli.ledger.provider_calls() == []
+    assert fake_openai.requests == [] and openai_cli.ledger.provider_calls() == []
 
 
 def test_a_step_that_would_call_a_model_is_refused_before_its_claim(
-    openai_cli: CliEnv, server: FakeOpenAI
+    openai_cli: CliEnv, fake_openai: FakeOpenAI
 ) -> None:
     code, report = _materialize(openai_cli)
     assert code == 1
     assert report["error"]["code"] == "provider.no_key"
     assert KEY_ENV in report["error"]["message"]
     assert _statuses(openai_cli) == {"story_source": "completed"}  # nothing else claimed
-    assert server.requests == [] and openai_cli.ledger.provider_calls() == []
+    assert fake_openai.requests == [] and openai_cli.ledger.provider_calls() == []
 
 
-def test_a_step_that_would_skip_needs_no_key(openai_cli: CliEnv, server: FakeOpenAI) -> None:
+def test_a_step_that_would_skip_needs_no_key(openai_cli: CliEnv, fake_openai: FakeOpenAI) -> None:
     code, report = _materialize(openai_cli, "story_source", "entity_canon", key="sk-door-1")
     assert code == 0, report
     assert _statuses(openai_cli) == {"story_source": "completed", "entity_canon": "completed"}
-    sent = len(server.requests)
+    sent = len(fake_openai.requests)
     assert sent > 0
 
     code, report = _materialize(openai_cli, "story_source", "entity_canon")  # no key now
@@ -348,6 +348,6 @@ def test_a_step_that_would_skip_needs_no_key(openai_cli: CliEnv, server: FakeOpe
         "story_source": "skip",
         "entity_canon": "skip",
     }
-    assert len(server.requests) == sent
+    assert len(fake_openai.requests) == sent
     instance = dg.DagsterInstance.from_config(str(openai_cli.dagster_home))
     assert len(instance.get_runs()) == 2

@@ -37,7 +37,7 @@ def storyboard(cli: CliEnv, storage_url: str | None, *args: str) -> str:
 
 
 @pytest.fixture
-def built(tmp_path: Path, storage_url: str | None) -> CliEnv:
+def cli_built(tmp_path: Path, storage_url: str | None) -> CliEnv:
     """The sample episode registered and run end to end by the CLI."""
     cli = make_env(tmp_path)
     story = str(sample_stories()["ep01"])
@@ -63,13 +63,13 @@ FORCES = (
 
 
 def test_a_force_then_a_resume_costs_the_same_on_a_bucket_as_on_disk(
-    built: CliEnv, storage_url: str | None
+    cli_built: CliEnv, storage_url: str | None
 ) -> None:
     for step, paid in FORCES:  # one episode per backend, forced twice in turn
-        before = calls(built)
-        storyboard(built, storage_url, "force", "--partition", PARTITION, "--step", step)
-        storyboard(built, storage_url, "materialize", "--partition", PARTITION)
-        assert calls(built) - before == paid, (step, built.ledger.provider_calls()[before:])
-        again = calls(built)
-        storyboard(built, storage_url, "materialize", "--partition", PARTITION)
-        assert calls(built) == again, step  # and then nothing
+        before = calls(cli_built)
+        storyboard(cli_built, storage_url, "force", "--partition", PARTITION, "--step", step)
+        storyboard(cli_built, storage_url, "materialize", "--partition", PARTITION)
+        assert calls(cli_built) - before == paid, (step, cli_built.ledger.provider_calls()[before:])
+        again = calls(cli_built)
+        storyboard(cli_built, storage_url, "materialize", "--partition", PARTITION)
+        assert calls(cli_built) == again, step  # and then nothing

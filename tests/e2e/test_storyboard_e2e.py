@@ -23,7 +23,6 @@ from storyboard_support import (
     STEP_IDS,
     Env,
     cloned,
-    create_pg_database,
     edit_config,
     scratch_dir,
     step_failure_messages,
@@ -43,6 +42,7 @@ SCENE_DOWNSTREAM = (
     "scene_image_pipeline",
 )
 IMAGE_STEPS = ("ref_image_gen", "composite_image_gen", "scene_image_pipeline")
+BACKENDS = ("sqlite", "postgresql", "s3")  # ``built`` and ``env`` (tests/conftest.py)
 COMPOSITE = "composites/C01_O02.png"
 
 
@@ -72,37 +72,6 @@ def s3_pre_review(s3_module: S3Server) -> Iterator[Env]:
     env.destroy()
 
 
-@pytest.fixture(scope="module")
-def sqlite_built(sqlite_pre_review: Env) -> Iterator[Env]:
-    env = sqlite_pre_review.clone()
-    env.first = env.materialize()  # the first six SKIP, the last four run
-    yield env
-    env.destroy()
-
-
-@pytest.fixture(scope="module")
-def s3_built(s3_pre_review: Env) -> Iterator[Env]:
-    env = s3_pre_review.clone()
-    env.first = env.materialize()
-    yield env
-    env.destroy()
-
-
-@pytest.fixture(scope="module")
-def postgresql_built(pg_server_url: str) -> Iterator[Env]:
-    env = Env(scratch_dir("pg"), create_pg_database(pg_server_url), pg_server_url)
-    write_episode(env.home)
-    env.first = env.materialize()  # all ten in one run
-    yield env
-    env.destroy()
-
-
-@pytest.fixture(params=["sqlite", "postgresql", "s3"])
-def built(request: pytest.FixtureRequest) -> Env:
-    """The built episode on every backend: two ledgers on a local home, and a bucket."""
-    return request.getfixturevalue(f"{request.param}_built")  # type: ignore[no-any-return]
-
-
 @pytest.fixture(params=["sqlite", "s3"])
 def stored_built(request: pytest.FixtureRequest) -> Env:
     """The built episode on a local home and on a bucket (one ledger: what the test shows
@@ -113,12 +82,6 @@ def stored_built(request: pytest.FixtureRequest) -> Env:
 @pytest.fixture(params=["sqlite", "s3"])
 def pre_review(request: pytest.FixtureRequest) -> Env:
     return request.getfixturevalue(f"{request.param}_pre_review")  # type: ignore[no-any-return]
-
-
-@pytest.fixture
-def env(built: Env) -> Iterator[Env]:
-    with cloned(built) as copy:
-        yield copy
 
 
 @pytest.fixture

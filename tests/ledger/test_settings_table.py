@@ -7,7 +7,6 @@ override), then the table, then the default. Real SQLite and PostgreSQL, real Da
 
 import subprocess
 import sys
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -196,12 +195,6 @@ def test_status_prints_what_is_in_force_and_where_it_came_from(cli: CliEnv) -> N
 
 
 # ---------------------------------------------------------------------------- the judges
-@pytest.fixture
-def instance() -> Iterator[dg.DagsterInstance]:
-    with dg.instance_for_test() as inst:
-        yield inst
-
-
 def test_the_sensor_and_a_run_worker_judge_with_the_table_lease(
     db_url: str, tmp_path: Path, instance: dg.DagsterInstance, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -17,8 +17,6 @@ import pytest
 from storyboard_support import (
     PARTITION,
     Env,
-    built_episode,
-    cloned,
     edit_config,
     scratch_dir,
     write_episode,
@@ -92,17 +90,11 @@ def instance() -> Iterator[dg.DagsterInstance]:
         yield shared
 
 
-@pytest.fixture(scope="module")
-def template() -> Iterator[Env]:
-    with built_episode("one-run") as env:
-        yield env
-
-
-@pytest.fixture
-def env(template: Env) -> Iterator[Env]:
+@pytest.fixture(autouse=True)
+def fresh_tickers() -> Iterator[None]:
+    """Each test's sensor starts with no memory of another test's episode."""
     forget_tickers()
-    with cloned(template) as copy:
-        yield copy
+    yield
     forget_tickers()
 
 

@@ -149,13 +149,6 @@ class Rig:
         return self.stores.checkpoints.step_dir(self.key(pk, step_id))
 
 
-@pytest.fixture(scope="module")
-def instance() -> Iterator[dg.DagsterInstance]:
-    """One test instance per module (creating one costs seconds); partitions are reset."""
-    with dg.instance_for_test() as shared:
-        yield shared
-
-
 def _make_rig(instance: dg.DagsterInstance, db_url: str, home: Path) -> Iterator[Rig]:
     forget_tickers()
     for pk in instance.get_dynamic_partitions("episodes"):

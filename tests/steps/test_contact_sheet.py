@@ -12,7 +12,6 @@ import base64
 import functools
 import io
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass
 from random import Random
 from typing import Any
@@ -20,7 +19,7 @@ from typing import Any
 import dagster as dg
 import pytest
 from PIL import Image
-from storyboard_support import TEST_CONFIG, Env, RunOutcome, cloned, scratch_dir, write_episode
+from storyboard_support import TEST_CONFIG, Env, RunOutcome, scratch_dir, write_episode
 
 from pipeline_defs.resume.decision import ResumeAction
 from pipeline_defs.steps.redraw import REDRAW_TAG
@@ -128,33 +127,16 @@ def assert_thumbnail(png: bytes) -> None:
 
 
 # ----------------------------------------------------------------------------- templates
-@dataclass
-class Built:
-    env: Env
-    first: RunOutcome
-
-
-@pytest.fixture(scope="module")
-def built() -> Iterator[Built]:
-    """The sample episode materialized once, with the events of that first run."""
-    env = Env.sqlite(scratch_dir("contact-sheet"))
-    try:
-        write_episode(env.home)
-        yield Built(env, env.materialize())
-    finally:
-        env.destroy()
-
-
-@pytest.fixture
-def env(built: Built) -> Iterator[Env]:
-    with cloned(built.env) as copy:
-        yield copy
+def first_run(built: Env) -> RunOutcome:
+    """The run that built the template (``built``, tests/conftest.py), with its events."""
+    assert built.first is not None
+    return built.first
 
 
 # ----------------------------------------------------------------------------- through Dagster
 @pytest.mark.parametrize("step_id", IMAGE_STEPS)
-def test_a_first_run_shows_every_picture_it_drew(built: Built, step_id: str) -> None:
-    env, markdown = built.env, sheet_of(built.first, step_id)
+def test_a_first_run_shows_every_picture_it_drew(built: Env, step_id: str) -> None:
+    env, markdown = built, sheet_of(first_run(built), step_id)
     items = expected(env, step_id)
     found = rows(markdown)
     assert list(found) == items  # one row per item, in the step's own order
@@ -171,9 +153,9 @@ def test_a_first_run_shows_every_picture_it_drew(built: Built, step_id: str) -> 
     assert sheet_bytes(markdown) <= MAX_SHEET_BYTES
 
 
-def test_the_prompt_each_shot_was_drawn_from_is_shown_shortened(built: Built) -> None:
-    found = rows(sheet_of(built.first, "scene_image_pipeline"))
-    scenes = built.env.checkpoint("scene_detail")
+def test_the_prompt_each_shot_was_drawn_from_is_shown_shortened(built: Env) -> None:
+    found = rows(sheet_of(first_run(built), "scene_image_pipeline"))
+    scenes = built.checkpoint("scene_detail")
     assert scenes is not None
     for list_index, entry in enumerate(scenes.data["scenes"]):
         for variation in entry["t2i_variations"]:
@@ -183,8 +165,8 @@ def test_the_prompt_each_shot_was_drawn_from_is_shown_shortened(built: Built) ->
             assert len(shown) <= 160
 
 
-def test_steps_without_pictures_carry_no_sheet(built: Built) -> None:
-    for step_id, event in events(built.first).items():
+def test_steps_without_pictures_carry_no_sheet(built: Env) -> None:
+    for step_id, event in events(first_run(built)).items():
         if step_id not in IMAGE_STEPS:
             assert SHEET_KEY not in metadata_of(event), step_id
 

@@ -9,10 +9,9 @@ naming the review and why), with no model call and no row of its own touched.
 """
 
 import json
-from collections.abc import Iterator
 
 import pytest
-from storyboard_support import EPISODE, Env, built_episode, cloned
+from storyboard_support import EPISODE, Env
 
 from pipeline_defs.definitions import defs
 from pipeline_defs.operations.accept import accept
@@ -21,18 +20,6 @@ from pipeline_defs.resume.decision import ResumeAction
 from pipeline_defs.resume.errors import PipelineError
 
 IMAGE_STEPS = ("ref_image_gen", "scene_image_pipeline")
-
-
-@pytest.fixture(scope="module")
-def built() -> Iterator[Env]:
-    with built_episode("gate-review") as env:
-        yield env
-
-
-@pytest.fixture
-def env(built: Env) -> Iterator[Env]:
-    with cloned(built) as copy:
-        yield copy
 
 
 def accept_prompt_edit(env: Env) -> None:

@@ -147,7 +147,7 @@ def _run(cli: CliEnv, *args: str, env: dict[str, str] | None = None) -> tuple[in
 
 
 @pytest.fixture
-def home(tmp_path: Path) -> CliEnv:
+def demo_home(tmp_path: Path) -> CliEnv:
     cli = make_env(tmp_path)
     episode = Episode.parse(PARTITION)
     code, out = _run(
@@ -167,8 +167,8 @@ def _row(cli: CliEnv, step_id: str) -> LedgerRow:
     )  # no row yet: every column None
 
 
-def test_a_step_ten_times_longer_than_its_lease_is_never_stolen(home: CliEnv) -> None:
-    cli = home
+def test_a_step_ten_times_longer_than_its_lease_is_never_stolen(demo_home: CliEnv) -> None:
+    cli = demo_home
     code, out = _run(cli, "materialize", "--partition", PARTITION, "--step", "story_source")
     assert code == 0, out[-2000:]
     # entity_canon makes one text call; 12 s of simulated latency = 24 leases of 0.5 s. Long
@@ -207,8 +207,8 @@ def test_a_step_ten_times_longer_than_its_lease_is_never_stolen(home: CliEnv) ->
     assert _row(cli, "entity_canon").status == "completed"
 
 
-def test_a_paused_worker_past_its_lease_loses_it_and_spends_nothing_more(home: CliEnv) -> None:
-    cli = home
+def test_a_paused_worker_past_its_lease_loses_it_and_spends_nothing_more(demo_home: CliEnv) -> None:
+    cli = demo_home
     code, out = _run(cli, "materialize", "--partition", PARTITION)
     assert code == 0, out[-2000:]
     key = Episode.parse(PARTITION).step("ref_image_gen")
@@ -357,11 +357,11 @@ def test_a_launch_recovers_a_row_whose_owner_run_has_ended(
         assert any(f"has ended ({said})" in (t.reason or "") for t in audit), audit
 
 
-def test_a_call_in_flight_at_a_kill_is_counted_with_an_unknown_outcome(home: CliEnv) -> None:
+def test_a_call_in_flight_at_a_kill_is_counted_with_an_unknown_outcome(demo_home: CliEnv) -> None:
     """calls are recorded before they are sent; a worker killed during one
     leaves it unfinished, and ``status`` counts it as "unknown outcome" once the owner's
     lease has lapsed (a live owner's call is merely in flight)."""
-    cli = home
+    cli = demo_home
     code, out = _run(cli, "materialize", "--partition", PARTITION, "--step", "story_source")
     assert code == 0, out[-2000:]
     env = {**FAST_LEASE, "PIPELINE_OFFLINE_LATENCY_MS": "10000"}

@@ -41,12 +41,12 @@ from resources.checkpoints.store import CheckpointStore
 
 
 @pytest.fixture(scope="module")
-def sqlite_built(tmp_path_factory: pytest.TempPathFactory) -> CliEnv:
+def sqlite_cli_built(tmp_path_factory: pytest.TempPathFactory) -> CliEnv:
     return build(tmp_path_factory.mktemp("built-sqlite"))
 
 
 @pytest.fixture(scope="module")
-def postgresql_built(
+def postgresql_cli_built(
     tmp_path_factory: pytest.TempPathFactory, pg_server_url: str
 ) -> Iterator[CliEnv]:
     from storyboard_support import create_pg_database
@@ -60,7 +60,7 @@ def postgresql_built(
 @pytest.fixture(params=["sqlite", "postgresql"])
 def home(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[CliEnv]:
     """A copy of a finished episode, on each ledger."""
-    template: CliEnv = request.getfixturevalue(f"{request.param}_built")
+    template: CliEnv = request.getfixturevalue(f"{request.param}_cli_built")
     server = request.getfixturevalue("pg_server_url") if request.param == "postgresql" else None
     cli = clone(template, tmp_path / "copy", server)
     yield cli
@@ -166,7 +166,7 @@ def _hashes(cli: CliEnv) -> dict[str, str | None]:
 
 
 def test_a_review_killed_after_writing_ahead_resumes_with_no_call(
-    tmp_path: Path, db_url: str, sqlite_built: CliEnv
+    tmp_path: Path, db_url: str, sqlite_cli_built: CliEnv
 ) -> None:
     """Before: the resume reviewed again (one text call) although every edit was written
     ahead; the README promises no call. Now the written-ahead result is published and
@@ -192,7 +192,7 @@ def test_a_review_killed_after_writing_ahead_resumes_with_no_call(
     assert new["t2i_review"] == 0, new  # no review again
     assert set(new) <= {"ref_image_gen", "composite_image_gen", "scene_image_pipeline"}
     assert set(status_by_step(cli).values()) == {"completed"}
-    assert _hashes(cli) == _hashes(sqlite_built)  # the review's fixes, exactly once
+    assert _hashes(cli) == _hashes(sqlite_cli_built)  # the review's fixes, exactly once
     assert not pending.exists() or not [p for p in pending.iterdir() if p.is_file()]
 
 

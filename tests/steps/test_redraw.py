@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +23,7 @@ from storyboard_support import (
     PARTITION,
     STEPS,
     Env,
-    cloned,
-    create_pg_database,
-    scratch_dir,
     step_failure_messages,
-    write_episode,
 )
 
 from pipeline_defs.resume.decision import ResumeAction
@@ -39,34 +34,7 @@ IMAGE_STEPS = ("ref_image_gen", "composite_image_gen", "scene_image_pipeline")
 
 
 # ----------------------------------------------------------------------------- templates
-@pytest.fixture(scope="module")
-def sqlite_built() -> Iterator[Env]:
-    env = Env.sqlite(scratch_dir("redraw"))
-    write_episode(env.home)
-    env.materialize()
-    yield env
-    env.destroy()
-
-
-@pytest.fixture(scope="module")
-def postgresql_built(pg_server_url: str) -> Iterator[Env]:
-    env = Env(scratch_dir("redraw-pg"), create_pg_database(pg_server_url), pg_server_url)
-    write_episode(env.home)
-    env.materialize()
-    yield env
-    env.destroy()
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def env(request: pytest.FixtureRequest) -> Iterator[Env]:
-    with cloned(request.getfixturevalue(f"{request.param}_built")) as copy:
-        yield copy
-
-
-@pytest.fixture
-def sqlite_env(sqlite_built: Env) -> Iterator[Env]:
-    with cloned(sqlite_built) as copy:
-        yield copy
+BACKENDS = ("sqlite", "postgresql")  # ``built`` and ``env`` (tests/conftest.py)
 
 
 # ----------------------------------------------------------------------------- helpers

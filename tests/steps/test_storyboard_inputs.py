@@ -45,15 +45,15 @@ from resources.providers.openai_http import resolve_api_key
 
 
 @pytest.fixture
-def env() -> Iterator[Env]:
-    env = Env.sqlite(scratch_dir("inputs"))
-    yield env
-    env.destroy()
+def blank() -> Iterator[Env]:
+    blank = Env.sqlite(scratch_dir("inputs"))
+    yield blank
+    blank.destroy()
 
 
-def story_context(env: Env) -> StepContext:
-    runtime = env.step_judge("story_source")
-    return runtime.context(env.key("story_source"))
+def story_context(blank: Env) -> StepContext:
+    runtime = blank.step_judge("story_source")
+    return runtime.context(blank.key("story_source"))
 
 
 # ----------------------------------------------------------------------------- the story
@@ -71,25 +71,25 @@ def story_context(env: Env) -> StepContext:
     ids=["missing", "empty", "oversized", "non-utf8", "binary", "control-chars", "no-text"],
 )
 def test_story_source_refuses_bad_input_naming_the_file(
-    env: Env, story: str | bytes | None, config: dict[str, object], problem: str
+    blank: Env, story: str | bytes | None, config: dict[str, object], problem: str
 ) -> None:
-    path = write_episode(env.home, story=story or "", config=config)
+    path = write_episode(blank.home, story=story or "", config=config)
     if story is None:
         path.unlink()
     with pytest.raises(PipelineError) as info:
-        STEPS["story_source"].execute(story_context(env), {})
+        STEPS["story_source"].execute(story_context(blank), {})
     assert info.value.code == "story_source.invalid_input"
     assert str(path) in info.value.message
     assert problem in info.value.message
 
 
-def test_story_source_normalizes_and_cuts_scenes(env: Env) -> None:
+def test_story_source_normalizes_and_cuts_scenes(blank: Env) -> None:
     story = (
         "\ufeff# Title\r\n\r\n## One\r\nMira ran.   \r\n\r\n\r\n\r\nTobin ran.\r\n"
         "## Two\r\nEnd.\r\n"
     )
-    write_episode(env.home, story=story, config={})
-    data = STEPS["story_source"].execute(story_context(env), {}).data
+    write_episode(blank.home, story=story, config={})
+    data = STEPS["story_source"].execute(story_context(blank), {}).data
 
     assert data["title"] == "Title"
     assert [s["heading"] for s in data["scenes"]] == ["One", "Two"]
@@ -106,14 +106,14 @@ def test_story_without_headings_becomes_paragraph_scenes() -> None:
 
 
 # ----------------------------------------------------------------------------- project.yaml
-def test_unknown_project_key_is_refused_by_name(env: Env) -> None:
-    write_episode(env.home, config={"scenes": {"shot_per_scene": 3}})
+def test_unknown_project_key_is_refused_by_name(blank: Env) -> None:
+    write_episode(blank.home, config={"scenes": {"shot_per_scene": 3}})
     with pytest.raises(PipelineError) as info:
-        load_project_config(env.home, "demo")
+        load_project_config(blank.home, "demo")
     assert info.value.code == "config.invalid"
     assert "scenes.shot_per_scene" in info.value.message and "unknown key" in info.value.message
     with pytest.raises(PipelineError) as info:
-        env.run_direct(["story_source"])
+        blank.run_direct(["story_source"])
     assert "scenes.shot_per_scene" in info.value.message
 
 
@@ -242,14 +242,14 @@ def test_offline_text_latency_is_simulated() -> None:
 
 
 @pytest.mark.parametrize("episode", ["ep01", "ep02"])
-def test_offline_reviewer_finds_fixes_on_both_samples(env: Env, episode: str) -> None:
+def test_offline_reviewer_finds_fixes_on_both_samples(blank: Env, episode: str) -> None:
     """The demo exercises the mutator: both sample stories get a non-empty fix set."""
-    write_episode(env.home, episode=episode)
+    write_episode(blank.home, episode=episode)
 
-    outcomes = env.run_direct((*PRE_REVIEW, "t2i_review"), episode=episode)
+    outcomes = blank.run_direct((*PRE_REVIEW, "t2i_review"), episode=episode)
 
     assert outcomes["t2i_review"].mutated == ("scene_detail", "entity_t2i")
-    review = env.checkpoint("t2i_review", episode)
+    review = blank.checkpoint("t2i_review", episode)
     assert review is not None
     assert review.data["applied"]["scene_detail"] and review.data["applied"]["entity_t2i"]
 
@@ -262,14 +262,14 @@ def test_sample_stories_are_bundled_markdown_of_a_few_hundred_words() -> None:
         assert 250 <= len(path.read_text(encoding="utf-8").split()) <= 600
 
 
-def test_review_disabled_is_not_applicable_and_images_still_follow(env: Env) -> None:
-    write_episode(env.home, config={**TEST_CONFIG, "review": {"enabled": False}})
+def test_review_disabled_is_not_applicable_and_images_still_follow(blank: Env) -> None:
+    write_episode(blank.home, config={**TEST_CONFIG, "review": {"enabled": False}})
 
-    outcomes = env.run_direct()
+    outcomes = blank.run_direct()
 
     assert outcomes["t2i_review"].status == "not_applicable"
     assert outcomes["t2i_review"].mutated == ()
-    assert env.checkpoint("scene_detail").mutations == ()  # type: ignore[union-attr]
-    assert env.row("t2i_review").status == "not_applicable"
+    assert blank.checkpoint("scene_detail").mutations == ()  # type: ignore[union-attr]
+    assert blank.row("t2i_review").status == "not_applicable"
     for step_id in ("ref_image_gen", "composite_image_gen", "scene_image_pipeline"):
         assert outcomes[step_id].status == "completed", step_id

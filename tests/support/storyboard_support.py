@@ -468,16 +468,19 @@ def copy_bucket(s3: Any, storage_url: str) -> str:
 
 
 @contextlib.contextmanager
-def built_episode(name: str, pg_server_url: str | None = None) -> Iterator[Env]:
+def built_episode(name: str, pg_server_url: str | None = None, s3: Any = None) -> Iterator[Env]:
     """A home where the sample episode ran end to end (SQLite, or a fresh PostgreSQL
-    database on ``pg_server_url``): the template module fixtures clone per test."""
+    database on ``pg_server_url``; its checkpoints on a new bucket of ``s3``, a running S3
+    server, when given): the template fixtures clone per test. ``first``: that run."""
     if pg_server_url is None:
         env = Env.sqlite(scratch_dir(name))
     else:
         env = Env(scratch_dir(f"{name}-pg"), create_pg_database(pg_server_url), pg_server_url)
+    if s3 is not None:
+        env.storage_url, env.s3 = f"s3://{s3.new_bucket()}/storyboard", s3
     try:
         write_episode(env.home)
-        env.materialize()
+        env.first = env.materialize()
         yield env
     finally:
         env.destroy()

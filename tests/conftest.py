@@ -22,6 +22,7 @@ from pg_throwaway import ThrowawayPostgres
 from s3_server import SECRET, S3Server, running_s3_server
 from storyboard_support import Env, built_episode, cloned
 
+from pipeline_defs.resume.settings import ENV_NAMES
 from resources.ledger.store import LedgerStore, engine_for
 
 
@@ -194,15 +195,23 @@ def h(db_url: str, pipeline_home: Path) -> Iterator[Harness]:
         yield harness
 
 
+def _no_settings_from_outside(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A settings variable (or a crash point) of the caller's shell never reaches a test."""
+    for var in (*ENV_NAMES.values(), "PIPELINE_CRASH_AT"):
+        monkeypatch.delenv(var, raising=False)
+
+
 @pytest.fixture
-def cli(tmp_path: Path) -> CliEnv:
+def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> CliEnv:
     """``storyboard`` in-process on a fresh home, a SQLite ledger and a Dagster home."""
+    _no_settings_from_outside(monkeypatch)
     return make_env(tmp_path)
 
 
 @pytest.fixture
-def cli_db(tmp_path: Path, db_url: str) -> CliEnv:
+def cli_db(tmp_path: Path, db_url: str, monkeypatch: pytest.MonkeyPatch) -> CliEnv:
     """The same, on SQLite and on PostgreSQL."""
+    _no_settings_from_outside(monkeypatch)
     return make_env(tmp_path, db_url)
 
 

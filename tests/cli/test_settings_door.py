@@ -21,7 +21,7 @@ STORYBOARD = Path(sys.executable).with_name("storyboard")
 
 
 @pytest.fixture
-def cli(tmp_path: Path, db_url: str, monkeypatch: pytest.MonkeyPatch) -> CliEnv:
+def door_cli(tmp_path: Path, db_url: str, monkeypatch: pytest.MonkeyPatch) -> CliEnv:
     for var in ENV_NAMES.values():
         monkeypatch.delenv(var, raising=False)
     env = make_env(tmp_path, db_url)
@@ -30,8 +30,8 @@ def cli(tmp_path: Path, db_url: str, monkeypatch: pytest.MonkeyPatch) -> CliEnv:
     return env
 
 
-def _stored(cli: CliEnv) -> dict[str, str]:
-    return cli.ledger.stored_settings(max_age=0)
+def _stored(door_cli: CliEnv) -> dict[str, str]:
+    return door_cli.ledger.stored_settings(max_age=0)
 
 
 def _one_error(stderr: str) -> str:
@@ -51,28 +51,28 @@ def _one_error(stderr: str) -> str:
     ],
 )
 def test_a_negative_value_is_refused_by_its_bound_not_taken_for_an_option(
-    cli: CliEnv, key: str, value: str, bound: str
+    door_cli: CliEnv, key: str, value: str, bound: str
 ) -> None:
-    result = cli.invoke("settings", "set", key, value)
+    result = door_cli.invoke("settings", "set", key, value)
     assert result.exit_code == 1, result.output
     assert "No such option" not in result.output
     line = _one_error(result.stderr)
     assert line.startswith("error: [settings.invalid]"), line
     assert key in line and repr(value) in line and bound in line, line
-    assert _stored(cli) == {"retry_backoff_seconds": "5"}
+    assert _stored(door_cli) == {"retry_backoff_seconds": "5"}
 
 
-def test_a_negative_value_is_refused_in_json_too(cli: CliEnv) -> None:
-    payload = cli.json("settings", "set", "lease_seconds", "-1")
+def test_a_negative_value_is_refused_in_json_too(door_cli: CliEnv) -> None:
+    payload = door_cli.json("settings", "set", "lease_seconds", "-1")
     assert payload["ok"] is False
     assert payload["error"]["code"] == "settings.invalid"
     assert "lease_seconds" in payload["error"]["message"]
     assert "greater than 0" in payload["error"]["message"]
 
 
-def test_the_console_script_takes_a_negative_value_as_the_value(cli: CliEnv) -> None:
+def test_the_console_script_takes_a_negative_value_as_the_value(door_cli: CliEnv) -> None:
     """What a shell runs: ``storyboard settings set lease_seconds -1``."""
-    env = {**os.environ, **cli.env, "STORYBOARD_DEFS": "pipeline_defs.definitions:defs"}
+    env = {**os.environ, **door_cli.env, "STORYBOARD_DEFS": "pipeline_defs.definitions:defs"}
     done = subprocess.run(
         [str(STORYBOARD), "settings", "set", "lease_seconds", "-1"],
         env=env,
@@ -84,44 +84,46 @@ def test_the_console_script_takes_a_negative_value_as_the_value(cli: CliEnv) -> 
     assert "No such option" not in done.stderr
     line = _one_error(done.stderr)
     assert "[settings.invalid]" in line and "lease_seconds" in line and "greater than 0" in line
-    assert _stored(cli) == {"retry_backoff_seconds": "5"}
+    assert _stored(door_cli) == {"retry_backoff_seconds": "5"}
 
 
-def test_a_valid_value_and_the_json_flag_still_work(cli: CliEnv) -> None:
-    payload = cli.json("settings", "set", "lease_seconds", "90")
+def test_a_valid_value_and_the_json_flag_still_work(door_cli: CliEnv) -> None:
+    payload = door_cli.json("settings", "set", "lease_seconds", "90")
     assert payload["ok"] is True and payload["new"] == "90"
-    assert _stored(cli) == {"retry_backoff_seconds": "5", "lease_seconds": "90"}
+    assert _stored(door_cli) == {"retry_backoff_seconds": "5", "lease_seconds": "90"}
 
 
 # ------------------------------------------------------------------ not a number (2)
 @pytest.mark.parametrize("value", ["nan", "NaN", "inf", "-inf", "Infinity"])
 @pytest.mark.parametrize("key", ["lease_seconds", "heartbeat_seconds"])
-def test_nan_and_inf_are_said_to_be_no_number(cli: CliEnv, key: str, value: str) -> None:
-    result = cli.invoke("settings", "set", key, value)
+def test_nan_and_inf_are_said_to_be_no_number(door_cli: CliEnv, key: str, value: str) -> None:
+    result = door_cli.invoke("settings", "set", key, value)
     assert result.exit_code == 1, result.output
     line = _one_error(result.stderr)
     assert "[settings.invalid]" in line and key in line, line
     assert "not a number" in line, line
     # Not the misleading bound of before ("less than or equal to 2592000").
     assert str(MAX_SETTING_SECONDS) not in line, line
-    assert _stored(cli) == {"retry_backoff_seconds": "5"}
+    assert _stored(door_cli) == {"retry_backoff_seconds": "5"}
 
 
 @pytest.mark.parametrize("value", ["nan", "inf"])
-def test_a_nan_variable_is_said_to_be_no_number_at_start(cli: CliEnv, value: str) -> None:
-    result = cli.invoke("status", env={"PIPELINE_LEASE_SECONDS": value})
+def test_a_nan_variable_is_said_to_be_no_number_at_start(door_cli: CliEnv, value: str) -> None:
+    result = door_cli.invoke("status", env={"PIPELINE_LEASE_SECONDS": value})
     assert result.exit_code == 1
     line = _one_error(result.stderr)
     assert "PIPELINE_LEASE_SECONDS" in line and "not a number" in line, line
 
 
 # ------------------------------------------------------------------ env vs ledger (6)
-def test_an_env_heartbeat_that_breaks_the_ledger_lease_refuses_at_start(cli: CliEnv) -> None:
+def test_an_env_heartbeat_that_breaks_the_ledger_lease_refuses_at_start(door_cli: CliEnv) -> None:
     """The ledger holds lease 30 s (fine with the default 10 s beat); this process's
     PIPELINE_HEARTBEAT_SECONDS=20 breaks the pair. Refused before any run is launched."""
-    cli.ok("settings", "set", "lease_seconds", "30")
-    cli.ok("add-episode", "--project", "p", "--episode", "e1", "--story", str(cli.story("fox")))
-    result = cli.invoke(
+    door_cli.ok("settings", "set", "lease_seconds", "30")
+    door_cli.ok(
+        "add-episode", "--project", "p", "--episode", "e1", "--story", str(door_cli.story("fox"))
+    )
+    result = door_cli.invoke(
         "materialize", "--partition", "p/e1", env={"PIPELINE_HEARTBEAT_SECONDS": "20"}
     )
     assert result.exit_code == 1, result.output
@@ -130,38 +132,38 @@ def test_an_env_heartbeat_that_breaks_the_ledger_lease_refuses_at_start(cli: Cli
     assert "PIPELINE_HEARTBEAT_SECONDS='20'" in line, line
     assert "ledger setting lease_seconds='30'" in line, line
     assert "run " not in line, line  # not a launched run's failure
-    instance = dg.DagsterInstance.from_config(str(cli.dagster_home))
+    instance = dg.DagsterInstance.from_config(str(door_cli.dagster_home))
     assert instance.get_runs() == []  # no run was launched
-    assert cli.ledger.get_many() == {}  # nothing claimed
+    assert door_cli.ledger.get_many() == {}  # nothing claimed
 
 
-def test_the_ledger_half_can_still_be_repaired_from_that_environment(cli: CliEnv) -> None:
-    cli.ok("settings", "set", "lease_seconds", "30")
+def test_the_ledger_half_can_still_be_repaired_from_that_environment(door_cli: CliEnv) -> None:
+    door_cli.ok("settings", "set", "lease_seconds", "30")
     env = {"PIPELINE_HEARTBEAT_SECONDS": "20"}
-    fixed = cli.invoke("settings", "set", "lease_seconds", "60", env=env)
+    fixed = door_cli.invoke("settings", "set", "lease_seconds", "60", env=env)
     assert fixed.exit_code == 0, fixed.output
-    assert _stored(cli)["lease_seconds"] == "60"
-    shown = cli.invoke("settings", "show", "--json", env=env)
+    assert _stored(door_cli)["lease_seconds"] == "60"
+    shown = door_cli.invoke("settings", "show", "--json", env=env)
     assert shown.exit_code == 0, shown.output
     rows = {r["key"]: r for r in json.loads(shown.stdout)["settings"]}
     assert (rows["heartbeat_seconds"]["value"], rows["heartbeat_seconds"]["source"]) == (
         20,
         "env",
     )
-    assert cli.invoke("status", env=env).exit_code == 0
+    assert door_cli.invoke("status", env=env).exit_code == 0
 
 
-def test_a_lease_variable_below_the_ledger_heartbeat_refuses_too(cli: CliEnv) -> None:
-    cli.ok("settings", "set", "lease_seconds", "600")
-    cli.ok("settings", "set", "heartbeat_seconds", "100")
-    result = cli.invoke(
+def test_a_lease_variable_below_the_ledger_heartbeat_refuses_too(door_cli: CliEnv) -> None:
+    door_cli.ok("settings", "set", "lease_seconds", "600")
+    door_cli.ok("settings", "set", "heartbeat_seconds", "100")
+    result = door_cli.invoke(
         "add-episode",
         "--project",
         "p",
         "--episode",
         "e1",
         "--story",
-        str(cli.story("fox")),
+        str(door_cli.story("fox")),
         env={"PIPELINE_LEASE_SECONDS": "150"},
     )
     assert result.exit_code == 1, result.output

@@ -228,3 +228,26 @@ def test_no_module_only_re_exports_names() -> None:
         if path.name != "__init__.py" and _only_imports(ast.parse(path.read_text()))
     ]
     assert offenders == []
+
+
+def _fixtures_defined(path: Path) -> set[str]:
+    """Names of the pytest fixtures a module defines."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.FunctionDef):
+            for decorator in node.decorator_list:
+                target = decorator.func if isinstance(decorator, ast.Call) else decorator
+                if isinstance(target, ast.Attribute) and target.attr == "fixture":
+                    names.add(node.name)
+    return names
+
+
+def test_fixtures_are_shared_not_copied() -> None:
+    """A fixture wanted by three test modules lives in a conftest (tests/conftest.py); a
+    module's own fixture that means something else has a name of its own."""
+    where: dict[str, list[str]] = {}
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        for name in _fixtures_defined(path):
+            where.setdefault(name, []).append(str(path.relative_to(ROOT)))
+    copied = {name: files for name, files in where.items() if len(files) >= 3}
+    assert not copied, f"defined in three or more test modules: {copied}"

@@ -24,19 +24,11 @@ from openai_server import FakeOpenAI, serving
 
 from pipeline_defs.resume.clock import MAX_CLOCK_SKEW, format_timestamp
 from pipeline_defs.resume.partition import StepKey
-from pipeline_defs.resume.settings import ENV_NAMES
 from pipeline_defs.resume.status import LedgerRow
 from resources.ledger.tables import step_run
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = "pipeline_defs.definitions:defs"
-
-
-@pytest.fixture
-def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> CliEnv:
-    for var in (*ENV_NAMES.values(), "PIPELINE_CRASH_AT"):
-        monkeypatch.delenv(var, raising=False)
-    return make_env(tmp_path)
 
 
 def _one_error(stderr: str) -> str:

@@ -67,15 +67,21 @@ defs = build_defs()
 
 
 @pytest.fixture
-def cli(tmp_path: Path) -> CliEnv:
+def root_cause_cli(tmp_path: Path) -> CliEnv:
     env = make_env(tmp_path)
     env.defs = "test_root_cause:defs"
     return env
 
 
-def add(cli: CliEnv, project: str = "p1", episode: str = "e1") -> None:
-    cli.ok(
-        "add-episode", "--project", project, "--episode", episode, "--story", str(cli.story("fox"))
+def add(root_cause_cli: CliEnv, project: str = "p1", episode: str = "e1") -> None:
+    root_cause_cli.ok(
+        "add-episode",
+        "--project",
+        project,
+        "--episode",
+        episode,
+        "--story",
+        str(root_cause_cli.story("fox")),
     )
 
 
@@ -85,9 +91,9 @@ def error_line(stderr: str) -> str:
     return lines[0]
 
 
-def failure_descriptions(cli: CliEnv, run_id: str) -> dict[str, str]:
+def failure_descriptions(root_cause_cli: CliEnv, run_id: str) -> dict[str, str]:
     """Step key -> the failure description Dagster recorded (the UI's first line)."""
-    instance = dg.DagsterInstance.from_config(str(cli.dagster_home))
+    instance = dg.DagsterInstance.from_config(str(root_cause_cli.dagster_home))
     records = instance.get_records_for_run(run_id, of_type=dg.DagsterEventType.STEP_FAILURE)
     out: dict[str, str] = {}
     for record in records.records:
@@ -99,10 +105,12 @@ def failure_descriptions(cli: CliEnv, run_id: str) -> dict[str, str]:
     return out
 
 
-def materialize(cli: CliEnv, *steps: str, env: Mapping[str, str | None] | None = None) -> str:
+def materialize(
+    root_cause_cli: CliEnv, *steps: str, env: Mapping[str, str | None] | None = None
+) -> str:
     """Run it, expect a failure; return the error line (and check the JSON agrees)."""
     args = ["materialize", "--partition", "p1/e1", *(a for s in steps for a in ("--step", s))]
-    result = cli.invoke(*args, env=env)
+    result = root_cause_cli.invoke(*args, env=env)
     assert result.exit_code == 1, result.output
     line = error_line(result.stderr)
     assert "DagsterExecutionStepExecutionError" not in line
@@ -151,50 +159,52 @@ def fill(folder: Path) -> None:
 
 
 # --------------------------------------------------------------------------- storage faults
-def test_a_full_disk_under_the_checkpoints_is_named(cli: CliEnv, tmp_path: Path) -> None:
+def test_a_full_disk_under_the_checkpoints_is_named(root_cause_cli: CliEnv, tmp_path: Path) -> None:
     with mounted("-t", "tmpfs", "-o", "size=64k", "tmpfs", target=tmp_path / "small") as small:
-        cli.home = small / "home"
-        cli.home.mkdir()
-        cli.db_url = f"sqlite:///{tmp_path / 'ledger.sqlite3'}"  # the ledger has room
-        add(cli)
+        root_cause_cli.home = small / "home"
+        root_cause_cli.home.mkdir()
+        root_cause_cli.db_url = f"sqlite:///{tmp_path / 'ledger.sqlite3'}"  # the ledger has room
+        add(root_cause_cli)
         fill(small)
-        payload = cli.json("materialize", "--partition", "p1/e1", "--step", "source")
-        line = materialize(cli, "source")
+        payload = root_cause_cli.json("materialize", "--partition", "p1/e1", "--step", "source")
+        line = materialize(root_cause_cli, "source")
         assert "[storage.full] " in line and "no space left on device writing" in line, line
-        assert str(cli.home / "checkpoints" / "p1" / "e1" / "source") in line, line
+        assert str(root_cause_cli.home / "checkpoints" / "p1" / "e1" / "source") in line, line
         assert payload["error"]["code"] == "storage.full"
-        described = failure_descriptions(cli, payload["run_id"])["source"]
+        described = failure_descriptions(root_cause_cli, payload["run_id"])["source"]
         assert described.startswith("[storage.full] no space left on device writing"), described
 
 
-def test_a_full_sqlite_ledger_is_named(cli: CliEnv, tmp_path: Path) -> None:
+def test_a_full_sqlite_ledger_is_named(root_cause_cli: CliEnv, tmp_path: Path) -> None:
     with mounted("-t", "tmpfs", "-o", "size=256k", "tmpfs", target=tmp_path / "small") as small:
-        cli.db_url = f"sqlite:///{small / 'ledger.sqlite3'}"
-        cli.ok("migrate")
-        add(cli)
+        root_cause_cli.db_url = f"sqlite:///{small / 'ledger.sqlite3'}"
+        root_cause_cli.ok("migrate")
+        add(root_cause_cli)
         fill(small)
-        line = materialize(cli, "source")
+        line = materialize(root_cause_cli, "source")
         assert "[storage.full] " in line and "the ledger database is full" in line, line
         assert "database or disk is full" in line, line
 
 
-def test_a_read_only_home_is_named_in_runs_and_in_the_cli(cli: CliEnv, tmp_path: Path) -> None:
-    cli.db_url = f"sqlite:///{tmp_path / 'ledger.sqlite3'}"
-    add(cli)
-    with read_only_view(cli.home, tmp_path / "ro_home") as ro_home:
+def test_a_read_only_home_is_named_in_runs_and_in_the_cli(
+    root_cause_cli: CliEnv, tmp_path: Path
+) -> None:
+    root_cause_cli.db_url = f"sqlite:///{tmp_path / 'ledger.sqlite3'}"
+    add(root_cause_cli)
+    with read_only_view(root_cause_cli.home, tmp_path / "ro_home") as ro_home:
         env = {"PIPELINE_HOME": str(ro_home)}
-        line = materialize(cli, "source", env=env)
+        line = materialize(root_cause_cli, "source", env=env)
         assert "[storage.read_only] " in line and "read-only file system writing" in line, line
         assert str(ro_home / "checkpoints") in line, line
         run_id = json.loads(
-            cli.invoke("materialize", "--partition", "p1/e1", "--json", env=env).stdout
+            root_cause_cli.invoke("materialize", "--partition", "p1/e1", "--json", env=env).stdout
         )["run_id"]
-        described = failure_descriptions(cli, run_id)["source"]
+        described = failure_descriptions(root_cause_cli, run_id)["source"]
         assert described.startswith("[storage.read_only] read-only file system"), described
 
         # outside any run: the CLI itself writes the story (was "[internal] OSError: [Errno 30]")
-        story = str(cli.story("ship"))
-        added = cli.invoke(
+        story = str(root_cause_cli.story("ship"))
+        added = root_cause_cli.invoke(
             "add-episode", "--project", "p1", "--episode", "e2", "--story", story, env=env
         )
         assert added.exit_code == 1
@@ -203,13 +213,13 @@ def test_a_read_only_home_is_named_in_runs_and_in_the_cli(cli: CliEnv, tmp_path:
         assert "e2" in line and "[internal]" not in line, line
 
 
-def test_a_read_only_sqlite_ledger_is_named(cli: CliEnv, tmp_path: Path) -> None:
+def test_a_read_only_sqlite_ledger_is_named(root_cause_cli: CliEnv, tmp_path: Path) -> None:
     ledger = tmp_path / "ledger.sqlite3"
-    cli.db_url = f"sqlite:///{ledger}"
-    cli.ok("migrate")
-    add(cli)
+    root_cause_cli.db_url = f"sqlite:///{ledger}"
+    root_cause_cli.ok("migrate")
+    add(root_cause_cli)
     read_only = f"sqlite:///file:{ledger}?mode=ro&uri=true"
-    line = materialize(cli, "source", env={"PIPELINE_DB_URL": read_only})
+    line = materialize(root_cause_cli, "source", env={"PIPELINE_DB_URL": read_only})
     assert "[storage.read_only] " in line and "the ledger database is read-only" in line, line
     assert "readonly database" in line, line
 
@@ -223,40 +233,44 @@ def test_a_read_only_sqlite_ledger_is_named(cli: CliEnv, tmp_path: Path) -> None
     ],
 )
 def test_an_unexpected_error_keeps_its_type_and_message(
-    cli: CliEnv, step: str, kind: str, text: str
+    root_cause_cli: CliEnv, step: str, kind: str, text: str
 ) -> None:
-    add(cli)
-    payload = cli.json("materialize", "--partition", "p1/e1", "--step", "source", "--step", step)
-    line = materialize(cli, step)
+    add(root_cause_cli)
+    payload = root_cause_cli.json(
+        "materialize", "--partition", "p1/e1", "--step", "source", "--step", step
+    )
+    line = materialize(root_cause_cli, step)
     assert f"error: [internal] {step} failed: {kind}: {text} (run " in line, line
     assert payload["error"]["code"] == "internal"
     assert payload["error"]["message"].startswith(f"{step} failed: {kind}: {text} (run ")
-    described = failure_descriptions(cli, payload["run_id"])[step]
+    described = failure_descriptions(root_cause_cli, payload["run_id"])[step]
     assert described == f"[internal] {kind}: {text}", described
-    row = cli.ledger.get(StepKey("p1", "e1", step))
+    row = root_cause_cli.ledger.get(StepKey("p1", "e1", step))
     assert row is not None and row.status == "failed" and text in row.error_message
 
 
 # --------------------------------------------------------------------------- advice that works
-def test_an_invalid_project_file_names_the_file_and_field_not_a_force(cli: CliEnv) -> None:
-    add(cli)
-    cli.ok("materialize", "--partition", "p1/e1", "--step", "source")
-    config = cli.home / "projects" / "p1" / "project.yaml"
+def test_an_invalid_project_file_names_the_file_and_field_not_a_force(
+    root_cause_cli: CliEnv,
+) -> None:
+    add(root_cause_cli)
+    root_cause_cli.ok("materialize", "--partition", "p1/e1", "--step", "source")
+    config = root_cause_cli.home / "projects" / "p1" / "project.yaml"
     data = yaml.safe_load(config.read_text())
     data["scenes"]["camera_stlye"] = "wide"  # a typo: an unknown key
     config.write_text(yaml.safe_dump(data))
 
-    line = materialize(cli, "source")
+    line = materialize(root_cause_cli, "source")
     assert "[config.invalid]" in line and str(config) in line and "scenes.camera_stlye" in line
 
-    decided = cli.json("decide", "--partition", "p1/e1")
+    decided = root_cause_cli.json("decide", "--partition", "p1/e1")
     blocked = [d for d in decided["decisions"] if d["verdict"] == "blocked"]
     assert blocked, decided
     for item in blocked:
         assert str(config) in item["what_to_do"] and "scenes.camera_stlye" in item["what_to_do"]
         assert "storyboard force" not in item["what_to_do"], item["what_to_do"]
     for command in ("decide", "status"):
-        text = cli.ok(command, "--partition", "p1/e1").stdout
+        text = root_cause_cli.ok(command, "--partition", "p1/e1").stdout
         assert "storyboard force" not in text, text
         fix = f"fix the project file: {config}: scenes.camera_stlye: unknown key."
         assert fix in " ".join(text.split()), text

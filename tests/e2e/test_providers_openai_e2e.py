@@ -43,7 +43,7 @@ def server() -> Iterator[FakeOpenAI]:
 
 
 @pytest.fixture
-def cli(tmp_path: Path, server: FakeOpenAI, db_url: str) -> CliEnv:
+def shipped_cli(tmp_path: Path, server: FakeOpenAI, db_url: str) -> CliEnv:
     env = make_env(tmp_path, db_url)
     env.defs = SHIPPED
     config = {
@@ -66,8 +66,10 @@ def cli(tmp_path: Path, server: FakeOpenAI, db_url: str) -> CliEnv:
     return env
 
 
-def materialize(cli: CliEnv, *, key: str | None = API_KEY) -> tuple[Result, dict[str, Any]]:
-    result = cli.invoke("materialize", "--partition", PARTITION, "--json", env={KEY_ENV: key})
+def materialize(shipped_cli: CliEnv, *, key: str | None = API_KEY) -> tuple[Result, dict[str, Any]]:
+    result = shipped_cli.invoke(
+        "materialize", "--partition", PARTITION, "--json", env={KEY_ENV: key}
+    )
     return result, json.loads(result.stdout)
 
 
@@ -75,20 +77,22 @@ def rows(ledger: LedgerStore) -> dict[str, LedgerRow]:
     return {k.step_id: r for k, r in ledger.get_many().items()}
 
 
-def assert_key_nowhere(cli: CliEnv, *outputs: Result) -> None:
+def assert_key_nowhere(shipped_cli: CliEnv, *outputs: Result) -> None:
     """Not in any file under the test's root (PIPELINE_HOME, DAGSTER_HOME, a SQLite
     ledger), not in any ledger row (PostgreSQL too), nor printed."""
     needle = API_KEY.encode()
-    for path in cli.root.rglob("*"):
+    for path in shipped_cli.root.rglob("*"):
         if path.is_file():
             assert needle not in path.read_bytes(), path
-    assert API_KEY not in repr(ledger_dump(cli.db_url))
+    assert API_KEY not in repr(ledger_dump(shipped_cli.db_url))
     for result in outputs:
         assert API_KEY not in result.output
         assert API_KEY not in (result.stderr if result.stderr_bytes else "")
 
 
-def test_openai_project_runs_through_the_shipped_defs(cli: CliEnv, server: FakeOpenAI) -> None:
+def test_openai_project_runs_through_the_shipped_defs(
+    shipped_cli: CliEnv, server: FakeOpenAI
+) -> None:
     server.script(
         CHAT,
         Reply(429, {"error": "rate limited"}, {"Retry-After": "0.05"}),
@@ -103,11 +107,11 @@ def test_openai_project_runs_through_the_shipped_defs(cli: CliEnv, server: FakeO
         Reply(429, {"error": "rate limited"}, {"Retry-After": "0.05"}),
     )
 
-    result, report = materialize(cli)
+    result, report = materialize(shipped_cli)
 
     assert result.exit_code == 0, result.output
     assert report["ok"] is True
-    ledger = cli.ledger
+    ledger = shipped_cli.ledger
     by_step = rows(ledger)
     assert {s: r.status for s, r in by_step.items()} == dict.fromkeys(STEPS, "completed")
     # The project's models were called, with the key from the environment variable it names.
@@ -132,16 +136,16 @@ def test_openai_project_runs_through_the_shipped_defs(cli: CliEnv, server: FakeO
     # Units are the tokens the endpoint reported, not a count of calls.
     assert all(c["units"] > 1 for c in calls if c["kind"] == "text")
     assert {c["units"] for c in calls if c["kind"] == "image"} == {100}
-    receipts = list(cli.home.rglob("*.receipt.json"))
+    receipts = list(shipped_cli.home.rglob("*.receipt.json"))
     assert receipts
     assert {json.loads(p.read_text())["model"] for p in receipts} == {IMAGE_MODEL}
-    assert_key_nowhere(cli, result)
+    assert_key_nowhere(shipped_cli, result)
 
 
-def test_malformed_body_fails_the_step_typed(cli: CliEnv, server: FakeOpenAI) -> None:
+def test_malformed_body_fails_the_step_typed(shipped_cli: CliEnv, server: FakeOpenAI) -> None:
     server.script(CHAT, Reply(200, b'{"choices": [{"message": '))
 
-    result, report = materialize(cli)
+    result, report = materialize(shipped_cli)
 
     assert result.exit_code == 1
     assert report["ok"] is False
@@ -149,17 +153,19 @@ def test_malformed_body_fails_the_step_typed(cli: CliEnv, server: FakeOpenAI) ->
     failed = {s["step"]: s for s in report["steps"] if s["outcome"] == "failed"}
     assert list(failed) == ["entity_canon"]
     assert failed["entity_canon"]["error_code"] == "provider.bad_response"
-    by_step = rows(cli.ledger)
+    by_step = rows(shipped_cli.ledger)
     assert by_step["story_source"].status == "completed"
     assert by_step["entity_canon"].status == "failed"
     assert "provider.bad_response" in by_step["entity_canon"].error_message
-    (call,) = cli.ledger.provider_calls()
+    (call,) = shipped_cli.ledger.provider_calls()
     assert (call["model"], call["units"]) == (TEXT_MODEL, 0)  # answered, but unusable
-    assert_key_nowhere(cli, result)
+    assert_key_nowhere(shipped_cli, result)
 
 
-def test_missing_key_refuses_before_any_model_step_runs(cli: CliEnv, server: FakeOpenAI) -> None:
-    result, report = materialize(cli, key=None)
+def test_missing_key_refuses_before_any_model_step_runs(
+    shipped_cli: CliEnv, server: FakeOpenAI
+) -> None:
+    result, report = materialize(shipped_cli, key=None)
 
     assert result.exit_code == 1
     assert report["error"]["code"] == "provider.no_key"
@@ -167,21 +173,23 @@ def test_missing_key_refuses_before_any_model_step_runs(cli: CliEnv, server: Fak
     assert server.requests == []
     # story_source calls no model, so it needs no key; every step that would
     # call one is refused before its claim.
-    assert {step: row.status for step, row in rows(cli.ledger).items()} == {
+    assert {step: row.status for step, row in rows(shipped_cli.ledger).items()} == {
         "story_source": "completed"
     }
-    assert cli.ledger.provider_calls() == []
+    assert shipped_cli.ledger.provider_calls() == []
 
 
-def test_switching_the_text_model_blocks_only_text_steps(cli: CliEnv, server: FakeOpenAI) -> None:
-    result, _ = materialize(cli)
+def test_switching_the_text_model_blocks_only_text_steps(
+    shipped_cli: CliEnv, server: FakeOpenAI
+) -> None:
+    result, _ = materialize(shipped_cli)
     assert result.exit_code == 0, result.output
-    path = cli.home / "projects" / PROJECT / "project.yaml"
+    path = shipped_cli.home / "projects" / PROJECT / "project.yaml"
     config = yaml.safe_load(path.read_text(encoding="utf-8"))
     config["provider"]["text_model"] = "gpt-e2e-text-2"
     path.write_text(yaml.safe_dump(config), encoding="utf-8")
 
-    shadow = cli.json("decide", "--partition", PARTITION, "--all")
+    shadow = shipped_cli.json("decide", "--partition", PARTITION, "--all")
     verdicts = {d["step"]: d for d in shadow["decisions"]}
 
     for step_id in TEXT_STEPS:
@@ -191,37 +199,37 @@ def test_switching_the_text_model_blocks_only_text_steps(cli: CliEnv, server: Fa
         assert verdicts[step_id]["verdict"] == "skip", (step_id, verdicts[step_id])
 
     calls_before = len(server.requests)
-    again, report = materialize(cli)
+    again, report = materialize(shipped_cli)
     assert again.exit_code == 1
     assert report["error"]["code"] == "step.resume_blocked"
     assert "provider.text_model" in report["error"]["message"]
     assert len(server.requests) == calls_before  # a block spends nothing
-    assert_key_nowhere(cli, result, again)
+    assert_key_nowhere(shipped_cli, result, again)
 
 
 def test_a_force_after_an_image_model_switch_draws_with_the_new_model(
-    cli: CliEnv, server: FakeOpenAI
+    shipped_cli: CliEnv, server: FakeOpenAI
 ) -> None:
     """The block names the switch; the operator's force then asks for pictures by the new
     model: none drawn by the old one is reused (its receipt names the model)."""
-    result, _ = materialize(cli)
+    result, _ = materialize(shipped_cli)
     assert result.exit_code == 0, result.output
-    refs = cli.home / "checkpoints" / PROJECT / EPISODE / "ref_image_gen"
+    refs = shipped_cli.home / "checkpoints" / PROJECT / EPISODE / "ref_image_gen"
     before = {p.name: p.read_bytes() for p in refs.rglob("*.png") if "archive" not in p.parts}
     assert before
-    path = cli.home / "projects" / PROJECT / "project.yaml"
+    path = shipped_cli.home / "projects" / PROJECT / "project.yaml"
     config = yaml.safe_load(path.read_text(encoding="utf-8"))
     config["provider"]["image_model"] = "gpt-e2e-image-2"
     path.write_text(yaml.safe_dump(config), encoding="utf-8")
 
-    shadow = cli.json("decide", "--partition", PARTITION, "--all")
+    shadow = shipped_cli.json("decide", "--partition", PARTITION, "--all")
     verdicts = {d["step"]: d for d in shadow["decisions"]}
     for step_id in IMAGE_STEPS:
         assert verdicts[step_id]["verdict"] == "blocked", (step_id, verdicts[step_id])
         assert "provider.image_model" in verdicts[step_id]["reason"]
 
     seen = len(server.seen(IMAGES))
-    forced = cli.invoke(
+    forced = shipped_cli.invoke(
         "force", "--partition", PARTITION, "--step", "ref_image_gen", env={KEY_ENV: API_KEY}
     )
     assert forced.exit_code == 0, forced.output
@@ -232,20 +240,20 @@ def test_a_force_after_an_image_model_switch_draws_with_the_new_model(
         json.loads(p.read_text()) for p in refs.rglob("*.receipt.json") if "archive" not in p.parts
     ]
     assert {r["model"] for r in receipts} == {"gpt-e2e-image-2"}
-    assert rows(cli.ledger)["ref_image_gen"].resolved_model == "gpt-e2e-image-2"
-    assert_key_nowhere(cli, result, forced)
+    assert rows(shipped_cli.ledger)["ref_image_gen"].resolved_model == "gpt-e2e-image-2"
+    assert_key_nowhere(shipped_cli, result, forced)
 
 
-def test_literal_yaml_key_is_used_but_never_copied(cli: CliEnv, server: FakeOpenAI) -> None:
-    path = cli.home / "projects" / PROJECT / "project.yaml"
+def test_literal_yaml_key_is_used_but_never_copied(shipped_cli: CliEnv, server: FakeOpenAI) -> None:
+    path = shipped_cli.home / "projects" / PROJECT / "project.yaml"
     config = yaml.safe_load(path.read_text(encoding="utf-8"))
     config["provider"]["api_key"] = API_KEY
     path.write_text(yaml.safe_dump(config), encoding="utf-8")
 
-    result, report = materialize(cli, key=None)
+    result, report = materialize(shipped_cli, key=None)
 
     assert result.exit_code == 0, result.output
     assert report["ok"] is True
     assert {r.headers["authorization"] for r in server.requests} == {f"Bearer {API_KEY}"}
     path.unlink()  # the one file that may hold it: the operator's own
-    assert_key_nowhere(cli, result)
+    assert_key_nowhere(shipped_cli, result)

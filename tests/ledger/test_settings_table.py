@@ -36,23 +36,16 @@ from sensors.resume_sensor import build_resume_sensor
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture
-def cli(tmp_path: Path, db_url: str, monkeypatch: pytest.MonkeyPatch) -> CliEnv:
-    for var in ENV_NAMES.values():
-        monkeypatch.delenv(var, raising=False)
-    return make_env(tmp_path, db_url)
-
-
-def _stored(cli: CliEnv) -> dict[str, str]:
-    return cli.ledger.stored_settings(max_age=0)
+def _stored(cli_db: CliEnv) -> dict[str, str]:
+    return cli_db.ledger.stored_settings(max_age=0)
 
 
 # ---------------------------------------------------------------------------- seeding
-def test_migrate_seeds_from_the_environment_and_never_overwrites(cli: CliEnv) -> None:
-    seeded = cli.invoke("migrate", env={"PIPELINE_LEASE_SECONDS": "90"})
+def test_migrate_seeds_from_the_environment_and_never_overwrites(cli_db: CliEnv) -> None:
+    seeded = cli_db.invoke("migrate", env={"PIPELINE_LEASE_SECONDS": "90"})
     assert seeded.exit_code == 0, seeded.output
-    assert _stored(cli) == {"lease_seconds": "90"}
-    (change,) = cli.ledger.setting_changes()
+    assert _stored(cli_db) == {"lease_seconds": "90"}
+    (change,) = cli_db.ledger.setting_changes()
     assert (change["key"], change["old_value"], change["new_value"]) == (
         "lease_seconds",
         None,
@@ -60,14 +53,14 @@ def test_migrate_seeds_from_the_environment_and_never_overwrites(cli: CliEnv) ->
     )
     assert "PIPELINE_LEASE_SECONDS" in change["changed_by"]
 
-    cli.ok("settings", "set", "lease_seconds", "120")
-    again = cli.invoke(
+    cli_db.ok("settings", "set", "lease_seconds", "120")
+    again = cli_db.invoke(
         "migrate", env={"PIPELINE_LEASE_SECONDS": "90", "PIPELINE_MAX_RECOVERY_ATTEMPTS": "5"}
     )
     assert again.exit_code == 0, again.output
     # The operator's value stands; an absent key is still seeded.
-    assert _stored(cli) == {"lease_seconds": "120", "max_recovery_attempts": "5"}
-    changes = [(c["key"], c["old_value"], c["new_value"]) for c in cli.ledger.setting_changes()]
+    assert _stored(cli_db) == {"lease_seconds": "120", "max_recovery_attempts": "5"}
+    changes = [(c["key"], c["old_value"], c["new_value"]) for c in cli_db.ledger.setting_changes()]
     assert changes == [
         ("lease_seconds", None, "90"),
         ("lease_seconds", "90", "120"),
@@ -76,21 +69,21 @@ def test_migrate_seeds_from_the_environment_and_never_overwrites(cli: CliEnv) ->
 
 
 # ---------------------------------------------------------------------------- set
-def test_set_is_validated_audited_and_shown(cli: CliEnv) -> None:
-    cli.ok("migrate")
-    cli.ok("settings", "set", "running_timeout_seconds", "900")
-    payload = cli.json("settings", "set", "lease_seconds", "300")
+def test_set_is_validated_audited_and_shown(cli_db: CliEnv) -> None:
+    cli_db.ok("migrate")
+    cli_db.ok("settings", "set", "running_timeout_seconds", "900")
+    payload = cli_db.json("settings", "set", "lease_seconds", "300")
     assert payload["ok"] and payload["old"] is None and payload["new"] == "300"
-    assert _stored(cli) == {"running_timeout_seconds": "900", "lease_seconds": "300"}
-    (first, second) = cli.ledger.setting_changes()
+    assert _stored(cli_db) == {"running_timeout_seconds": "900", "lease_seconds": "300"}
+    (first, second) = cli_db.ledger.setting_changes()
     assert first["key"] == "running_timeout_seconds" and first["changed_by"]
     assert second["new_value"] == "300"
 
-    shown = {s["key"]: s for s in cli.json("settings", "show")["settings"]}
+    shown = {s["key"]: s for s in cli_db.json("settings", "show")["settings"]}
     assert set(shown) == set(LEDGER_KEYS)
     assert shown["lease_seconds"]["value"] == 300 and shown["lease_seconds"]["source"] == "ledger"
     assert shown["heartbeat_seconds"]["source"] == "default"
-    text = cli.ok("settings", "show").output
+    text = cli_db.ok("settings", "show").output
     assert "lease_seconds" in text and "ledger" in text
 
 
@@ -105,32 +98,32 @@ def test_set_is_validated_audited_and_shown(cli: CliEnv) -> None:
     ],
 )
 def test_a_bad_value_is_refused_naming_the_key_and_nothing_is_written(
-    cli: CliEnv, key: str, value: str
+    cli_db: CliEnv, key: str, value: str
 ) -> None:
-    cli.ok("migrate")
-    cli.ok("settings", "set", "retry_backoff_seconds", "5")
-    payload = cli.json("settings", "set", key, value)
+    cli_db.ok("migrate")
+    cli_db.ok("settings", "set", "retry_backoff_seconds", "5")
+    payload = cli_db.json("settings", "set", key, value)
     assert payload["ok"] is False
     assert payload["error"]["code"] == "settings.invalid"
     assert key in payload["error"]["message"] or "lease_seconds" in payload["error"]["message"]
-    assert _stored(cli) == {"retry_backoff_seconds": "5"}
-    assert len(cli.ledger.setting_changes()) == 1
+    assert _stored(cli_db) == {"retry_backoff_seconds": "5"}
+    assert len(cli_db.ledger.setting_changes()) == 1
 
 
 @pytest.mark.parametrize("key", ["home", "db_url", "offline_latency_ms", "nope"])
-def test_only_the_judge_limits_live_in_the_table(cli: CliEnv, key: str) -> None:
-    cli.ok("migrate")
-    payload = cli.json("settings", "set", key, "1")
+def test_only_the_judge_limits_live_in_the_table(cli_db: CliEnv, key: str) -> None:
+    cli_db.ok("migrate")
+    payload = cli_db.json("settings", "set", key, "1")
     assert payload["error"]["code"] == "settings.invalid"
     assert repr(key) in payload["error"]["message"]
-    assert _stored(cli) == {}
+    assert _stored(cli_db) == {}
 
 
 def test_set_refuses_an_unmigrated_ledger_without_creating_it(tmp_path: Path) -> None:
-    cli = make_env(tmp_path)
-    payload = cli.json("settings", "set", "lease_seconds", "300")
+    cli_db = make_env(tmp_path)
+    payload = cli_db.json("settings", "set", "lease_seconds", "300")
     assert payload["error"]["code"] == "ledger.not_migrated"
-    assert not (cli.home / "ledger.sqlite3").exists()
+    assert not (cli_db.home / "ledger.sqlite3").exists()
 
 
 # ---------------------------------------------------------------------------- precedence
@@ -175,10 +168,10 @@ def test_the_resource_reads_the_table_with_env_precedence(
     assert pipeline.effective_settings().sources["lease_seconds"] == "env"
 
 
-def test_status_prints_what_is_in_force_and_where_it_came_from(cli: CliEnv) -> None:
-    cli.ok("migrate")
-    cli.ok("settings", "set", "lease_seconds", "300")
-    payload = cli.invoke("status", "--json", env={"PIPELINE_MAX_RECOVERY_ATTEMPTS": "7"})
+def test_status_prints_what_is_in_force_and_where_it_came_from(cli_db: CliEnv) -> None:
+    cli_db.ok("migrate")
+    cli_db.ok("settings", "set", "lease_seconds", "300")
+    payload = cli_db.invoke("status", "--json", env={"PIPELINE_MAX_RECOVERY_ATTEMPTS": "7"})
     assert payload.exit_code == 0, payload.output
     import json
 
@@ -189,7 +182,7 @@ def test_status_prints_what_is_in_force_and_where_it_came_from(cli: CliEnv) -> N
     )
     assert settings["max_recovery_attempts"]["source"] == "env"
     assert settings["heartbeat_seconds"]["source"] == "default"
-    text = cli.invoke("status", env={"PIPELINE_MAX_RECOVERY_ATTEMPTS": "7"}).output
+    text = cli_db.invoke("status", env={"PIPELINE_MAX_RECOVERY_ATTEMPTS": "7"}).output
     assert "lease_seconds=300 (ledger)" in text
     assert "max_recovery_attempts=7 (env)" in text
 
@@ -265,8 +258,8 @@ def test_the_code_location_refuses_to_load_on_a_bad_variable(tmp_path: Path) -> 
     assert "settings.invalid" in result.stderr
 
 
-def test_the_cli_refuses_to_start_on_a_bad_variable(cli: CliEnv) -> None:
-    result = cli.invoke("decide", env={"PIPELINE_MAX_RECOVERY_ATTEMPTS": "three"})
+def test_the_cli_refuses_to_start_on_a_bad_variable(cli_db: CliEnv) -> None:
+    result = cli_db.invoke("decide", env={"PIPELINE_MAX_RECOVERY_ATTEMPTS": "three"})
     assert result.exit_code == 1
     assert "PIPELINE_MAX_RECOVERY_ATTEMPTS" in result.output
-    assert not (cli.home / "ledger.sqlite3").exists()
+    assert not (cli_db.home / "ledger.sqlite3").exists()

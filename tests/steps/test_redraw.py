@@ -23,6 +23,7 @@ from storyboard_support import (
     PARTITION,
     STEPS,
     Env,
+    cloned,
     step_failure_messages,
 )
 
@@ -116,6 +117,35 @@ def test_a_redraw_draws_exactly_that_item_and_touches_nothing_else(env: Env, ste
     # a later resume keeps the new picture and pays nothing
     again = env.materialize([step_id])
     assert again.total_calls == 0 and target.read_bytes() != old
+
+
+@pytest.mark.parametrize("step_id", IMAGE_STEPS)
+def test_on_a_bucket_a_redraw_draws_exactly_that_item_and_keeps_every_other_object(
+    s3_built: Env, step_id: str
+) -> None:
+    """The same redraw with the checkpoints on S3: one call; the item is a new object, and
+    the new manifest names every other picture by the very object the old one named (kept
+    copy-free: nothing else uploaded, nothing overwritten)."""
+    with cloned(s3_built) as env:
+        item = expected(env, step_id)[0]
+        checkpoint, before = env.checkpoint(step_id), env.manifest(step_id)
+        assert checkpoint is not None and before is not None
+        path = checkpoint.data["images"][item]["path"]
+        old = env.read_artifact(step_id, path)
+
+        outcome = env.materialize([step_id], tags={REDRAW_TAG: item})
+
+        assert outcome.decisions == {step_id: ResumeAction.REDRAW_EXPLICIT.value}
+        assert outcome.calls_of(step_id, "image") == 1 and outcome.total_calls == 1
+        after = env.manifest(step_id)
+        assert after is not None and env.read_artifact(step_id, path) != old
+        assert after.artifacts[path].key != before.artifacts[path].key
+        others = {k: v for k, v in before.artifacts.items() if k != path}
+        assert {k: v for k, v in after.artifacts.items() if k != path} == others
+        assert env.row(step_id).status == "completed"
+        assert_clean(env, step_id)
+        again = env.materialize([step_id])  # a later resume keeps it and pays nothing
+        assert again.total_calls == 0
 
 
 def test_redraw_all_draws_every_item(sqlite_env: Env) -> None:

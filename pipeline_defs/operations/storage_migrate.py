@@ -23,6 +23,7 @@ from pipeline_defs.resume.status import SETTLED_RESULT, StepStatus
 from resources.checkpoints.bucket import BucketCheckpoints
 from resources.checkpoints.envelope import Checkpoint
 from resources.checkpoints.published import PublishedCheckpoints
+from resources.checkpoints.published_copies import companion_files
 from resources.storage import Storage, open_storage
 
 MIGRATED_STATUSES = frozenset({*SETTLED_RESULT, StepStatus.NOT_APPLICABLE})
@@ -126,6 +127,7 @@ def _upload(
         data = read_nofollow(ws.checkpoints.artifact_path(key, artifact.path))
         attempt.put(artifact.path, data)
         size += len(data)
+    attempt.put_companions(companion_files(ws.checkpoints, checkpoint))  # the receipts too
     manifest = attempt.publishable(checkpoint)
     loaded = bucket.load(manifest)  # verified against the manifest, sha256 and content hash
     if loaded is None or loaded.content_hash != checkpoint.content_hash:

@@ -69,6 +69,30 @@ def pointer_digest(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+def companion_files(store: CheckpointStore, checkpoint: Checkpoint) -> dict[str, bytes]:
+    """The files beside a checkpoint's artifacts in ``store``'s step directory named after
+    one (``C01.png`` -> ``C01.png.receipt.json``), by relative path: published with it in one
+    object (``Manifest.companions``), so a re-run that lost the envelope reuses a picture its
+    receipt vouches for, as a local home does (:meth:`PublishedCopies.recall`)."""
+    key = checkpoint.key
+    out: dict[str, bytes] = {}
+    listed: dict[str, list[str]] = {}
+    for artifact in checkpoint.artifacts:
+        folder, name = posixpath.split(posixpath.normpath(artifact.path))
+        if folder not in listed:
+            try:
+                with os.scandir(store.step_dir(key) / folder) as entries:
+                    listed[folder] = [e.name for e in entries if e.is_file(follow_symlinks=False)]
+            except (FileNotFoundError, NotADirectoryError):
+                listed[folder] = []
+        for companion in listed[folder]:
+            if companion.startswith(f"{name}."):
+                relative = posixpath.join(folder, companion)
+                with contextlib.suppress(OSError):
+                    out[relative] = read_nofollow(store.artifact_path(key, relative))
+    return out
+
+
 class PublishedCopies(CheckpointStore):
     """The checkpoint store over object storage, with ``home`` as scratch: reads bring the
     scratch copy to the published pointer, stages upload the attempt."""
@@ -382,7 +406,7 @@ class PublishedCopies(CheckpointStore):
                     continue
                 data = read_nofollow(self.artifact_path(key, artifact.path))
                 attempt.put(artifact.path, data)
-            attempt.put_companions(self._companions(key, checkpoint))
+            attempt.put_companions(companion_files(self, checkpoint))
             manifest = attempt.publishable(checkpoint)
         except BaseException:
             staged.discard()
@@ -403,30 +427,6 @@ class PublishedCopies(CheckpointStore):
                 inner.discard()
 
         return _Published(staged.temp, staged.target, lambda: None, pointer=pointer)
-
-    def _companions(self, key: StepKey, checkpoint: Checkpoint) -> dict[str, bytes]:
-        """The files beside the checkpoint's artifacts named after one (``C01.png`` ->
-        ``C01.png.receipt.json``) in the staged copy: published with it in one object, so a
-        re-run that lost the envelope reuses a picture its receipt vouches for, as a local
-        home does (:meth:`recall`)."""
-        out: dict[str, bytes] = {}
-        listed: dict[str, list[str]] = {}
-        for artifact in checkpoint.artifacts:
-            folder, name = posixpath.split(posixpath.normpath(artifact.path))
-            if folder not in listed:
-                try:
-                    with os.scandir(self.step_dir(key) / folder) as entries:
-                        listed[folder] = [
-                            e.name for e in entries if e.is_file(follow_symlinks=False)
-                        ]
-                except (FileNotFoundError, NotADirectoryError):
-                    listed[folder] = []
-            for companion in listed[folder]:
-                if companion.startswith(f"{name}."):
-                    relative = posixpath.join(folder, companion)
-                    with contextlib.suppress(OSError):
-                        out[relative] = read_nofollow(self.artifact_path(key, relative))
-        return out
 
     def _still_there(self, ref: ObjectRef, sha256: str, size: int) -> bool:
         """The published object holds these bytes and is still in the storage (one HEAD)."""

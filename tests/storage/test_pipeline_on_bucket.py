@@ -263,6 +263,13 @@ def test_storage_migrate_moves_a_home_into_the_bucket_verified_and_resumable(
     for step_id in STEP_IDS:
         if step_id != "world_guide":
             assert other.judge(step_id).action is ResumeAction.SKIP, step_id
+    # The receipts travelled with the pictures: a migrated image step whose envelope is lost
+    # later re-publishes them without a model call, as on the home it came from.
+    assert other.manifest("composite_image_gen").companions is not None  # type: ignore[union-attr]
+    other.lose_checkpoint("composite_image_gen")
+    outcome = other.materialize(["composite_image_gen"])
+    assert outcome.decisions == {"composite_image_gen": "rerun_self"}
+    assert outcome.total_calls == 0, outcome.calls
 
 
 def test_inputs_added_on_one_machine_are_read_by_an_empty_one(

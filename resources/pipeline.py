@@ -62,10 +62,6 @@ class LedgerPointers:
     def __init__(self, ledger: LedgerStore) -> None:
         self.ledger = ledger
 
-    def pointer(self, key: StepKey) -> str | None:
-        row = self.ledger.get(key)
-        return None if row is None else row.checkpoint_pointer
-
     def episode_pointers(self, project_id: str, episode_id: str) -> Mapping[str, str | None]:
         rows = self.ledger.get_many(
             episodes=[Episode(project_id, episode_id)], columns=("checkpoint_pointer",)
@@ -75,8 +71,12 @@ class LedgerPointers:
     def archived_pointers(self, key: StepKey) -> Sequence[str]:
         return self.ledger.archived_pointers(key)
 
-    def has_row(self, key: StepKey) -> bool:
-        return self.ledger.get(key) is not None
+    def pointer(self, key: StepKey) -> str | None:
+        return self.row_pointer(key)[1]
+
+    def row_pointer(self, key: StepKey) -> tuple[bool, str | None]:
+        row = self.ledger.get(key)
+        return (False, None) if row is None else (True, row.checkpoint_pointer)
 
 
 class PipelineResource(dg.ConfigurableResource["PipelineResource"]):

@@ -250,7 +250,13 @@ ALL_BACKENDS = ("sqlite", "postgresql", "s3")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "built" in metafunc.fixturenames:
+    """``built`` on the module's ``BACKENDS``, unless the test names its own backends
+    (``@pytest.mark.parametrize("built", [...], indirect=True)``)."""
+    named = any(
+        "built" in str(mark.args[0]).replace(" ", "").split(",")
+        for mark in metafunc.definition.iter_markers("parametrize")
+    )
+    if "built" in metafunc.fixturenames and not named:
         backends = getattr(metafunc.module, "BACKENDS", ("sqlite",))
         metafunc.parametrize("built", backends, indirect=True)
 

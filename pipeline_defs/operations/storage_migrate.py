@@ -55,8 +55,8 @@ class _NoPointers:
     def archived_pointers(self, key: StepKey) -> Sequence[str]:
         return ()
 
-    def has_row(self, key: StepKey) -> bool:
-        return True  # never look for an orphan attempt: this store only writes
+    def row_pointer(self, key: StepKey) -> tuple[bool, str | None]:
+        return True, None  # never look for an orphan attempt: this store only writes
 
 
 def migrate_to(ws: Workspace, url: str) -> MigrationReport:

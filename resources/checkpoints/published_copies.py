@@ -59,8 +59,8 @@ class PointerSource(Protocol):
         """The pointers the step's row archived (a force, a replacement), newest first."""
         ...
 
-    def has_row(self, key: StepKey) -> bool:
-        """Whether the ledger has a row for ``key`` at all (with or without a pointer)."""
+    def row_pointer(self, key: StepKey) -> tuple[bool, str | None]:
+        """Whether the ledger has a row for ``key`` at all, and its pointer: one read."""
         ...
 
 
@@ -189,8 +189,11 @@ class PublishedCopies(CheckpointStore):
         return manifest
 
     def load(self, key: StepKey) -> Checkpoint | None:
-        text = self.pointers.pointer(key)
+        self._orphans.pop(key, None)
+        has_row, text = self.pointers.row_pointer(key)
         if text is None:
+            if has_row:
+                return None  # a row without a pointer (a force, a reset): nothing published
             text = self._orphan(key)
             if text is None:
                 return None
@@ -200,10 +203,7 @@ class PublishedCopies(CheckpointStore):
         """With no row at all for ``key`` (the ledger lost it), the pointer of the newest
         complete attempt the storage holds (:meth:`BucketCheckpoints.discover`), kept for
         the adopting row (:meth:`adoptable_pointer`): what a local home's orphan checkpoint
-        file is. A row without a pointer (a force, a reset) finds nothing here."""
-        self._orphans.pop(key, None)
-        if self.pointers.has_row(key):
-            return None
+        file is."""
         manifest = self.bucket.discover(key)
         if manifest is None:
             return None
@@ -300,10 +300,12 @@ class PublishedCopies(CheckpointStore):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(self.artifact_path(key, relative))  # not the published bytes
         if manifest.companions is not None:
-            with contextlib.suppress(PipelineError):
+            with contextlib.suppress(PipelineError):  # a cache: unreadable, nothing reused
                 bundle = self.bucket.fetch(manifest.companions, what="companions")
                 for relative, data in decode_companions(bundle or b"").items():
-                    atomic_write_bytes(self.artifact_path(key, relative), data)
+                    # Only a file named after an artifact: never an artifact itself.
+                    if any(relative.startswith(f"{a}.") for a in manifest.artifacts):
+                        atomic_write_bytes(self.artifact_path(key, relative), data)
         try:
             envelope = self.bucket.fetch(manifest.envelope, what=ENVELOPE_WHAT)
             if envelope is None:

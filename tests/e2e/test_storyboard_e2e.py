@@ -43,6 +43,8 @@ SCENE_DOWNSTREAM = (
 )
 IMAGE_STEPS = ("ref_image_gen", "composite_image_gen", "scene_image_pipeline")
 BACKENDS = ("sqlite", "postgresql", "s3")  # ``built`` and ``env`` (tests/conftest.py)
+# A test whose outcome depends on the storage, not on the ledger: a local home and a bucket.
+ONE_LEDGER = pytest.mark.parametrize("built", ["sqlite", "s3"], indirect=True)
 COMPOSITE = "composites/C01_O02.png"
 
 
@@ -73,21 +75,8 @@ def s3_pre_review(s3_module: S3Server) -> Iterator[Env]:
 
 
 @pytest.fixture(params=["sqlite", "s3"])
-def stored_built(request: pytest.FixtureRequest) -> Env:
-    """The built episode on a local home and on a bucket (one ledger: what the test shows
-    does not depend on it)."""
-    return request.getfixturevalue(f"{request.param}_built")  # type: ignore[no-any-return]
-
-
-@pytest.fixture(params=["sqlite", "s3"])
 def pre_review(request: pytest.FixtureRequest) -> Env:
     return request.getfixturevalue(f"{request.param}_pre_review")  # type: ignore[no-any-return]
-
-
-@pytest.fixture
-def stored_env(stored_built: Env) -> Iterator[Env]:
-    with cloned(stored_built) as copy:
-        yield copy
 
 
 def _materialized_metadata(result: Any) -> dict[str, dict[str, Any]]:
@@ -296,8 +285,8 @@ def test_explicit_force_of_scene_detail_reruns_it_and_stales_downstream(env: Env
     assert env.judge("shot_dependency_t2i").action is ResumeAction.RERUN_SELF
 
 
-def test_config_edit_outside_a_steps_keys_leaves_it_skip(stored_env: Env) -> None:
-    env = stored_env
+@ONE_LEDGER
+def test_config_edit_outside_a_steps_keys_leaves_it_skip(env: Env) -> None:
     edit_config(env.home, "title", "A retitled project")
     edit_config(env.home, "story.max_bytes", 500_000)
     outcome = env.materialize()
@@ -365,7 +354,8 @@ def test_shots_missing_a_composite_fail_soft_then_resume_fills_only_them(
         assert {s: r.status for s, r in env.rows().items()} == dict.fromkeys(STEP_IDS, "completed")
 
 
-def test_offline_pipeline_is_deterministic_across_homes(stored_built: Env) -> None:
+@ONE_LEDGER
+def test_offline_pipeline_is_deterministic_across_homes(built: Env) -> None:
     """Same inputs, another home, another launcher: byte-identical data and PNGs (the
     built episode on a local home or on a bucket; the other one on a local home)."""
     other = Env.sqlite(scratch_dir("determinism"))
@@ -373,12 +363,12 @@ def test_offline_pipeline_is_deterministic_across_homes(stored_built: Env) -> No
         write_episode(other.home)
         other.run_direct()  # the run protocol without Dagster
         for step_id in STEP_IDS:
-            a, b = stored_built.checkpoint(step_id), other.checkpoint(step_id)
+            a, b = built.checkpoint(step_id), other.checkpoint(step_id)
             assert a is not None and b is not None
             assert a.data == b.data, step_id
             assert a.artifacts == b.artifacts, step_id
             assert a.content_hash == b.content_hash, step_id
-        built_files = {k: v for k, v in stored_built.snapshot().items() if k.endswith(".png")}
+        built_files = {k: v for k, v in built.snapshot().items() if k.endswith(".png")}
         other_files = {k: v for k, v in other.snapshot().items() if k.endswith(".png")}
         assert built_files == other_files and len(built_files) == 14
     finally:

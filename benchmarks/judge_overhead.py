@@ -54,7 +54,7 @@ from pipeline_defs.steps.runner import RunInfo, StepRunner  # noqa: E402
 from pipeline_defs.steps.spec import Step, StepResult  # noqa: E402
 from pipeline_defs.wiring.assets import build_step_assets, episodes  # noqa: E402
 from pipeline_defs.wiring.io_manager import CheckpointIOManager  # noqa: E402
-from resources.checkpoints.store import atomic_write_bytes  # noqa: E402
+from resources.checkpoints.atomic import atomic_write_bytes  # noqa: E402
 from resources.pipeline import PipelineResource  # noqa: E402
 from resources.providers import OfflineImageModel, TextModel  # noqa: E402
 

@@ -90,7 +90,7 @@ from resources.checkpoints.bucket import BucketCheckpoints, sha256_bytes  # noqa
 from resources.checkpoints.envelope import Artifact, Checkpoint  # noqa: E402
 from resources.checkpoints.manifest import ENVELOPE_NAME, Manifest, ObjectRef  # noqa: E402
 from resources.checkpoints.object_seal import ObjectSeal  # noqa: E402
-from resources.checkpoints.published import PublishedCheckpoints  # noqa: E402
+from resources.checkpoints.published import published_checkpoints, scratch_cache_of  # noqa: E402
 from resources.ledger.store import LedgerStore, engine_for  # noqa: E402
 from resources.ledger.tables import step_run  # noqa: E402
 from resources.pipeline import LedgerPointers, PipelineResource  # noqa: E402
@@ -462,7 +462,7 @@ def apply_changes(changes: dict[str, str], pipeline: PipelineResource, home: Pat
     storage_url = pipeline.storage_url
     assert storage_url is not None
     storage = open_storage(storage_url, home=home)
-    writer = PublishedCheckpoints(home, storage, LedgerPointers(ledger))
+    writer = published_checkpoints(home, storage, LedgerPointers(ledger))
     for pk, kind in changes.items():
         project, episode = pk.split("/")
         if kind == "png_deleted":
@@ -503,9 +503,10 @@ def _ticks(spec: dict[str, Any], home: Path, other_home: Path) -> dict[str, Any]
         home=str(home), db_url=spec["db_url"], storage_url=spec["storage_url"]
     )
     store = pipeline.checkpoints()
-    assert isinstance(store, PublishedCheckpoints)
-    recorder = Recording(store.storage)
-    store.storage = store.bucket.storage = recorder
+    cache = scratch_cache_of(store)
+    assert cache is not None
+    recorder = Recording(cache.storage)
+    cache.bucket.storage = recorder
     interval = float(spec["interval"])
     period = pipeline.settings().scrub_period_seconds
     clock = Clock(time.monotonic(), datetime.now(UTC))
@@ -542,7 +543,7 @@ def _ticks(spec: dict[str, Any], home: Path, other_home: Path) -> dict[str, Any]
             clock.advance(interval)
         # The ticks are `interval` apart: the process's copy of each project's config is
         # older than INPUTS_MAX_AGE_SECONDS at the start of each (5 s < 30 s).
-        store._synced.clear()
+        cache.inputs.synced.clear()
         recorder.reset()
         context = dg.build_sensor_context(
             instance=instance, cursor=cursor[0], definitions=defs, resources={"pipeline": pipeline}
@@ -647,14 +648,15 @@ def build_fixture(server: S3Server, db_url: str, episodes: int) -> dict[str, Any
     try:
         write_episode(writer.home)
         store = writer.checkpoints
-        assert isinstance(store, PublishedCheckpoints)
+        cache = scratch_cache_of(store)
+        assert cache is not None
         store.publish_inputs(PROJECT, TEMPLATE)  # inputs first: every row gets an object seal
         started = time.perf_counter()
         outcome = writer.materialize()
         assert outcome.result.success
         ran = time.perf_counter() - started
         started = time.perf_counter()
-        partitions, objects = replicate(store.storage, writer.ledger, bucket, episodes)
+        partitions, objects = replicate(cache.storage, writer.ledger, bucket, episodes)
         return {
             "db_url": db_url,
             "storage_url": writer.storage_url,

@@ -9,7 +9,7 @@ import dagster as dg
 
 from pipeline_defs.resume.partition import Episode, StepKey
 from pipeline_defs.resume.settings import EffectiveSettings, ResumeSettings, resolve_settings
-from resources.checkpoints.published import PublishedCheckpoints
+from resources.checkpoints.published import published_checkpoints
 from resources.checkpoints.store import CheckpointStore
 from resources.ledger.store import LedgerStore
 from resources.storage import open_storage
@@ -34,7 +34,7 @@ def checkpoints_for(
     """One checkpoint store per data root (and storage) and process, sharing its caches.
 
     With ``storage_url`` checkpoints are published as objects and ``home`` holds inputs and
-    this process's scratch (:class:`PublishedCheckpoints`); the pointers come from the
+    this process's scratch (:func:`published_checkpoints`); the pointers come from the
     ledger at ``ledger_url``. Keyed by process too: a forked child gets its own scratch.
     """
     resolved = Path(home).resolve()
@@ -47,7 +47,7 @@ def checkpoints_for(
             else:
                 if ledger_url is None:
                     raise ValueError("a published checkpoint store needs the ledger's URL")
-                store = PublishedCheckpoints(
+                store = published_checkpoints(
                     resolved,
                     open_storage(storage_url, home=resolved),
                     LedgerPointers(ledger_for(ledger_url)),

@@ -24,7 +24,7 @@ import dagster as dg
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from resources.checkpoints.bucket import Collection
 from resources.checkpoints.manifest import Manifest
-from resources.checkpoints.published import PublishedCheckpoints
+from resources.checkpoints.published import scratch_cache_of
 from resources.checkpoints.store import CheckpointStore
 from resources.ledger.store import LedgerStore
 from resources.pipeline import PipelineResource
@@ -63,7 +63,8 @@ def collect_unnamed(
     now: datetime | None = None,
 ) -> GarbageReport:
     """Delete unnamed, old attempt prefixes of the configured object storage."""
-    if not isinstance(store, PublishedCheckpoints):
+    cache = scratch_cache_of(store)
+    if cache is None:
         raise PipelineError(
             ErrorCode.STORAGE_CONFIG,
             "storage garbage collection applies to checkpoints published on object storage "
@@ -79,13 +80,13 @@ def collect_unnamed(
         )
     # The listing first (seconds on a big bucket, while runs go on), the rows after it, right
     # before deleting: a step published while the bucket was listed is named by then.
-    listed = list(store.bucket.attempts())
+    listed = list(cache.bucket.attempts())
     references = ledger.references()
     manifests = [Manifest.decode(text, where="a ledger pointer") for text in references.pointers]
     # A running step may be uploading an attempt it has not published yet: its whole step
     # prefix is kept, whatever the grace period (a step running for longer than it).
-    running = [store.bucket.step_prefix(key) for key in references.running]
-    collection = store.bucket.collect(
+    running = [cache.bucket.step_prefix(key) for key in references.running]
+    collection = cache.bucket.collect(
         manifests,
         running,
         now=now or datetime.now(UTC),
@@ -109,7 +110,7 @@ def collect_storage_garbage(
 ) -> None:
     """One collection; on a local home there is nothing to collect (said, not failed)."""
     store = pipeline.checkpoints()
-    if not isinstance(store, PublishedCheckpoints):
+    if scratch_cache_of(store) is None:
         context.log.info("checkpoints are on a local home: nothing to collect")
         return
     report = collect_unnamed(

@@ -18,6 +18,7 @@ from azurite_server import AzureServer, running_azurite
 from cli_helpers import CliEnv, make_env
 from fleet_support import require_broker
 from judge_steps import Harness, open_harness
+from memory_ledger import open_memory_ledger
 from pg_throwaway import ThrowawayPostgres
 from s3_server import SECRET, S3Server, running_s3_server
 from storyboard_support import Env, built_episode, cloned
@@ -103,6 +104,14 @@ def store(db_url: str) -> LedgerStore:
     ledger = LedgerStore(db_url)
     ledger.migrate()
     return ledger
+
+
+@pytest.fixture
+def memory_ledger() -> Iterator[LedgerStore]:
+    """A migrated ledger on an in-memory SQLite database of its own (no file, no server;
+    tests/support/memory_ledger.py), for fast tests of the judge and the run protocol."""
+    with open_memory_ledger() as ledger:
+        yield ledger
 
 
 @pytest.fixture
@@ -216,8 +225,11 @@ def cli_db(tmp_path: Path, db_url: str, monkeypatch: pytest.MonkeyPatch) -> CliE
 
 
 # The kind of each test (pyproject.toml lists the markers): by its folder, and a test of
-# tests/core that takes a store, a server or a CLI home is an integration test.
+# tests/core that takes a store, a server or a CLI home is an integration test. A module of
+# another folder that needs none (the in-memory fakes) names its kind itself
+# (``pytestmark = pytest.mark.unit``), under the same rule about fixtures.
 KIND_BY_FOLDER = {"core": "unit", "e2e": "e2e"}
+KINDS = ("unit", "integration", "e2e")
 STATEFUL_FIXTURES = frozenset(
     {
         "db_url",
@@ -236,10 +248,16 @@ STATEFUL_FIXTURES = frozenset(
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     tests = Path(__file__).resolve().parent
     for item in items:
-        kind = KIND_BY_FOLDER.get(item.path.resolve().relative_to(tests).parts[0], "integration")
+        named = [kind for kind in KINDS if item.get_closest_marker(kind) is not None]
+        kind = (
+            named[0]
+            if named
+            else KIND_BY_FOLDER.get(item.path.resolve().relative_to(tests).parts[0], "integration")
+        )
         if kind == "unit" and STATEFUL_FIXTURES & set(getattr(item, "fixturenames", ())):
             kind = "integration"
-        item.add_marker(getattr(pytest.mark, kind))
+        if kind not in named:
+            item.add_marker(getattr(pytest.mark, kind))
 
 
 # ------------------------------------ the sample episode, built once per module and backend

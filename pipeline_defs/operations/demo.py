@@ -12,7 +12,7 @@ from pipeline_defs.operations.workspace import Workspace
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.layout import DataLayout
 from pipeline_defs.resume.partition import Episode, validate_id
-from resources.checkpoints.published import PublishedCheckpoints
+from resources.checkpoints.published import scratch_cache_of
 
 SAMPLES_DIR = Path(__file__).resolve().parent.parent / "storyboard" / "samples"
 
@@ -105,7 +105,7 @@ def list_images(ws: Workspace, episode: Episode) -> list[str]:
 def published_to(ws: Workspace) -> str | None:
     """The bucket the checkpoints (and pictures) are published to; None on a local home."""
     store = ws.checkpoints
-    return store.location if isinstance(store, PublishedCheckpoints) else None
+    return store.location if scratch_cache_of(store) is not None else None
 
 
 def episode_images(ws: Workspace, episode: Episode) -> EpisodeImages:
@@ -113,11 +113,12 @@ def episode_images(ws: Workspace, episode: Episode) -> EpisodeImages:
     checkpoints published to a bucket, the PNG objects its rows' manifests name."""
     store = ws.checkpoints
     per_step: dict[str, int] = {}
-    if isinstance(store, PublishedCheckpoints):
-        under = store.bucket.episode_prefix(episode.project_id, episode.episode_id)
+    cache = scratch_cache_of(store)
+    if cache is not None:
+        under = cache.bucket.episode_prefix(episode.project_id, episode.episode_id)
         named = [
             (step_id, ref.key)
-            for step_id, manifest in store.episode_manifests(
+            for step_id, manifest in cache.episode_manifests(
                 episode.project_id, episode.episode_id
             ).items()
             for ref in manifest.artifacts.values()
@@ -125,8 +126,8 @@ def episode_images(ws: Workspace, episode: Episode) -> EpisodeImages:
         ]
         for step_id, _ in named:
             per_step[step_id] = per_step.get(step_id, 0) + 1
-        files = sorted(store.object_url(key) for _, key in named)
-        return EpisodeImages(store.object_url(under), files, dict(sorted(per_step.items())))
+        files = sorted(cache.object_url(key) for _, key in named)
+        return EpisodeImages(cache.object_url(under), files, dict(sorted(per_step.items())))
     folder = Path(store.layout.checkpoint_episode_dir(episode.project_id, episode.episode_id))
     images = list_images(ws, episode)
     for image in images:

@@ -22,8 +22,8 @@ from pipeline_defs.resume.partition import Episode, StepKey
 from pipeline_defs.resume.status import SETTLED_RESULT, StepStatus
 from resources.checkpoints.bucket import BucketCheckpoints
 from resources.checkpoints.envelope import Checkpoint
-from resources.checkpoints.published import PublishedCheckpoints
-from resources.checkpoints.published_copies import companion_files
+from resources.checkpoints.published import published_checkpoints, scratch_cache_of
+from resources.checkpoints.scratch_cache import companion_files
 from resources.storage import Storage, open_storage
 
 MIGRATED_STATUSES = frozenset({*SETTLED_RESULT, StepStatus.NOT_APPLICABLE})
@@ -63,7 +63,7 @@ def migrate_to(ws: Workspace, url: str) -> MigrationReport:
     """Copy every settled checkpoint of the local home to ``url``, verified, and point
     its ledger row at the copy."""
     local = ws.checkpoints
-    if isinstance(local, PublishedCheckpoints):
+    if scratch_cache_of(local) is not None:
         raise PipelineError(
             ErrorCode.STORAGE_CONFIG,
             f"storage migrate copies a local home into object storage, but this process "
@@ -127,7 +127,7 @@ def _upload(
         data = read_nofollow(ws.checkpoints.artifact_path(key, artifact.path))
         attempt.put(artifact.path, data)
         size += len(data)
-    attempt.put_companions(companion_files(ws.checkpoints, checkpoint))  # the receipts too
+    attempt.put_companions(companion_files(ws.checkpoints.tree, checkpoint))  # the receipts too
     manifest = attempt.publishable(checkpoint)
     loaded = bucket.load(manifest)  # verified against the manifest, sha256 and content hash
     if loaded is None or loaded.content_hash != checkpoint.content_hash:
@@ -142,7 +142,7 @@ def _upload(
 
 def _pending_edits(ws: Workspace, storage: Storage, episodes: set[Episode]) -> int:
     """A review's write-ahead edits (a run killed between writing them and settling)."""
-    target = PublishedCheckpoints(ws.home, storage, _NoPointers())
+    target = published_checkpoints(ws.home, storage, _NoPointers())
     copied = 0
     for step in ws.steps:
         if not step.modifies_checkpoints:

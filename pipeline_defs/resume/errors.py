@@ -5,23 +5,30 @@ from enum import StrEnum
 from typing import Any
 
 
-class ErrorCode(StrEnum):
-    """Every stable code the project raises, each with its HTTP-like status.
+class Code(StrEnum):
+    """A family of stable error codes, each member its code's text with an HTTP-like status.
 
     The value is the code's text (what JSON output, metadata and tests compare); ``status``
     is what a ``PipelineError`` of that code carries unless the raiser says otherwise.
     409 = a conflict with another owner or a block; 4xx a fault of the input, config or
     checkpoint; 5xx a fault of the upstream provider, the storage or our own code.
-    ``tests/core/test_codes.py`` scans the product code: every code raised is a member.
+    The protocol's own codes are :class:`ErrorCode`; a pipeline's step declares its own
+    family beside the step (``class StorySourceCode(Code)`` in its module), and
+    :func:`status_of` knows every family. ``tests/core/test_codes.py`` scans the product
+    code: every code raised is a member of a family.
     """
 
     status: int
 
-    def __new__(cls, code: str, status: int) -> "ErrorCode":
+    def __new__(cls, code: str, status: int) -> "Code":
         member = str.__new__(cls, code)
         member._value_ = code
         member.status = status
         return member
+
+
+class ErrorCode(Code):
+    """Every stable code the run protocol, the judge and the adapters raise."""
 
     # The run protocol and the judge.
     STEP_ALREADY_RUNNING = "step.already_running", 409
@@ -74,14 +81,6 @@ class ErrorCode(StrEnum):
     PROVIDER_BAD_RESPONSE = "provider.bad_response", 502
     PROVIDER_CONFIG = "provider.config", 400
     PROVIDER_NO_KEY = "provider.no_key", 400
-    # The reference storyboard's steps.
-    STORY_SOURCE_INVALID_INPUT = "story_source.invalid_input", 400
-    SCENE_DETAIL_CARD_INVALID = "scene_detail.card_invalid", 400
-    SCENE_DETAIL_SENTINEL_MALFORMED = "scene_detail.sentinel_malformed", 400
-    SCENE_DETAIL_SHAPE_VIOLATION = "scene_detail.shape_violation", 400
-    T2I_REVIEW_UNKNOWN_ITEM_ID = "t2i_review.unknown_item_id", 422
-    T2I_REVIEW_SENTINEL_REFRESH_FAILED = "t2i_review.sentinel_refresh_failed", 422
-    T2I_REVIEW_CARD_HASH_UNEXPECTED_CHANGE = "t2i_review.card_hash_unexpected_change", 422
     # The storage under the data root or the ledger refused a write: no step can fix that,
     # an operator must (free space, remount read-write, fix permissions).
     STORAGE_FULL = "storage.full", 507
@@ -112,15 +111,27 @@ class ErrorCode(StrEnum):
     INTERNAL = "internal", 500
 
 
-# A code no member names (a user's own step may raise its own): treated as the caller's fault.
+# A code no family names (a user's step may raise text of its own): the caller's fault.
 DEFAULT_STATUS = 400
-# The same map as text -> status, for callers holding the code as text.
-STATUS_BY_CODE: dict[str, int] = {code.value: code.status for code in ErrorCode}
+
+
+def known_codes() -> dict[str, int]:
+    """Every code text -> its status: :class:`ErrorCode` and every family a step declared
+    (those whose modules are imported: a step's module is, wherever the step runs)."""
+    found: dict[str, int] = {}
+    families: list[type[Code]] = [Code]
+    while families:
+        family = families.pop()
+        families.extend(family.__subclasses__())
+        found.update((member.value, member.status) for member in family)
+    return found
 
 
 def status_of(code: str) -> int:
     """The HTTP-like status of ``code`` (a member or its text)."""
-    return STATUS_BY_CODE.get(code, DEFAULT_STATUS)
+    if isinstance(code, Code):
+        return code.status
+    return known_codes().get(code, DEFAULT_STATUS)
 
 
 class PipelineError(Exception):
@@ -128,7 +139,7 @@ class PipelineError(Exception):
 
     def __init__(
         self,
-        code: ErrorCode | str,
+        code: Code | str,
         message: str,
         *,
         status: int | None = None,

@@ -2,7 +2,7 @@
 the step judge, a verifier's context, batch judgement and the sensor's tick.
 
 ``resources.ledger.store.LedgerStore`` and ``resources.checkpoints.store.CheckpointStore``
-(and the object-storage ``PublishedCheckpoints``) satisfy these protocols structurally;
+(over a home or over object storage) satisfy these protocols structurally;
 code typed with them can call nothing else, so mypy proves it writes no row, no
 checkpoint, no artifact and no seal. The writers (``steps.runner``, ``steps.accept``, the
 sensor's scrub) hold the full stores. Widening a protocol here widens what every judge may

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pipeline_defs.resume.completion import CompletionReport, Origin
 from pipeline_defs.resume.status import StepStatus
+from resources.providers.offline_text import OFFLINE_REPLIES, OfflineReply
 
 if TYPE_CHECKING:
     from pipeline_defs.steps.context import StepContext, VerifyContext
@@ -104,6 +105,16 @@ class Step:
     changed_artifact_origin: ClassVar[Origin] = Origin.INVARIANT_DRIFT
     # Whether a launch may redraw chosen items (tag resume/redraw, steps.redraw).
     redrawable: ClassVar[bool] = False
+    # What the offline text model answers to each task this step sends (``TextCall.task``
+    # -> its reply), declared beside the step: registered with the offline model when the
+    # class is defined, so the default provider answers it on every launch path
+    # (docs/DESIGN.md#adding-a-step).
+    offline_replies: ClassVar[Mapping[str, OfflineReply]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for task, reply in cls.__dict__.get("offline_replies", {}).items():
+            OFFLINE_REPLIES.register(task, reply)
 
     # ``is_applicable``, ``verify_completion`` and ``verify_reads`` are asked by the
     # read-only judge: their context holds the stores' readers only (``VerifyContext``).

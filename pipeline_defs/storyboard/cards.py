@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pipeline_defs.resume.completion import Origin
-from pipeline_defs.resume.errors import ErrorCode, PipelineError
+from pipeline_defs.resume.errors import Code, PipelineError
 from resources.checkpoints.envelope import canonical_json, sha256_text
 
 CARD_TEMPLATE = "shot-card/v1"
@@ -30,10 +30,17 @@ CARD_FIELDS: Mapping[str, tuple[str, ...]] = {
 }
 
 
+class SceneDetailCode(Code):
+    """scene_detail's own error codes (its cards, sentinels and reply shape; here, below
+    the step's module, because its cards and sentinels raise them too)."""
+
+    CARD_INVALID = "scene_detail.card_invalid", 400
+    SENTINEL_MALFORMED = "scene_detail.sentinel_malformed", 400
+    SHAPE_VIOLATION = "scene_detail.shape_violation", 400
+
+
 def card_error(message: str) -> PipelineError:
-    return PipelineError(
-        ErrorCode.SCENE_DETAIL_CARD_INVALID, message, origin=Origin.CONTRACT_DRIFT.value
-    )
+    return PipelineError(SceneDetailCode.CARD_INVALID, message, origin=Origin.CONTRACT_DRIFT.value)
 
 
 def build_render_prompt_card(entry: Mapping[str, Any], variation_index: int) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from typing import Any
 from pipeline_defs.project import TEXT_MODEL_KEYS
 from pipeline_defs.steps.context import StepContext
 from pipeline_defs.steps.spec import Step, StepResult
+from pipeline_defs.storyboard import offline_language as prose
 from pipeline_defs.storyboard.replies import reply_int, reply_list, reply_object, reply_text
 from resources.checkpoints.envelope import Checkpoint
 from resources.providers import TextCall
@@ -67,12 +68,68 @@ def _parse(reply_item: Any, index: int) -> dict[str, Any]:
     }
 
 
+def offline_reply(payload: Mapping[str, Any]) -> dict[str, Any]:
+    """Characters = capitalized single words used as names; outlooks = costume cues."""
+    parts = prose.segments(payload)
+    min_mentions = int(payload.get("min_mentions", 1))
+    max_characters = int(payload.get("max_characters", 99))
+    sentences = [(scene, s) for scene, text in parts for s in prose.split_sentences(text)]
+    names: set[str] = set()
+    for _, sentence in sentences:
+        names |= prose.name_candidates(sentence)
+
+    info: dict[str, dict[str, Any]] = {}
+    last_named: str | None = None
+    position = 0
+    for scene, sentence in sentences:
+        for token in prose.tokens(sentence):
+            if token.base in names:
+                entry = info.setdefault(
+                    token.base,
+                    {"name": token.base, "mentions": 0, "first_scene": scene, "first_position": 0},
+                )
+                if entry["mentions"] == 0:
+                    entry["first_position"] = position + token.start
+                entry["mentions"] += 1
+        for cue in prose.COSTUME_CUE.finditer(sentence):
+            owner = last_named
+            for token in prose.tokens(sentence[: cue.start()]):
+                if token.base in names:
+                    owner = token.base
+            look = prose.clean_look(cue.group("what"))
+            if owner is None or not look:
+                continue
+            outlooks = info[owner].setdefault("outlooks", [])
+            if look.lower() not in {o["description"].lower() for o in outlooks}:
+                outlooks.append({"description": look, "first_scene": scene})
+        for token in prose.tokens(sentence):
+            if token.base in names:
+                last_named = token.base
+        position += len(sentence) + 1
+
+    full_text = "\n".join(text for _, text in parts)
+    ranked = sorted(info.values(), key=lambda c: (-c["mentions"], c["first_position"], c["name"]))
+    characters: list[dict[str, Any]] = []
+    dropped: list[dict[str, Any]] = []
+    for entry in ranked:
+        entry.setdefault("outlooks", [])
+        entry["description"] = (
+            prose.apposition(entry["name"], full_text) or "a character of the story"
+        )
+        if entry["mentions"] < min_mentions or len(characters) >= max_characters:
+            dropped.append({"name": entry["name"], "mentions": entry["mentions"]})
+        else:
+            characters.append(entry)
+    return {"characters": characters, "dropped": dropped}
+
+
 class EntityCanon(Step):
     step_id = "entity_canon"
     deps = ("story_source",)
     schema_version = 1
     resume_config_keys = ("entities.max_characters", "entities.min_mentions", *TEXT_MODEL_KEYS)
     description = "Characters C01… with outlooks (O00 default, O01… from costume cues)."
+    offline_replies = {TASK: offline_reply}  # what the offline model answers
 
     def execute(self, ctx: StepContext, inputs: Mapping[str, Checkpoint]) -> StepResult:
         story = inputs["story_source"].data

@@ -13,6 +13,7 @@ from pipeline_defs.resume.completion import Origin
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.steps.context import StepContext
 from pipeline_defs.steps.spec import Step, StepResult
+from pipeline_defs.storyboard import offline_language as prose
 from pipeline_defs.storyboard.replies import reply_list, reply_object, reply_text
 from resources.checkpoints.envelope import Checkpoint, sha256_text
 from resources.providers import BAD_RESPONSE, TextCall
@@ -50,6 +51,30 @@ def prompt_problems(data: Mapping[str, Any]) -> list[tuple[Origin, str]]:
     return problems
 
 
+def offline_reply(payload: Mapping[str, Any]) -> dict[str, Any]:
+    """One prompt per (character, outlook); outfit prompts forget the style (review fixes it)."""
+    style = prose.require(payload, "style", str)
+    prompts = []
+    for c in prose.require(payload, "characters", list):
+        name, description = c["name"], c.get("description") or "a character"
+        for outlook in c.get("outlooks", []):
+            if outlook["outlook_id"] == "O00":
+                prompt = (
+                    f"character reference sheet of {name}, {description}, full body, front and "
+                    f"side views, neutral background, {style}"
+                )
+            else:
+                prompt = f"{name} wearing {outlook['description']}, full body, neutral background"
+            prompts.append(
+                {
+                    "character_id": c["character_id"],
+                    "outlook_id": outlook["outlook_id"],
+                    "t2i_prompt": prompt,
+                }
+            )
+    return {"prompts": prompts}
+
+
 class EntityT2I(Step):
     step_id = "entity_t2i"
     deps = ("entity_canon",)
@@ -57,6 +82,7 @@ class EntityT2I(Step):
     resume_config_keys = ("style", *TEXT_MODEL_KEYS)
     allow_auto_rerun_on_schema_bump = True
     description = "Per-entity text-to-image prompts (one per character outlook)."
+    offline_replies = {TASK: offline_reply}  # what the offline model answers
 
     def execute(self, ctx: StepContext, inputs: Mapping[str, Checkpoint]) -> StepResult:
         characters = inputs["entity_canon"].data["characters"]

@@ -39,8 +39,8 @@ from pipeline_defs.storyboard.contact_sheet import (
     build_contact_sheet,
     thumbnail,
 )
+from resources.checkpoints.atomic import atomic_write_bytes
 from resources.checkpoints.envelope import Artifact, Checkpoint, canonical_json, sha256_text
-from resources.checkpoints.store import atomic_write_bytes
 from resources.providers import PNG_SIGNATURE, ImageCall
 
 MAX_LISTED = 20

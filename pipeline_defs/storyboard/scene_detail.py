@@ -13,6 +13,7 @@ judge reports ``verify_crashed`` instead of guessing.
 """
 
 import copy
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +23,12 @@ from pipeline_defs.resume.completion import ORIGIN_PRIORITY, CompletionReport, O
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.steps.context import StepContext, VerifyContext
 from pipeline_defs.steps.spec import Step, StepResult
-from pipeline_defs.storyboard.cards import build_render_prompt_card, compute_card_hash
+from pipeline_defs.storyboard import offline_language as prose
+from pipeline_defs.storyboard.cards import (
+    SceneDetailCode,
+    build_render_prompt_card,
+    compute_card_hash,
+)
 from pipeline_defs.storyboard.entity_canon import mentions, outlook_for_scene
 from pipeline_defs.storyboard.replies import reply_list, reply_object, reply_text
 from pipeline_defs.storyboard.sentinels import (
@@ -71,7 +77,7 @@ class Finding:
 
 def shape_error(message: str) -> PipelineError:
     return PipelineError(
-        ErrorCode.SCENE_DETAIL_SHAPE_VIOLATION, message, origin=Origin.CONTRACT_DRIFT.value
+        SceneDetailCode.SHAPE_VIOLATION, message, origin=Origin.CONTRACT_DRIFT.value
     )
 
 
@@ -270,6 +276,66 @@ def build_entry(
     return entry
 
 
+def offline_reply(payload: Mapping[str, Any]) -> dict[str, Any]:
+    """Shots = evenly spread sentences that name characters; prompts from templates."""
+    scene_index = prose.require(payload, "scene_index", int)
+    text = prose.require(payload, "text", str)
+    style = prose.require(payload, "style", str)
+    camera_style = str(payload.get("camera_style") or "")
+    shots_wanted = max(1, int(payload.get("shots_per_scene", 1)))
+    variations_wanted = max(1, int(payload.get("variations_per_shot", 1)))
+    characters = [c for c in payload.get("characters", []) if isinstance(c, Mapping)]
+    by_name = {str(c["name"]): c for c in characters}
+    sentences = prose.split_sentences(text) or [text.strip() or str(payload.get("heading", ""))]
+
+    def named(sentence: str) -> list[Mapping[str, Any]]:
+        seen: list[str] = []
+        for token in prose.tokens(sentence):
+            if token.base in by_name and token.base not in seen:
+                seen.append(token.base)
+        return [by_name[n] for n in seen]
+
+    beats = [s for s in sentences if named(s)] or sentences
+    scene_cast = [c for s in sentences for c in named(s)]
+    places = [p for s in sentences for p in prose.place_candidates(s, set(by_name))]
+    locations = [str(p) for p in payload.get("locations", []) if str(p) in text]
+    setting = (locations or places or [str(payload.get("heading") or "the scene")])[0]
+    shots = []
+    for k in range(shots_wanted):
+        beat = (
+            beats[(k * len(beats)) // shots_wanted]
+            if len(beats) >= shots_wanted
+            else beats[k % len(beats)]
+        )
+        cast = named(beat) or scene_cast[:1]
+        camera = prose.CAMERAS[k % len(prose.CAMERAS)]
+        unquoted = re.sub(f'["{prose.LDQUO}{prose.RDQUO}]', "", beat).strip()
+        description = prose.words_of(unquoted, prose.MAX_DESCRIPTION_WORDS)
+        who = prose.subject(cast)
+        variations = []
+        for v in range(variations_wanted):
+            light = prose.LIGHTS[(prose.digest(scene_index, k) + v) % len(prose.LIGHTS)]
+            if camera == "close-up":
+                prompt = f"close-up of {who}: {description} {light}."
+            else:
+                prompt = f"{camera} of {who} at {setting}: {description} {light}, {style}."
+            variations.append({"t2i_prompt": prompt, "lighting": light})
+        shots.append(
+            {
+                "shot_index": k,
+                "description": description,
+                "camera_direction": f"{camera}, {camera_style}" if camera_style else camera,
+                "characters": [str(c["character_id"]) for c in cast],
+                "variations": variations,
+            }
+        )
+    return {
+        "summary": prose.words_of(sentences[0], prose.MAX_DESCRIPTION_WORDS),
+        "setting": setting,
+        "shots": shots,
+    }
+
+
 class SceneDetail(Step):
     step_id = "scene_detail"
     deps = ("story_source", "entity_canon", "world_guide")
@@ -282,6 +348,7 @@ class SceneDetail(Step):
         *TEXT_MODEL_KEYS,
     )
     description = "Shot breakdown with t2i variations, owned_validation sentinels, prompt cards."
+    offline_replies = {TASK: offline_reply}  # what the offline model answers
 
     def execute(self, ctx: StepContext, inputs: Mapping[str, Checkpoint]) -> StepResult:
         story = inputs["story_source"].data

@@ -11,7 +11,8 @@ from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any
 
 from pipeline_defs.resume.completion import Origin
-from pipeline_defs.resume.errors import ErrorCode, PipelineError
+from pipeline_defs.resume.errors import Code, PipelineError
+from pipeline_defs.storyboard.cards import SceneDetailCode
 from resources.checkpoints.envelope import canonical_json, sha256_text
 
 VALIDATOR = "scene_detail.owned_validation/v1"
@@ -21,7 +22,7 @@ _HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
 def sentinel_error(
-    message: str, *, code: ErrorCode = ErrorCode.SCENE_DETAIL_SENTINEL_MALFORMED
+    message: str, *, code: Code = SceneDetailCode.SENTINEL_MALFORMED
 ) -> PipelineError:
     return PipelineError(code, message, origin=Origin.CONTRACT_DRIFT.value)
 

@@ -6,6 +6,7 @@ from typing import Any
 from pipeline_defs.project import TEXT_MODEL_KEYS
 from pipeline_defs.steps.context import StepContext
 from pipeline_defs.steps.spec import Step, StepResult
+from pipeline_defs.storyboard import offline_language as prose
 from pipeline_defs.storyboard.replies import reply_list, reply_object, reply_text
 from pipeline_defs.storyboard.scene_detail import shot_id
 from resources.checkpoints.envelope import Checkpoint
@@ -21,12 +22,38 @@ PROMPT = (
 )
 
 
+def offline_reply(payload: Mapping[str, Any]) -> dict[str, Any]:
+    """Which reference images each shot needs, and how to compose them."""
+    style = prose.require(payload, "style", str)
+    shots = []
+    for shot in prose.require(payload, "shots", list):
+        cast = [c for c in shot.get("characters", []) if isinstance(c, Mapping)]
+        if cast:
+            prompt = (
+                f"{shot.get('camera_direction')}: place {prose.subject(cast)} exactly as in their "
+                f"reference images; match {style}"
+            )
+        else:
+            prompt = f"{shot.get('camera_direction')}: environment only, no characters; {style}"
+        shots.append(
+            {
+                "shot_id": shot["shot_id"],
+                "needs": [
+                    {"character_id": c["character_id"], "outlook_id": c["outlook_id"]} for c in cast
+                ],
+                "dependency_prompt": prompt,
+            }
+        )
+    return {"shots": shots}
+
+
 class ShotDependencyT2I(Step):
     step_id = "shot_dependency_t2i"
     deps = ("scene_detail",)
     schema_version = 1
     resume_config_keys = ("style", *TEXT_MODEL_KEYS)
     description = "Per-shot dependency prompts: which references a shot needs."
+    offline_replies = {TASK: offline_reply}  # what the offline model answers
 
     def execute(self, ctx: StepContext, inputs: Mapping[str, Checkpoint]) -> StepResult:
         scenes = inputs["scene_detail"].data["scenes"]

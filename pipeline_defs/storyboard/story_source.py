@@ -14,14 +14,21 @@ from typing import Any
 
 from pipeline_defs.project import StoryKnobs, refuse_input_links
 from pipeline_defs.resume.completion import CompletionReport, Origin
-from pipeline_defs.resume.errors import ErrorCode, PipelineError
+from pipeline_defs.resume.errors import Code, PipelineError
 from pipeline_defs.resume.files import read_nofollow
 from pipeline_defs.resume.layout import STORY_FILE, DataLayout
 from pipeline_defs.steps.context import StepContext, VerifyContext
 from pipeline_defs.steps.spec import Step, StepResult
 from resources.checkpoints.envelope import Checkpoint, sha256_text
 
-INVALID_INPUT = ErrorCode.STORY_SOURCE_INVALID_INPUT
+
+class StorySourceCode(Code):
+    """The step's own error codes."""
+
+    INVALID_INPUT = "story_source.invalid_input", 400
+
+
+INVALID_INPUT = StorySourceCode.INVALID_INPUT
 # Control characters other than tab/newline/CR mark a binary file, not prose.
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 

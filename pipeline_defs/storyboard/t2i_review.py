@@ -15,10 +15,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline_defs.project import TEXT_MODEL_KEYS
-from pipeline_defs.resume.errors import ErrorCode, PipelineError
+from pipeline_defs.resume.errors import Code, PipelineError
 from pipeline_defs.steps.context import StepContext, VerifyContext
 from pipeline_defs.steps.mutations import held_intents
 from pipeline_defs.steps.spec import Mutation, Step, StepResult
+from pipeline_defs.storyboard import offline_language as prose
 from pipeline_defs.storyboard.replies import reply_list, reply_object, reply_text
 from pipeline_defs.storyboard.scene_detail import item_id
 from pipeline_defs.storyboard.sentinels import refresh_sentinel_field
@@ -42,7 +43,34 @@ class Fix:
     reason: str
 
 
-def review_error(code: ErrorCode, message: str) -> PipelineError:
+def offline_reply(payload: Mapping[str, Any]) -> dict[str, Any]:
+    """Editorial pass: every prompt must carry the project style and the required keywords."""
+    style = prose.require(payload, "style", str)
+    keywords = [style, *[str(k) for k in payload.get("required_keywords", [])]]
+    fixes = []
+    for item in prose.require(payload, "items", list):
+        prompt = str(item.get("t2i_prompt", ""))
+        missing = [k for k in dict.fromkeys(keywords) if k and k.lower() not in prompt.lower()]
+        if missing:
+            fixes.append(
+                {
+                    "item_id": item["item_id"],
+                    "t2i_prompt": prompt.rstrip(" .") + ", " + ", ".join(missing),
+                    "reason": f"missing required keyword(s): {', '.join(missing)}",
+                }
+            )
+    return {"fixes": fixes, "reviewed": len(payload["items"])}
+
+
+class T2IReviewCode(Code):
+    """The step's own error codes: the review's edits refused."""
+
+    UNKNOWN_ITEM_ID = "t2i_review.unknown_item_id", 422
+    SENTINEL_REFRESH_FAILED = "t2i_review.sentinel_refresh_failed", 422
+    CARD_HASH_UNEXPECTED_CHANGE = "t2i_review.card_hash_unexpected_change", 422
+
+
+def review_error(code: Code, message: str) -> PipelineError:
     return PipelineError(code, message)
 
 
@@ -72,7 +100,7 @@ def parse_fixes(reply_data: Mapping[str, Any], known: set[str]) -> list[Fix]:
         )
         if fix.item_id not in known:
             raise review_error(
-                ErrorCode.T2I_REVIEW_UNKNOWN_ITEM_ID,
+                T2IReviewCode.UNKNOWN_ITEM_ID,
                 f"the reviewer answered item_id {fix.item_id!r}, which is not one of the "
                 f"{len(known)} items it was given",
             )
@@ -90,7 +118,7 @@ def apply_fixes(
     for fix in fixes:
         if fix.item_id not in item_map:
             raise review_error(
-                ErrorCode.T2I_REVIEW_UNKNOWN_ITEM_ID,
+                T2IReviewCode.UNKNOWN_ITEM_ID,
                 f"no shot variation has item_id {fix.item_id!r}",
             )
         list_index, v = item_map[fix.item_id]
@@ -122,7 +150,7 @@ def refresh_prompt_hashes(
                 exc.message if isinstance(exc, PipelineError) else f"{type(exc).__name__}: {exc}"
             )
             raise review_error(
-                ErrorCode.T2I_REVIEW_SENTINEL_REFRESH_FAILED,
+                T2IReviewCode.SENTINEL_REFRESH_FAILED,
                 f"cannot refresh t2i_prompt_hash of L{list_index}_V{v}: {message}; "
                 "scene_detail left unchanged",
             ) from exc
@@ -149,6 +177,7 @@ class T2IReview(Step):
     resume_config_keys = ("style", "review.required_keywords", *TEXT_MODEL_KEYS)
     modifies_checkpoints = ("scene_detail", "entity_t2i")
     description = "Editorial review of all t2i prompts; fixes scene_detail/entity_t2i in place."
+    offline_replies = {TASK: offline_reply}  # what the offline model answers
 
     def is_applicable(self, ctx: VerifyContext) -> bool:
         return ctx.project.review.enabled
@@ -197,7 +226,7 @@ class T2IReview(Step):
         changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
         if changed:
             raise review_error(
-                ErrorCode.T2I_REVIEW_CARD_HASH_UNEXPECTED_CHANGE,
+                T2IReviewCode.CARD_HASH_UNEXPECTED_CHANGE,
                 f"render_prompt_card_hash changed during the review for {changed[:5]}; "
                 "a prompt fix must never touch a card",
             )

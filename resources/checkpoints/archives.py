@@ -14,56 +14,62 @@ from pipeline_defs.resume.clock import format_timestamp
 from pipeline_defs.resume.files import file_sha256, read_nofollow, symlink_error
 from pipeline_defs.resume.partition import StepKey
 from resources.checkpoints.atomic import atomic_write_bytes
-from resources.checkpoints.reading import CheckpointReader
+from resources.checkpoints.links import LinkPolicy
+from resources.checkpoints.paths import StorePaths
+from resources.checkpoints.reading import EnvelopeReader
 
 
-class ArchiveKeeper(CheckpointReader):
-    """Archives of one home's checkpoints, and the force marker."""
+class Archives:
+    """Archives of one checkpoint tree, and the force marker."""
 
     def __init__(
-        self, home: Path, *, keep_archives: int = 5, checkpoints_root: str | None = None
+        self, paths: StorePaths, links: LinkPolicy, envelopes: EnvelopeReader, keep_archives: int
     ) -> None:
-        super().__init__(home, checkpoints_root=checkpoints_root)
+        self.paths = paths
+        self.links = links
+        self.envelopes = envelopes
         self.keep_archives = keep_archives
 
     def has_force_marker(self, key: StepKey) -> bool:
-        self.refuse_links(key)
-        return self._lstat_ours(self.force_marker_path(key), "a force marker") is not None
+        self.links.refuse_links(key)
+        return (
+            self.links.lstat_ours(self.paths.force_marker_path(key), "a force marker") is not None
+        )
 
     def archive_artifact(self, key: StepKey, relative: str) -> Path | None:
         """Move a present artifact aside into ``archive/`` (named by its sha256 prefix) before
         it is redrawn: nothing is lost. None when there is nothing to move."""
-        path = self.artifact_path(key, relative)
+        path = self.links.artifact_path(key, relative)
         if not path.is_file():
             return None
         folder = self._archive_folder(key)
         target = folder / f"{file_sha256(path)[:16]}-{path.name}"
-        self._lstat_ours(target, "an archived file")
+        self.links.lstat_ours(target, "an archived file")
         os.replace(path, target)
         return target
 
     def _archive_folder(self, key: StepKey) -> Path:
         """``archive/`` of the step, created if absent; a link there (or in it) is refused."""
-        folder = self.archive_dir(key)
-        found = self._lstat_ours(folder, "an archive directory")
+        folder = self.paths.archive_dir(key)
+        found = self.links.lstat_ours(folder, "an archive directory")
         if found is None:
             folder.mkdir(parents=True, exist_ok=True)
-            found = self._lstat_ours(folder, "an archive directory")
+            found = self.links.lstat_ours(folder, "an archive directory")
         if found is not None:
-            self._refuse_linked_entries(str(folder), found)
+            self.links.refuse_linked_entries(str(folder), found)
         return folder
 
     def archive(self, key: StepKey, reason: str) -> Path | None:
         """Copy the current checkpoint into ``archive/``; keep the newest ``keep_archives``."""
-        self.refuse_links(key)
-        source = self.path_for(key)
-        found = self._lstat_ours(source, "a checkpoint file")
+        self.links.refuse_links(key)
+        source = self.paths.path_for(key)
+        found = self.links.lstat_ours(source, "a checkpoint file")
         if found is None or not stat_module.S_ISREG(found.st_mode):
             return None
         folder = self._archive_folder(key)
         stamp = format_timestamp(datetime.now(UTC)).replace(":", "").replace(".", "-")
         target = folder / f"{stamp}-{reason}.json"
-        self._lstat_ours(target, "an archived checkpoint")
+        self.links.lstat_ours(target, "an archived checkpoint")
         atomic_write_bytes(target, read_nofollow(source))
         # Prune regular files only, after checking them all: a link among them (found
         # fresh, not from the memo) stops the pruning before anything is deleted.
@@ -83,16 +89,15 @@ class ArchiveKeeper(CheckpointReader):
         Every link in the step directory is refused before anything is archived, written or
         deleted: a force must not stop half way, nor act through a link.
         """
-        self.refuse_links_in_tree(key)
+        self.links.refuse_links_in_tree(key)
         archived = self.archive(key, "force")
-        self.step_dir(key).mkdir(parents=True, exist_ok=True)
-        marker = self.force_marker_path(key)
-        self._lstat_ours(marker, "a force marker")
+        self.paths.step_dir(key).mkdir(parents=True, exist_ok=True)
+        marker = self.paths.force_marker_path(key)
+        self.links.lstat_ours(marker, "a force marker")
         atomic_write_bytes(marker, (archived.name if archived else "").encode())
-        path = self.path_for(key)
+        path = self.paths.path_for(key)
         if archived is not None and archived.is_file():
-            self._lstat_ours(path, "a checkpoint file")
+            self.links.lstat_ours(path, "a checkpoint file")
             path.unlink(missing_ok=True)  # its bytes are in the archive
-        with self._cache_lock:
-            self._cache.pop(path, None)
+        self.envelopes.forget(path)
         return archived

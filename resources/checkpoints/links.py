@@ -33,11 +33,11 @@ from resources.checkpoints.seal import is_racy
 MAX_CLEAN_DIRS = 400_000
 
 
-class LinkPolicy(StorePaths):
+class LinkPolicy:
     """Refuses a symlink anywhere on the way to, or in, the step directories of one home."""
 
-    def __init__(self, home: Path, *, checkpoints_root: str | None = None) -> None:
-        super().__init__(home, checkpoints_root=checkpoints_root)
+    def __init__(self, paths: StorePaths) -> None:
+        self.paths = paths
         # directory -> its (mtime_ns, inode) when its entries were last found free of links.
         self._clean_dirs: dict[str, tuple[int, int]] = {}
         # Per thread: ancestors of step directories (checkpoints/, project, episode) found to
@@ -57,13 +57,14 @@ class LinkPolicy(StorePaths):
             or os.path.isabs(relative)
         ):
             raise PipelineError(
-                ErrorCode.INPUT_INVALID, f"artifact path {relative!r} escapes {self.step_dir(key)}"
+                ErrorCode.INPUT_INVALID,
+                f"artifact path {relative!r} escapes {self.paths.step_dir(key)}",
             )
-        path = self.step_dir(key) / normal
-        self._refuse_links_to(key, normal)
+        path = self.paths.step_dir(key) / normal
+        self.refuse_links_to(key, normal)
         return path
 
-    def _lstat_ours(self, path: str | Path, what: str) -> os.stat_result | None:
+    def lstat_ours(self, path: str | Path, what: str) -> os.stat_result | None:
         """lstat of a path of ours: None when absent, ``checkpoint.symlink`` when a link."""
         try:
             found = os.lstat(path)
@@ -72,6 +73,15 @@ class LinkPolicy(StorePaths):
         if stat_module.S_ISLNK(found.st_mode):
             raise symlink_error(path, what)
         return found
+
+    def scope(self) -> set[str] | None:
+        """This thread's judging scope: the ancestors found to be real directories in it."""
+        found: set[str] | None = getattr(self._local, "scope", None)
+        return found
+
+    def is_clean(self, directory: str, found: os.stat_result) -> bool:
+        """Whether ``directory``'s entries were found free of links at this identity."""
+        return self._clean_dirs.get(directory) == dir_stat_identity(found)
 
     @contextlib.contextmanager
     def judging_scope(self) -> Iterator[None]:
@@ -83,21 +93,21 @@ class LinkPolicy(StorePaths):
         input identities (``BatchJudge._shared``): a link planted in an ancestor during a
         scope is seen by the next scope. Writers never run in one: they check every time.
         """
-        previous = getattr(self._local, "scope", None)
+        previous = self.scope()
         self._local.scope = set()
         try:
             yield
         finally:
             self._local.scope = previous
 
-    def _walk_dirs(self, dirs: Sequence[str]) -> os.stat_result | None:
+    def walk_dirs(self, dirs: Sequence[str]) -> os.stat_result | None:
         """lstat each directory, top down; the deepest one's stat, or None when one is absent
         or not a directory (nothing below it exists to be followed; readers report it).
 
         Written for speed: the judge calls it for every step of every episode.
         """
         lstat, is_dir = os.lstat, stat_module.S_ISDIR
-        scope: set[str] | None = getattr(self._local, "scope", None)
+        scope = self.scope()
         last = len(dirs) - 1
         found: os.stat_result | None = None
         for index, directory in enumerate(dirs):
@@ -115,7 +125,7 @@ class LinkPolicy(StorePaths):
                 scope.add(directory)
         return found
 
-    def _refuse_linked_entries(self, directory: str, found: os.stat_result) -> None:
+    def refuse_linked_entries(self, directory: str, found: os.stat_result) -> None:
         """No entry of ``directory`` is a link; rescanned only when its identity moved.
 
         Adding, removing, renaming or replacing an entry moves the directory's mtime, so an
@@ -144,31 +154,31 @@ class LinkPolicy(StorePaths):
         True when the step directory exists. This is what every judgement of ``key`` pays:
         four ``lstat`` calls, plus a scan of the step directory when it changed.
         """
-        chain = self._chain_of(key)
-        found = self._walk_dirs(chain)
+        chain = self.paths.chain_of(key)
+        found = self.walk_dirs(chain)
         if found is None:
             return False
         step = chain[-1]
-        if self._clean_dirs.get(step) != dir_stat_identity(found):
-            self._refuse_linked_entries(step, found)
+        if not self.is_clean(step, found):
+            self.refuse_linked_entries(step, found)
         return True
 
-    def _refuse_links_to(self, key: StepKey, relative: str) -> None:
+    def refuse_links_to(self, key: StepKey, relative: str) -> None:
         """Like :meth:`refuse_links`, plus every directory on the way to ``relative`` (a
         normalized path inside the step directory), the entries of its own directory, and the
         file itself."""
         if not self.refuse_links(key):
             return
-        step = self._paths_of(key)[0]
+        step = self.paths.step_dir(key)
         parts = relative.split("/")
         directory = str(step)
         for part in parts[:-1]:
             directory = f"{directory}/{part}"
-            found = self._lstat_ours(directory, "a directory")
+            found = self.lstat_ours(directory, "a directory")
             if found is None or not stat_module.S_ISDIR(found.st_mode):
                 return
-            self._refuse_linked_entries(directory, found)
-        self._lstat_ours(step / relative, "a file")
+            self.refuse_linked_entries(directory, found)
+        self.lstat_ours(step / relative, "a file")
 
     def refuse_links_in_tree(self, key: StepKey) -> None:
         """No link anywhere in ``key``'s step directory (archive and pending included).
@@ -179,7 +189,7 @@ class LinkPolicy(StorePaths):
         """
         if not self.refuse_links(key):
             return
-        pending = [self._chain_of(key)[-1]]
+        pending = [self.paths.chain_of(key)[-1]]
         while pending:
             directory = pending.pop()
             try:

@@ -33,14 +33,15 @@ class StorePaths:
         self.home = Path(home)
         self.layout = DataLayout.of(self.home, checkpoints_root)
         self.root = Path(self.layout.checkpoints)
-        self._home, self._root = str(self.home), str(self.root)
+        # As plain strings: the judge joins them for every step of every episode.
+        self.home_text, self.root_text = str(self.home), str(self.root)
         # (step dir, checkpoint path) per key: pathlib joins are slow when judging in bulk.
         self._paths: dict[StepKey, tuple[Path, Path]] = {}
         # The directories from the home down to each key's step dir, as plain strings: the
         # judge lstats them for every step of every episode (no pathlib on that path).
         self._chains: dict[StepKey, tuple[str, str, str, str]] = {}
 
-    def _paths_of(self, key: StepKey) -> tuple[Path, Path]:
+    def paths_of(self, key: StepKey) -> tuple[Path, Path]:
         found = self._paths.get(key)
         if found is None:
             if len(self._paths) >= MAX_CACHED_PATHS:
@@ -52,7 +53,7 @@ class StorePaths:
             )
         return found
 
-    def _chain_of(self, key: StepKey) -> tuple[str, str, str, str]:
+    def chain_of(self, key: StepKey) -> tuple[str, str, str, str]:
         """checkpoints root, project, episode and step directory of ``key``."""
         found = self._chains.get(key)
         if found is None:
@@ -60,7 +61,7 @@ class StorePaths:
                 self._chains.clear()
             layout, p, e = self.layout, key.project_id, key.episode_id
             found = self._chains[key] = (
-                self._root,
+                self.root_text,
                 layout.checkpoint_project_dir(p),
                 layout.checkpoint_episode_dir(p, e),
                 layout.step_dir(p, e, key.step_id),
@@ -68,10 +69,10 @@ class StorePaths:
         return found
 
     def step_dir(self, key: StepKey) -> Path:
-        return self._paths_of(key)[0]
+        return self.paths_of(key)[0]
 
     def path_for(self, key: StepKey) -> Path:
-        return self._paths_of(key)[1]
+        return self.paths_of(key)[1]
 
     def force_marker_path(self, key: StepKey) -> Path:
         return Path(self.layout.force_marker(key.project_id, key.episode_id, key.step_id))

@@ -16,14 +16,20 @@ from pipeline_defs.resume.partition import StepKey
 from resources.checkpoints.atomic import atomic_write_bytes
 from resources.checkpoints.envelope import Checkpoint
 from resources.checkpoints.links import LinkPolicy
+from resources.checkpoints.paths import StorePaths
 
 
-class PendingEdits(LinkPolicy):
-    """The write-ahead edits of one home's mutators (no state of its own)."""
+class PendingFiles:
+    """The write-ahead edits of one home's mutators, as files in the mutator's step
+    directory (no state of its own)."""
+
+    def __init__(self, paths: StorePaths, links: LinkPolicy) -> None:
+        self.paths = paths
+        self.links = links
 
     def _refuse_pending_links(self, mutator: StepKey, victim: str) -> Path:
-        path = self.pending_path(mutator, victim)
-        self._refuse_links_to(mutator, DataLayout.pending_entry(victim))
+        path = self.paths.pending_path(mutator, victim)
+        self.links.refuse_links_to(mutator, DataLayout.pending_entry(victim))
         return path
 
     def write_pending(self, mutator: StepKey, edited: Checkpoint) -> Path:

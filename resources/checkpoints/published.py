@@ -7,7 +7,7 @@ is scratch: a worker, the sensor or the CLI keeps there a copy of what it read, 
 the steps, the verifiers and the run protocol keep working on plain files, exactly as on
 one shared disk. The copy is a cache that any machine can lose; nothing is only there.
 
-- **Read** (:meth:`PublishedCheckpoints.load`): the row's pointer names the manifest; the
+- **Read** (:meth:`ScratchCache.load`): the row's pointer names the manifest; the
   scratch copy of the step is brought to it (the envelope and each artifact fetched and
   verified against the manifest's sha256 and size) before the usual load and
   verification. An object deleted from the bucket is absent in scratch
@@ -17,7 +17,7 @@ one shared disk. The copy is a cache that any machine can lose; nothing is only 
   objects the manifest names (one LIST of the step's prefix): an object replaced behind
   the ledger's back is seen, never the stale copy. No pointer: nothing is published (the
   scratch is not consulted).
-- **Publish** (:meth:`PublishedCheckpoints.stage`): the envelope is staged in scratch as
+- **Publish** (:meth:`ScratchCache.stage`): the envelope is staged in scratch as
   on disk, then every artifact it lists is put create-only under an attempt prefix of
   the publication's own (never one an earlier publication wrote, whatever its content),
   or named from the previous manifest when its bytes are unchanged (copy-free reuse), the
@@ -31,35 +31,40 @@ Adapters stay independent: the pointers come from a :class:`PointerSource` the c
 (``resources/pipeline.py``) builds over the ledger.
 """
 
-# PUBLISHED_MARKER (DataLayout.published_marker) names the pointer a scratch step directory
-# holds a verified copy of (sha256 of its text); SCRATCH_DIR (DataLayout.scratch_dir) holds
-# the per-process copies, never the truth. Both re-exported for their callers.
-from pipeline_defs.resume.layout import PUBLISHED_MARKER, SCRATCH_DIR
-from resources.checkpoints.published_copies import UNSCANNED, PointerSource, PublishedCopies
-from resources.checkpoints.published_inputs import INPUTS_MAX_AGE_SECONDS, PublishedInputs
-from resources.checkpoints.published_pending import PublishedPending
-from resources.checkpoints.published_seals import PublishedSeals
+import os
+import socket
+from pathlib import Path
+from uuid import uuid4
 
-__all__ = [
-    "INPUTS_MAX_AGE_SECONDS",
-    "PUBLISHED_MARKER",
-    "SCRATCH_DIR",
-    "UNSCANNED",
-    "PointerSource",
-    "PublishedCheckpoints",
-    "PublishedCopies",
-    "PublishedInputs",
-    "PublishedPending",
-    "PublishedSeals",
-]
+from pipeline_defs.resume.layout import DataLayout
+from resources.checkpoints.pointer_source import PointerSource
+from resources.checkpoints.scratch_cache import ScratchCache
+from resources.checkpoints.store import CheckpointStore
+from resources.checkpoints.tree import CheckpointTree
+from resources.storage import Storage
 
 
-class PublishedCheckpoints(PublishedPending, PublishedSeals):
-    """The checkpoint store over object storage, with ``home`` as scratch.
+def published_checkpoints(
+    home: Path, storage: Storage, pointers: PointerSource, *, keep_archives: int = 5
+) -> CheckpointStore:
+    """The checkpoint store over object storage, with a scratch tree of this process's own
+    under ``home`` (``DataLayout.process_scratch``) as its cache."""
+    process = f"{socket.gethostname()}-{os.getpid()}-{uuid4().hex[:8]}"
+    home_layout = DataLayout.of(home)
+    scratch = Path(home_layout.process_scratch(process))
 
-    Assembled from modules of one concern each: the scratch copies, reads and publication
-    (:mod:`~resources.checkpoints.published_copies`), the inputs
-    (:mod:`~resources.checkpoints.published_inputs`), the seals and the scrub
-    (:mod:`~resources.checkpoints.published_seals`), and the write-ahead edits
-    (:mod:`~resources.checkpoints.published_pending`).
-    """
+    def over_bucket(tree: CheckpointTree) -> ScratchCache:
+        return ScratchCache(tree, storage, pointers, scratch)
+
+    return CheckpointStore(
+        home,
+        keep_archives=keep_archives,
+        checkpoints_root=home_layout.scratch_checkpoints(process),
+        publication=over_bucket,
+    )
+
+
+def scratch_cache_of(store: CheckpointStore) -> ScratchCache | None:
+    """The scratch cache of a store over object storage; None for a local home."""
+    published = store.published
+    return published if isinstance(published, ScratchCache) else None

@@ -8,18 +8,38 @@ import time
 from pathlib import Path
 
 from pipeline_defs.resume.files import read_nofollow, write_file_under
-from resources.checkpoints.published_copies import PublishedCopies
-from resources.storage import ObjectMeta
+from pipeline_defs.resume.layout import DataLayout
+from resources.checkpoints.bucket import BucketCheckpoints
+from resources.storage import ObjectMeta, Storage
 
 # How long a process trusts its copy of an episode's inputs before asking the storage again.
 INPUTS_MAX_AGE_SECONDS = 5.0
-UNSCANNED = "unscanned"  # under a scratch: never created, so the tick's stats never move
 
 
-class PublishedInputs(PublishedCopies):
-    """The inputs of published checkpoints: copied into the home, put into the storage."""
+class PublishedInputs:
+    """The inputs of published checkpoints: copied into the home, put into the storage, and
+    what this process last saw of them (the seals are checked against it)."""
 
-    def _inputs_folder(self, project_id: str, episode_id: str) -> str:
+    def __init__(self, home: Path, bucket: BucketCheckpoints) -> None:
+        self.home = home
+        self.layout = DataLayout.of(home)
+        self._bucket = bucket
+        self._home_prefix = f"{self.layout.home}/"
+        # (project, episode) -> when its inputs were last synced; input key -> the e_tag of
+        # the local copy.
+        self.synced: dict[tuple[str, str | None], float] = {}
+        self.input_tags: dict[str, str | None] = {}
+        # What this process last saw in the storage (a sync or a scrub): input key -> e_tag,
+        # and the keys of each episode's input folder. Seals are checked against these.
+        self.seen_inputs: dict[str, str | None] = {}
+        self.seen_folders: dict[str, frozenset[str]] = {}
+
+    @property
+    def storage(self) -> Storage:
+        """The storage the bucket's checkpoints (and the inputs) live in."""
+        return self._bucket.storage
+
+    def inputs_folder(self, project_id: str, episode_id: str) -> str:
         """The episode's input folder as a storage key (``sealed`` asks per step: no
         pathlib on the tick's path)."""
         return self.layout.episode_dir(project_id, episode_id).removeprefix(self._home_prefix)
@@ -42,7 +62,7 @@ class PublishedInputs(PublishedCopies):
         """
         memo_key = (project_id, episode_id)
         now = time.monotonic()
-        if now - self._synced.get(memo_key, -INPUTS_MAX_AGE_SECONDS) < INPUTS_MAX_AGE_SECONDS:
+        if now - self.synced.get(memo_key, -INPUTS_MAX_AGE_SECONDS) < INPUTS_MAX_AGE_SECONDS:
             return
         found: dict[str, ObjectMeta] = {}
         project_file = self._input_keys(project_id, None)[0]
@@ -50,20 +70,20 @@ class PublishedInputs(PublishedCopies):
         if meta is not None:
             found[project_file] = meta
         if episode_id is not None:
-            folder = self._inputs_folder(project_id, episode_id)
+            folder = self.inputs_folder(project_id, episode_id)
             listed = {m.key: m for m in self.storage.list(folder)}
-            self._seen_folders[folder] = frozenset(listed)
+            self.seen_folders[folder] = frozenset(listed)
             found.update(listed)
         for key, meta in sorted(found.items()):
-            self._seen_inputs[key] = meta.e_tag
-            if self._input_tags.get(key) == meta.e_tag and (self.home / key).is_file():
+            self.seen_inputs[key] = meta.e_tag
+            if self.input_tags.get(key) == meta.e_tag and (self.home / key).is_file():
                 continue
             data = self.storage.get(key)
             target = self.home / key
             if not (target.is_file() and read_nofollow(target) == data):
                 write_file_under(self.home, target, data)
-            self._input_tags[key] = meta.e_tag
-        self._synced[memo_key] = now
+            self.input_tags[key] = meta.e_tag
+        self.synced[memo_key] = now
 
     def publish_inputs(self, project_id: str, episode_id: str) -> bool:
         """Put the home's project config and story into the storage (create, or replace
@@ -81,6 +101,6 @@ class PublishedInputs(PublishedCopies):
                 replaced = True
             else:
                 meta = found
-            self._input_tags[key] = self._seen_inputs[key] = meta.e_tag
-        self._synced.pop((project_id, episode_id), None)
+            self.input_tags[key] = self.seen_inputs[key] = meta.e_tag
+        self.synced.pop((project_id, episode_id), None)
         return replaced

@@ -7,12 +7,20 @@ from pathlib import Path
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.layout import DataLayout
 from pipeline_defs.resume.partition import StepKey
+from resources.checkpoints.bucket import BucketCheckpoints
 from resources.checkpoints.envelope import Checkpoint
-from resources.checkpoints.published_copies import PublishedCopies
+from resources.storage import Storage
 
 
-class PublishedPending(PublishedCopies):
+class PublishedPending:
     """A mutator's write-ahead edits as objects (compare-and-set, never silently lost)."""
+
+    def __init__(self, bucket: BucketCheckpoints) -> None:
+        self._bucket = bucket
+
+    @property
+    def storage(self) -> Storage:
+        return self._bucket.storage
 
     def _pending_key(self, mutator: StepKey, victim: str) -> str:
         p, e, s = mutator.project_id, mutator.episode_id, mutator.step_id

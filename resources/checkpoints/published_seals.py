@@ -7,36 +7,51 @@ sealed rows (one LIST per prefix).
 """
 
 import contextlib
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from pipeline_defs.resume.errors import PipelineError
-from pipeline_defs.resume.identity import FileIdentity
 from pipeline_defs.resume.partition import StepKey
+from resources.checkpoints.bucket import BucketCheckpoints
 from resources.checkpoints.envelope import Checkpoint
 from resources.checkpoints.manifest import Manifest
 from resources.checkpoints.object_seal import ObjectSeal, SealDrift
-from resources.checkpoints.published_copies import pointer_digest
+from resources.checkpoints.paths import StorePaths
+from resources.checkpoints.pointer_source import PointerSource, pointer_digest
 from resources.checkpoints.published_inputs import PublishedInputs
-from resources.checkpoints.seal import Seal, identity_of
+from resources.checkpoints.seal import Seal
+
+# The manifest a ledger row's pointer names, checked to be the step's own.
+Decode = Callable[[StepKey, str], Manifest]
 
 
-class PublishedSeals(PublishedInputs):
+class PublishedSeals:
     """Seals of published checkpoints, and the scrub that voids them."""
 
-    @property
-    def scrubbable(self) -> bool:
-        return True
+    def __init__(
+        self,
+        paths: StorePaths,
+        inputs: PublishedInputs,
+        bucket: BucketCheckpoints,
+        pointers: PointerSource,
+        drifted: set[StepKey],
+        decode: Decode,
+    ) -> None:
+        self.paths = paths
+        self.inputs = inputs
+        self.bucket = bucket
+        self.pointers = pointers
+        # Steps a scrub found drifted (shared with the scratch cache, which fetches them
+        # again instead of trusting its copy).
+        self.drifted = drifted
+        self.decode = decode
+        self._scope_pointers = threading.local()
 
     def seal(
-        self,
-        checkpoint: Checkpoint,
-        reads: Iterable[Path] = (),
-        *,
-        file: Path | None = None,
-        revision: int = 1,
+        self, checkpoint: Checkpoint, reads: Iterable[Path] = (), *, revision: int = 1
     ) -> str | None:
         """A seal any machine can check from the ledger (:mod:`~resources.checkpoints.
         object_seal`): the inputs the verifier read by the ``e_tag`` of the published
@@ -44,8 +59,8 @@ class PublishedSeals(PublishedInputs):
         step is judged the long way) when a read is not a published input or a victim."""
         inputs: dict[str, str] = {}
         victims: dict[str, str] = {}
-        home = self.home.resolve()
-        checkpoints = Path(self.layout.checkpoints).resolve()
+        home = self.paths.home.resolve()
+        checkpoints = Path(self.paths.layout.checkpoints).resolve()
         episode = checkpoint.key
         for path in reads:
             resolved = Path(path).resolve()
@@ -65,7 +80,7 @@ class PublishedSeals(PublishedInputs):
                 return None
             if resolved.is_dir():
                 continue  # a folder is the set of its files, all named below
-            tag = self._input_tags.get(resolved.relative_to(home).as_posix())
+            tag = self.inputs.input_tags.get(resolved.relative_to(home).as_posix())
             if tag is None:
                 return None  # an input only this home holds: nothing to compare with
             inputs[resolved.relative_to(home).as_posix()] = tag
@@ -79,24 +94,19 @@ class PublishedSeals(PublishedInputs):
             revision=revision,
         ).encode()
 
-    def sealed(
-        self,
-        key: StepKey,
-        text: Any,
-        shared: Callable[[str], FileIdentity | None] = identity_of,
-    ) -> Seal | None:
+    def sealed(self, key: StepKey, text: Any) -> Seal | None:
         """The seal of ``key`` unless this process knows better: an input whose published
         ``e_tag`` (or folder) it saw differ, a victim whose pointer moved, or a drift its
         scrub found. No request: what the storage holds is the scrub's to compare."""
         seal = ObjectSeal.decode(text)
-        if seal is None or key in self._drifted:
+        if seal is None or key in self.drifted:
             return None
         for input_key, tag in seal.inputs.items():
-            seen = self._seen_inputs.get(input_key, tag)
+            seen = self.inputs.seen_inputs.get(input_key, tag)
             if seen != tag:
                 return None
-        folder = self._inputs_folder(key.project_id, key.episode_id)
-        listed = self._seen_folders.get(folder)
+        folder = self.inputs.inputs_folder(key.project_id, key.episode_id)
+        listed = self.inputs.seen_folders.get(folder)
         if listed is not None and listed != _under(folder, seal.inputs):
             return None  # an input added or removed since the run verified them
         if seal.victims:
@@ -121,11 +131,11 @@ class PublishedSeals(PublishedInputs):
 
     @contextlib.contextmanager
     def judging_scope(self) -> Iterator[None]:
+        """Each episode's pointers read once per scope."""
         previous = getattr(self._scope_pointers, "cache", None)
         self._scope_pointers.cache = {}
         try:
-            with super().judging_scope():
-                yield
+            yield
         finally:
             self._scope_pointers.cache = previous
 
@@ -142,10 +152,10 @@ class PublishedSeals(PublishedInputs):
         process (their copies fetched again); clearing the seals in the ledger, so that
         every process does, is the caller's.
         """
-        folder = self._inputs_folder(project_id, episode_id)
-        listed = {m.key: m.e_tag for m in self.storage.list(folder)}
-        self._seen_inputs.update(listed)
-        self._seen_folders[folder] = frozenset(listed)
+        folder = self.inputs.inputs_folder(project_id, episode_id)
+        listed = {m.key: m.e_tag for m in self.inputs.storage.list(folder)}
+        self.inputs.seen_inputs.update(listed)
+        self.inputs.seen_folders[folder] = frozenset(listed)
         sealed: dict[str, tuple[Manifest, str, ObjectSeal]] = {}
         for step_id, (pointer, text) in rows.items():
             seal = ObjectSeal.decode(text)
@@ -153,7 +163,7 @@ class PublishedSeals(PublishedInputs):
                 continue
             key = StepKey(project_id, episode_id, step_id)
             try:
-                sealed[step_id] = (self._decode(key, pointer), str(text), seal)
+                sealed[step_id] = (self.decode(key, pointer), str(text), seal)
             except PipelineError:
                 continue  # a row naming a foreign checkpoint is judged (and blocked) anyway
         found: list[SealDrift] = []
@@ -174,10 +184,13 @@ class PublishedSeals(PublishedInputs):
             if changed:
                 why.append(f"inputs changed: {', '.join(changed)}")
             if why:
-                self._drifted.add(drift.step)
+                self.drifted.add(drift.step)
                 found.append(SealDrift(drift.step, text, "; ".join(why)))
-        if any(k in self._input_tags and self._input_tags[k] != t for k, t in listed.items()):
-            self._synced.pop((project_id, episode_id), None)  # copy again on the next read
+        if any(
+            k in self.inputs.input_tags and self.inputs.input_tags[k] != t
+            for k, t in listed.items()
+        ):
+            self.inputs.synced.pop((project_id, episode_id), None)  # copy again on the next read
         return found
 
 

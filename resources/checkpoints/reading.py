@@ -19,18 +19,31 @@ from pipeline_defs.resume.identity import FileIdentity, stat_identity
 from pipeline_defs.resume.partition import StepKey
 from resources.checkpoints.envelope import Checkpoint
 from resources.checkpoints.links import LinkPolicy
+from resources.checkpoints.paths import StorePaths
 
 # Envelopes kept in memory per store (about 13 KB each for the storyboard steps).
 MAX_CACHED_ENVELOPES = 20_000
 
 
-class CheckpointReader(LinkPolicy):
-    """Loads checkpoints (and checks their artifacts), envelopes cached by identity."""
+class EnvelopeReader:
+    """Loads the envelopes of one checkpoint tree (and checks their artifacts), cached by
+    their stat identity."""
 
-    def __init__(self, home: Path, *, checkpoints_root: str | None = None) -> None:
-        super().__init__(home, checkpoints_root=checkpoints_root)
+    def __init__(self, paths: StorePaths, links: LinkPolicy) -> None:
+        self.paths = paths
+        self.links = links
         self._cache: dict[Path, tuple[FileIdentity, Checkpoint]] = {}
         self._cache_lock = threading.Lock()
+
+    def cached(self, path: Path) -> tuple[FileIdentity, Checkpoint] | None:
+        """The envelope last loaded from ``path`` with the identity it had, if kept."""
+        with self._cache_lock:
+            return self._cache.get(path)
+
+    def forget(self, path: Path) -> None:
+        """Drop what was loaded from ``path`` (it was replaced or taken out of service)."""
+        with self._cache_lock:
+            self._cache.pop(path, None)
 
     def _broken(
         self, path: Path, problem: str, origin: Origin = Origin.CONTRACT_DRIFT
@@ -44,8 +57,8 @@ class CheckpointReader(LinkPolicy):
 
     def load(self, key: StepKey) -> Checkpoint | None:
         """The checkpoint, None if there is none, or a typed integrity error naming the file."""
-        path = self.path_for(key)
-        self.refuse_links(key)
+        path = self.paths.path_for(key)
+        self.links.refuse_links(key)
         try:
             stat = os.lstat(path)
         except FileNotFoundError:
@@ -102,19 +115,17 @@ class CheckpointReader(LinkPolicy):
         missing: list[str] = []
         changed: list[str] = []
         for artifact in checkpoint.artifacts:
-            path = self.artifact_path(checkpoint.key, artifact.path)
+            path = self.links.artifact_path(checkpoint.key, artifact.path)
             if not path.is_file():
                 missing.append(f"{artifact.path} (missing)")
             elif path.stat().st_size != artifact.bytes or file_sha256(path) != artifact.sha256:
                 changed.append(f"{artifact.path} (sha256 mismatch)")
         return missing, changed
 
-    def _load_quietly(self, key: StepKey) -> Checkpoint | None:
-        try:
-            return self.load(key)
-        except PipelineError:
-            return None
-
     def is_unchanged(self, checkpoint: Checkpoint) -> bool:
-        current = self._load_quietly(checkpoint.key)
+        """The envelope in place has the same identity as ``checkpoint``."""
+        try:
+            current = self.load(checkpoint.key)
+        except PipelineError:
+            return False
         return current is not None and current.identity_hash == checkpoint.identity_hash

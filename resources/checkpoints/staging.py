@@ -18,9 +18,12 @@ from typing import Any
 
 from pipeline_defs.resume.files import fsync_dir, symlink_error
 from pipeline_defs.resume.partition import StepKey
-from resources.checkpoints.archives import ArchiveKeeper
+from resources.checkpoints.archives import Archives
 from resources.checkpoints.atomic import atomic_write_bytes, named_errors, removed_on_error
 from resources.checkpoints.envelope import Artifact, Checkpoint
+from resources.checkpoints.links import LinkPolicy
+from resources.checkpoints.paths import StorePaths
+from resources.checkpoints.reading import EnvelopeReader
 from resources.checkpoints.seal import BACKDATE_NS
 
 # Publishes a staged checkpoint under the ledger row lock: runs ``staged.commit`` and stores
@@ -62,11 +65,19 @@ class StagedCheckpoint:
                 os.unlink(self.temp)
 
 
-class Publisher(ArchiveKeeper):
-    """Writes artifacts and stages, fences and publishes checkpoints."""
+class Publisher:
+    """Writes artifacts and stages checkpoints in one checkpoint tree."""
+
+    def __init__(
+        self, paths: StorePaths, links: LinkPolicy, envelopes: EnvelopeReader, archives: Archives
+    ) -> None:
+        self.paths = paths
+        self.links = links
+        self.envelopes = envelopes
+        self.archives = archives
 
     def write_artifact(self, key: StepKey, relative: str, payload: bytes) -> Artifact:
-        path = self.artifact_path(key, relative)  # refuses a link on the way or in place
+        path = self.links.artifact_path(key, relative)  # refuses a link on the way or in place
         atomic_write_bytes(path, payload)
         return Artifact(
             path=relative, sha256=hashlib.sha256(payload).hexdigest(), bytes=len(payload)
@@ -80,10 +91,10 @@ class Publisher(ArchiveKeeper):
         :meth:`StagedCheckpoint.commit` or :meth:`StagedCheckpoint.discard`.
         """
         key = checkpoint.key
-        target = self.path_for(key)
-        self.refuse_links_in_tree(key)  # before anything is written there
+        target = self.paths.path_for(key)
+        self.links.refuse_links_in_tree(key)  # before anything is written there
         target.parent.mkdir(parents=True, exist_ok=True)
-        self.refuse_links(key)  # mkdir may have made the chain: a link raced in meanwhile?
+        self.links.refuse_links(key)  # mkdir may have made the chain: a link raced in meanwhile?
         fd, temp = tempfile.mkstemp(prefix=".checkpoint.", suffix=".tmp", dir=target.parent)
         with named_errors(target), removed_on_error(temp):
             with os.fdopen(fd, "wb") as handle:
@@ -94,35 +105,17 @@ class Publisher(ArchiveKeeper):
                 past = time.time_ns() - BACKDATE_NS
                 os.utime(handle.fileno(), ns=(past, past))
                 os.fsync(handle.fileno())
-            current = self._lstat_ours(target, "a checkpoint file")
+            current = self.links.lstat_ours(target, "a checkpoint file")
             if current is not None and stat_module.S_ISREG(current.st_mode):
                 # even an unreadable one: it is evidence, never destroyed
-                self.archive(key, "replaced")
+                self.archives.archive(key, "replaced")
 
         def after_commit() -> None:
-            marker = self.force_marker_path(key)
+            marker = self.paths.force_marker_path(key)
             with contextlib.suppress(FileNotFoundError):
                 # A link planted after the check stays in place: the next load blocks on it.
                 if not stat_module.S_ISLNK(os.lstat(marker).st_mode):
                     marker.unlink()
-            with self._cache_lock:
-                self._cache.pop(target, None)
+            self.envelopes.forget(target)
 
         return StagedCheckpoint(Path(temp), target, after_commit)
-
-    def save(self, checkpoint: Checkpoint, fence: Fence | None = None) -> bool:
-        """Publish ``checkpoint`` through ``fence`` (the ledger row lock); False if unchanged.
-
-        Identical content is never rewritten. The previous version is archived first.
-        """
-        if self.is_unchanged(checkpoint):
-            return False
-        staged = self.stage(checkpoint)
-        try:
-            if fence is None:
-                staged.commit()
-            else:
-                fence(staged)
-        finally:
-            staged.discard()
-        return True

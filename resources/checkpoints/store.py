@@ -1,148 +1,308 @@
-"""Checkpoint files: atomic writes, fenced publication, archives, force markers.
+"""The checkpoint store: one protocol over where checkpoints are published.
 
 Layout (:class:`~pipeline_defs.resume.layout.DataLayout`):
 ``<home>/checkpoints/<project>/<episode>/<step>/checkpoint.json`` with the step's
 artifacts beside it and ``archive/`` below it. Nothing here deletes data: a replaced or
 force-cleared checkpoint is moved into the archive first.
 
-:class:`CheckpointStore` is assembled from modules of one concern each, one layer on the
-other (a method found on the class costs no more than one defined here):
+:class:`CheckpointStore` owns the protocol every caller speaks (load, stage and fenced
+save, archives and force, seals, write-ahead edits) and is composed of two parts:
 
-- :mod:`~resources.checkpoints.paths`: a step's paths by key (``StorePaths``);
-- :mod:`~resources.checkpoints.links`: the symlink policy, no escape from the home
-  (docs/DESIGN.md#no-escape) (``LinkPolicy``);
-- :mod:`~resources.checkpoints.reading`: loading, the envelope cache (``CheckpointReader``);
-- :mod:`~resources.checkpoints.archives`: archives and force (``ArchiveKeeper``);
-- :mod:`~resources.checkpoints.staging`: staging and fenced publication (``Publisher``);
-- :mod:`~resources.checkpoints.pending`: a mutator's write-ahead edits (``PendingEdits``);
-- here: seals (writing one, and :meth:`CheckpointStore.sealed`, the judge's hot path), the
-  home-level hooks object storage overrides, and listing the keys.
+- a :class:`~resources.checkpoints.tree.CheckpointTree`: the files of one directory
+  (paths, the link policy, the envelope reader, archives, the publisher);
+- a :class:`Publication`: where a checkpoint is published and how that is read back. The
+  home's own directory (:class:`~resources.checkpoints.directory.HomeDirectory`, the files
+  are the truth), or a bucket with the tree as this process's scratch cache
+  (:class:`~resources.checkpoints.scratch_cache.ScratchCache`, built by
+  :func:`~resources.checkpoints.published.published_checkpoints`).
 
-Cost on the judge's hot path: ``sealed`` (a clean, sealed checkpoint) ``lstat``-s the
-directories from the home to the step (the ancestors once per judging scope) and the
-artifact directories, and matches the envelope and artifacts by ``lstat`` identity; it
-scans no directory (see :meth:`CheckpointStore.sealed`). ``load`` (the long way) also scans
-the entries of the step directory, once and then trusted while that directory's own
-``(mtime_ns, inode)`` stays the same (creating, renaming or replacing an entry moves it).
+A new backend is a new ``Publication``; a new cache policy changes the scratch cache alone.
 """
 
-import os
-import stat as stat_module
-import time
+import contextlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from pipeline_defs.resume.errors import PipelineError
-from pipeline_defs.resume.files import (  # re-exported: the store's callers use them
-    SYMLINK_CODE,
-    file_sha256,
-    fsync_dir,
-    read_nofollow,
-    symlink_error,
-)
+from pipeline_defs.resume.decision import CheckpointSummary
 from pipeline_defs.resume.identity import FileIdentity
-from pipeline_defs.resume.layout import (  # re-exported: the store's callers use them
-    ARCHIVE_DIR,
-    CHECKPOINT_FILE,
-    FORCE_MARKER,
-    PENDING_DIR,
-    DataLayout,
-)
+from pipeline_defs.resume.layout import DataLayout
 from pipeline_defs.resume.partition import StepKey
-from resources.checkpoints.atomic import atomic_write_bytes
-from resources.checkpoints.envelope import Checkpoint
-from resources.checkpoints.links import MAX_CLEAN_DIRS
+from resources.checkpoints.directory import HomeDirectory
+from resources.checkpoints.envelope import Artifact, Checkpoint
 from resources.checkpoints.object_seal import SealDrift
-from resources.checkpoints.paths import artifact_dirs
-from resources.checkpoints.pending import PendingEdits
-from resources.checkpoints.reading import MAX_CACHED_ENVELOPES
-from resources.checkpoints.seal import Seal, identity_of, make_seal
-from resources.checkpoints.staging import Fence, Publisher, StagedCheckpoint
-
-__all__ = [
-    "ARCHIVE_DIR",
-    "CHECKPOINT_FILE",
-    "FORCE_MARKER",
-    "MAX_CACHED_ENVELOPES",
-    "MAX_CLEAN_DIRS",
-    "PENDING_DIR",
-    "SYMLINK_CODE",
-    "CheckpointStore",
-    "Fence",
-    "StagedCheckpoint",
-    "atomic_write_bytes",
-    "file_sha256",
-    "fsync_dir",
-    "read_nofollow",
-    "symlink_error",
-]
+from resources.checkpoints.seal import Seal, identity_of
+from resources.checkpoints.staging import Fence, StagedCheckpoint
+from resources.checkpoints.tree import CheckpointTree
 
 
-class CheckpointStore(PendingEdits, Publisher):
-    """All checkpoint file operations of one ``PIPELINE_HOME``."""
+class PendingEdits(Protocol):
+    """A mutator's write-ahead edits of its victims, durable before it publishes."""
 
-    def __init__(
-        self, home: Path, *, keep_archives: int = 5, checkpoints_root: str | None = None
-    ) -> None:
-        super().__init__(home, keep_archives=keep_archives, checkpoints_root=checkpoints_root)
+    def write_pending(self, mutator: StepKey, edited: Checkpoint) -> Path: ...
+
+    def load_pending(self, mutator: StepKey, victim: str) -> Checkpoint | None: ...
+
+    def drop_pending(self, mutator: StepKey, victim: str) -> None: ...
+
+
+class Publication(Protocol):
+    """Where a store's checkpoints are published, and how they are read back."""
+
+    @property
+    def location(self) -> str:
+        """Where checkpoints are published, for messages (secrets masked)."""
+        ...
 
     @property
     def poolable(self) -> bool:
         """Whether worker processes may judge from their own store over the same home."""
-        return True
+        ...
+
+    @property
+    def scrubbable(self) -> bool:
+        """Whether published objects live apart from the ledger and a scrub compares them."""
+        ...
+
+    @property
+    def scan_layout(self) -> DataLayout:
+        """What the sensor's tick ``lstat``s to see a partition change."""
+        ...
+
+    @property
+    def pending(self) -> PendingEdits: ...
+
+    def judging_scope(self) -> contextlib.AbstractContextManager[None]: ...
+
+    def load(self, key: StepKey) -> Checkpoint | None: ...
+
+    def is_unchanged(self, checkpoint: Checkpoint) -> bool: ...
+
+    def stage(self, checkpoint: Checkpoint) -> StagedCheckpoint: ...
+
+    def sync_inputs(self, project_id: str, episode_id: str | None = None) -> None: ...
+
+    def publish_inputs(self, project_id: str, episode_id: str) -> bool: ...
+
+    def checkout_edit(self, key: StepKey) -> None: ...
+
+    def adoptable_pointer(self, key: StepKey) -> str | None: ...
+
+    def recall(self, key: StepKey) -> Checkpoint | None: ...
+
+    def scrub(
+        self, project_id: str, episode_id: str, rows: Mapping[str, tuple[str | None, str | None]]
+    ) -> list[SealDrift]: ...
+
+    def seal(
+        self,
+        checkpoint: Checkpoint,
+        reads: Iterable[Path] = (),
+        *,
+        file: Path | None = None,
+        revision: int = 1,
+    ) -> str | None: ...
+
+    def sealed(
+        self,
+        key: StepKey,
+        text: Any,
+        shared: Callable[[str], FileIdentity | None] = identity_of,
+    ) -> Seal | None: ...
+
+
+class CheckpointStore:
+    """All checkpoint operations of one ``PIPELINE_HOME``."""
+
+    def __init__(
+        self,
+        home: Path,
+        *,
+        keep_archives: int = 5,
+        checkpoints_root: str | None = None,
+        publication: Callable[[CheckpointTree], Publication] = HomeDirectory,
+    ) -> None:
+        self.tree = CheckpointTree(
+            home, keep_archives=keep_archives, checkpoints_root=checkpoints_root
+        )
+        self.published: Publication = publication(self.tree)
+
+    # ------------------------------------------------------------------ where
+    @property
+    def home(self) -> Path:
+        return self.tree.paths.home
+
+    @property
+    def layout(self) -> DataLayout:
+        return self.tree.paths.layout
+
+    @property
+    def root(self) -> Path:
+        """The checkpoint tree's root directory (on a bucket: this process's scratch copy)."""
+        return self.tree.paths.root
+
+    @property
+    def keep_archives(self) -> int:
+        return self.tree.archives.keep_archives
 
     @property
     def location(self) -> str:
         """Where checkpoints are published, for messages."""
-        return str(self.root)
-
-    # ------------------------------------------------------------------ inputs
-    def sync_inputs(self, project_id: str, episode_id: str | None = None) -> None:
-        """Bring the home's copy of the inputs up to date: nothing to do, they are the
-        truth here (object storage keeps them, see ``PublishedCheckpoints``)."""
-
-    def checkout_edit(self, key: StepKey) -> None:
-        """Make an operator's edit of ``key``'s published checkpoint readable at
-        ``path_for(key)``: it already is on a local home (the file they edited)."""
-
-    def adoptable_pointer(self, key: StepKey) -> str | None:
-        """The commit pointer a row adopting ``key``'s orphan checkpoint must carry: none
-        on a local home (the file is the checkpoint); on object storage the manifest of the
-        attempt ``load`` found when the row was lost (``PublishedCopies``)."""
-        return None
-
-    def recall(self, key: StepKey) -> Checkpoint | None:
-        """The checkpoint ``key`` last published before it left service (a force archived
-        it), with the artifacts it names brought to where a run looks for them, so a re-run
-        reuses what still verifies instead of paying for it again. None here: on a local
-        home the artifact files never leave the step directory (a force archives only the
-        envelope; each picture keeps its receipt), see ``PublishedCopies.recall``."""
-        return None
+        return self.published.location
 
     @property
-    def scan_layout(self) -> DataLayout:
-        """What the sensor's tick ``lstat``s to see a partition change: the home itself.
-        On object storage the checkpoint tree is each process's own cache (see
-        ``PublishedCheckpoints.scan_layout``)."""
-        return self.layout
+    def poolable(self) -> bool:
+        """Whether worker processes may judge from their own store over the same home."""
+        return self.published.poolable
 
     @property
     def scrubbable(self) -> bool:
         """Whether published objects live apart from the ledger and a scrub compares them
         (object storage). A local home's seals are re-checked by ``lstat`` instead."""
-        return False
+        return self.published.scrubbable
+
+    @property
+    def scan_layout(self) -> DataLayout:
+        """What the sensor's tick ``lstat``s to see a partition change: the home itself; on
+        object storage nothing of the checkpoint tree (each process's own cache)."""
+        return self.published.scan_layout
+
+    def step_dir(self, key: StepKey) -> Path:
+        return self.tree.paths.step_dir(key)
+
+    def path_for(self, key: StepKey) -> Path:
+        return self.tree.paths.path_for(key)
+
+    def force_marker_path(self, key: StepKey) -> Path:
+        return self.tree.paths.force_marker_path(key)
+
+    def archive_dir(self, key: StepKey) -> Path:
+        return self.tree.paths.archive_dir(key)
+
+    def pending_path(self, mutator: StepKey, victim: str) -> Path:
+        return self.tree.paths.pending_path(mutator, victim)
+
+    def artifact_path(self, key: StepKey, relative: str) -> Path:
+        """Where an artifact of ``key`` lives; ``checkpoint.symlink`` if a link is on the way."""
+        return self.tree.links.artifact_path(key, relative)
+
+    def refuse_links(self, key: StepKey) -> bool:
+        return self.tree.links.refuse_links(key)
+
+    def refuse_links_in_tree(self, key: StepKey) -> None:
+        self.tree.links.refuse_links_in_tree(key)
+
+    def iter_keys(self) -> Iterator[StepKey]:
+        return self.tree.iter_keys()
+
+    # ------------------------------------------------------------------ reads
+    def judging_scope(self) -> contextlib.AbstractContextManager[None]:
+        """Read-only judging of many keys: what does not change within one judgement is
+        checked once per scope (see :meth:`LinkPolicy.judging_scope`)."""
+        return self.published.judging_scope()
+
+    def load(self, key: StepKey) -> Checkpoint | None:
+        """The checkpoint, None if there is none, or a typed integrity error naming the file."""
+        return self.published.load(key)
+
+    def summary(self, key: StepKey) -> CheckpointSummary:
+        checkpoint = self.load(key)
+        return checkpoint.summary() if checkpoint is not None else CheckpointSummary.absent()
+
+    def check_artifacts(self, checkpoint: Checkpoint) -> list[str]:
+        """Artifacts listed by the envelope that are absent or whose bytes changed."""
+        return self.tree.envelopes.check_artifacts(checkpoint)
+
+    def artifact_problems(self, checkpoint: Checkpoint) -> tuple[list[str], list[str]]:
+        """(absent artifacts, artifacts whose bytes no longer match the stored sha256)."""
+        return self.tree.envelopes.artifact_problems(checkpoint)
+
+    def is_unchanged(self, checkpoint: Checkpoint) -> bool:
+        """Same content as published (then a save writes nothing)."""
+        return self.published.is_unchanged(checkpoint)
+
+    # ------------------------------------------------------------------ archives and force
+    def has_force_marker(self, key: StepKey) -> bool:
+        return self.tree.archives.has_force_marker(key)
+
+    def archive(self, key: StepKey, reason: str) -> Path | None:
+        return self.tree.archives.archive(key, reason)
+
+    def archive_artifact(self, key: StepKey, relative: str) -> Path | None:
+        return self.tree.archives.archive_artifact(key, relative)
+
+    def force_clear(self, key: StepKey) -> Path | None:
+        return self.tree.archives.force_clear(key)
+
+    # ------------------------------------------------------------------ publish
+    def write_artifact(self, key: StepKey, relative: str, payload: bytes) -> Artifact:
+        return self.tree.publisher.write_artifact(key, relative, payload)
+
+    def stage(self, checkpoint: Checkpoint) -> StagedCheckpoint:
+        """Stage ``checkpoint`` for a fenced commit (on a bucket: its attempt uploaded, the
+        manifest carried as the staged ``pointer``)."""
+        return self.published.stage(checkpoint)
+
+    def save(self, checkpoint: Checkpoint, fence: Fence | None = None) -> bool:
+        """Publish ``checkpoint`` through ``fence`` (the ledger row lock); False if unchanged.
+
+        Identical content is never rewritten. The previous version is archived first.
+        """
+        if self.is_unchanged(checkpoint):
+            return False
+        staged = self.stage(checkpoint)
+        try:
+            if fence is None:
+                staged.commit()
+            else:
+                fence(staged)
+        finally:
+            staged.discard()
+        return True
+
+    # ------------------------------------------------------------------ write-ahead edits
+    def write_pending(self, mutator: StepKey, edited: Checkpoint) -> Path:
+        """Write ahead an edited victim envelope (durable before the mutator publishes)."""
+        return self.published.pending.write_pending(mutator, edited)
+
+    def load_pending(self, mutator: StepKey, victim: str) -> Checkpoint | None:
+        return self.published.pending.load_pending(mutator, victim)
+
+    def drop_pending(self, mutator: StepKey, victim: str) -> None:
+        self.published.pending.drop_pending(mutator, victim)
+
+    # ------------------------------------------------------------------ inputs
+    def sync_inputs(self, project_id: str, episode_id: str | None = None) -> None:
+        """Bring the home's copy of the inputs up to date (object storage keeps them)."""
+        self.published.sync_inputs(project_id, episode_id)
+
+    def publish_inputs(self, project_id: str, episode_id: str) -> bool:
+        """Make the home's inputs the shared truth; True when an object was replaced (the
+        seals that recorded the old one must then be cleared)."""
+        return self.published.publish_inputs(project_id, episode_id)
+
+    # ------------------------------------------------------------------ what was published
+    def checkout_edit(self, key: StepKey) -> None:
+        """Make an operator's edit of ``key``'s published checkpoint readable at
+        ``path_for(key)``."""
+        self.published.checkout_edit(key)
+
+    def adoptable_pointer(self, key: StepKey) -> str | None:
+        """The commit pointer a row adopting ``key``'s orphan checkpoint must carry."""
+        return self.published.adoptable_pointer(key)
+
+    def recall(self, key: StepKey) -> Checkpoint | None:
+        """The checkpoint ``key`` last published before it left service, with the artifacts
+        it names brought to where a run looks for them, so a re-run reuses what still
+        verifies instead of paying for it again (None where nothing ever leaves the step
+        directory: a local home)."""
+        return self.published.recall(key)
 
     def scrub(
         self, project_id: str, episode_id: str, rows: Mapping[str, tuple[str | None, str | None]]
     ) -> list[SealDrift]:
-        """Seals of one episode that no longer speak for the storage: none here."""
-        return []
-
-    def publish_inputs(self, project_id: str, episode_id: str) -> bool:
-        """Make the home's inputs the shared truth: they already are on a local home (and
-        its seals see a changed input by its stat identity: nothing to clear)."""
-        return False
+        """Seals of one episode that no longer speak for the storage."""
+        return self.published.scrub(project_id, episode_id, rows)
 
     # ------------------------------------------------------------------ seals
     def seal(
@@ -153,33 +313,8 @@ class CheckpointStore(PendingEdits, Publisher):
         file: Path | None = None,
         revision: int = 1,
     ) -> str | None:
-        """Seal text of a checkpoint its run has just verified clean (None: not sealable).
-
-        ``file`` is where the envelope is now (a staged temp file keeps its identity when it
-        is renamed into place); default the published checkpoint, which must then still be
-        the very file ``checkpoint`` was loaded from (else a concurrent rewrite could get
-        the verdict of the version that was verified). ``reads``: the other files the
-        step's verifier reads; ``revision``: the step's ``verify_revision``.
-        """
-        expected: FileIdentity | None = None
-        if file is None:
-            with self._cache_lock:
-                cached = self._cache.get(self.path_for(checkpoint.key))
-            if cached is None or cached[1] is not checkpoint:
-                return None  # not loaded through this store (or evicted): stay unsealed
-            expected = cached[0]
-        sealed = make_seal(
-            home=self.home,
-            checkpoint_file=file or self.path_for(checkpoint.key),
-            expected=expected,
-            summary=checkpoint.summary(),
-            version=checkpoint.version,
-            artifacts={a.path: a.sha256 for a in checkpoint.artifacts},
-            reads=tuple(reads),
-            sealed_ns=time.time_ns(),
-            revision=revision,
-        )
-        return None if sealed is None else sealed.encode()
+        """Seal text of a checkpoint its run has just verified clean (None: not sealable)."""
+        return self.published.seal(checkpoint, reads, file=file, revision=revision)
 
     def sealed(
         self,
@@ -187,74 +322,6 @@ class CheckpointStore(PendingEdits, Publisher):
         text: Any,
         shared: Callable[[str], FileIdentity | None] = identity_of,
     ) -> Seal | None:
-        """The seal of ``key``'s checkpoint if every file it names is unchanged, else None.
-
-        ``shared``: how to stat the project/episode inputs (see :meth:`Seal.holds`). A link
-        on the way to the checkpoint or its artifacts voids the seal: the long way
-        (:meth:`load`, the verifier) then reports it as a typed block.
-
-        Links are checked only where the verdict reads (docs/DESIGN.md#no-escape): every
-        directory from the home down to the step and artifact directories is ``lstat``-ed
-        (a link there is followed by any path below it), and the envelope and artifacts
-        are matched by their ``lstat`` identity, which a link in their place never has.
-        The entries the seal does not cover (``archive/``, ``pending/``, the force marker,
-        a receipt beside an artifact) are not scanned: the sealed verdict reads none of
-        them, and every writer refuses a link anywhere in the step directory before it
-        writes (``refuse_links_in_tree``). See BENCHMARKS.md, "Sensor tick", for the cost.
-        """
-        seal = Seal.decode(text)
-        if seal is None:
-            return None
-        # The strings DataLayout.checkpoint_episode_dir / step_dir / checkpoint_file spell,
-        # joined here: a method call or a cached chain per step costs more than the join on
-        # a cold tick (every step of every episode, seen once).
-        episode = f"{self._root}/{key.project_id}/{key.episode_id}"
-        step = f"{episode}/{key.step_id}"
-        scope: set[str] | None = getattr(self._local, "scope", None)
-        try:
-            if scope is not None and episode in scope:
-                # Its ancestors were lstat'ed in this judging scope: the step directory only
-                # (no chain built: this runs for every step of every episode).
-                if not stat_module.S_ISDIR(os.lstat(step).st_mode):
-                    return None  # a link (or a file): the long way reports it
-            elif self._walk_dirs(self._chain_of(key)) is None:
-                return None
-            for relative in artifact_dirs(seal.artifacts) if seal.artifacts else ():
-                found = self._lstat_ours(f"{step}/{relative}", "a directory")
-                if found is None or not stat_module.S_ISDIR(found.st_mode):
-                    return None
-        except (PipelineError, FileNotFoundError, NotADirectoryError):
-            return None
-        # String paths (no pathlib): this runs for every step of every episode on a cold tick.
-        checkpoint_in = DataLayout.checkpoint_in
-        return seal if seal.holds(self._home, checkpoint_in(step), shared) else None
-
-    def iter_keys(self) -> Iterator[StepKey]:
-        """Every step directory holding a checkpoint (for adoption and audits).
-
-        Walked without following links: a linked project, episode or step directory is not
-        listed through the link, but a linked step directory is yielded (by name) so that
-        loading it reports the link.
-        """
-
-        def real_dirs(path: str) -> list[os.DirEntry[str]]:
-            try:
-                with os.scandir(path) as entries:
-                    return sorted(
-                        (e for e in entries if e.is_dir(follow_symlinks=False) or e.is_symlink()),
-                        key=lambda e: e.name,
-                    )
-            except (FileNotFoundError, NotADirectoryError):
-                return []
-
-        if self._lstat_ours(self.root, "a directory") is None:
-            return
-        for project in real_dirs(self._root):
-            if project.is_symlink():
-                continue
-            for episode in real_dirs(project.path):
-                if episode.is_symlink():
-                    continue
-                for step in real_dirs(episode.path):
-                    if step.is_symlink() or os.path.lexists(DataLayout.checkpoint_in(step.path)):
-                        yield StepKey(project.name, episode.name, step.name)
+        """The seal of ``key``'s checkpoint if it still holds, else None (the judge's hot
+        path: see :meth:`HomeDirectory.sealed`)."""
+        return self.published.sealed(key, text, shared)

@@ -3,6 +3,7 @@ naming the file and its origin, through real Dagster runs — and nothing is del
 
 import json
 from collections.abc import Callable
+from typing import Any
 
 import dagster as dg
 import pytest
@@ -16,13 +17,13 @@ from judge_steps import (
 )
 
 from pipeline_defs.resume.errors import PipelineError
+from pipeline_defs.resume.layout import ARCHIVE_DIR
 from pipeline_defs.wiring.io_manager import STEP_METADATA_KEY, CheckpointIOManager
 from resources.checkpoints.envelope import Checkpoint
-from resources.checkpoints.store import ARCHIVE_DIR
 from resources.pipeline import PipelineResource
 
 
-def _edit(h: Harness, change: Callable[[dict], None], *, rehash: bool = True) -> None:
+def _edit(h: Harness, change: Callable[[dict[str, Any]], None], *, rehash: bool = True) -> None:
     raw = h.envelope("alpha")
     change(raw)
     h.path("alpha").write_text(json.dumps(rehash_envelope(raw) if rehash else raw))
@@ -42,7 +43,7 @@ def edited_without_rehash(h: Harness) -> None:
 
 
 def tampered_artifact_hash(h: Harness) -> None:
-    def change(raw: dict) -> None:
+    def change(raw: dict[str, Any]) -> None:
         raw["artifacts"][0]["sha256"] = "0" * 64
 
     _edit(h, change)
@@ -62,7 +63,7 @@ def non_integer_schema_version(h: Harness) -> None:
 
 
 def missing_fields(h: Harness) -> None:
-    def change(raw: dict) -> None:
+    def change(raw: dict[str, Any]) -> None:
         del raw["produced_by"], raw["mutations"]
 
     _edit(h, change)
@@ -152,7 +153,8 @@ def test_a_replaced_corrupt_checkpoint_is_archived_not_destroyed(h: Harness) -> 
     h.knobs("alpha", fail="all")
     # a forced rebuild that fails: the row is failed, the old checkpoint is still there
     assert not h.run("alpha", tags={"resume/mode": "force"}).success
-    assert h.row("alpha").status == "failed"
+    row = h.row("alpha")
+    assert row is not None and row.status == "failed"
     h.knobs("alpha", fail=None)
     corrupt_json(h)
     evidence = h.path("alpha").read_bytes()
@@ -164,7 +166,8 @@ def test_a_replaced_corrupt_checkpoint_is_archived_not_destroyed(h: Harness) -> 
     description, _ = failure(blocked, "alpha")
     assert "step.resume_blocked" in description and str(h.path("alpha")) in description
     assert h.path("alpha").read_bytes() == evidence
-    assert h.row("alpha").status == "failed"
+    row = h.row("alpha")
+    assert row is not None and row.status == "failed"
 
     result = h.run("alpha", tags={"resume/mode": "force"})  # only a force rebuilds over it
     assert result.success

@@ -1,6 +1,7 @@
 """Secrets in the project config never reach PIPELINE_HOME, the ledger or Dagster events."""
 
 from pathlib import Path
+from typing import Any
 
 import dagster as dg
 import pytest
@@ -70,7 +71,7 @@ def test_no_secret_value_anywhere_under_home_ledger_or_event_log(
 
 
 def test_mask_secrets_masks_every_depth_and_leaves_the_rest() -> None:
-    config = {
+    config: dict[str, Any] = {
         "title": "ok",
         "provider": {"api_key": SECRET, "Base_URL": "http://x", "API_KEY_FILE": "/k"},
         "deep": {

@@ -9,7 +9,8 @@ from checkpoint_support import KEY, checkpoint
 from judge_steps import make_data
 
 from pipeline_defs.resume.errors import PipelineError
-from resources.checkpoints.store import ARCHIVE_DIR, FORCE_MARKER, CheckpointStore
+from pipeline_defs.resume.layout import ARCHIVE_DIR, FORCE_MARKER
+from resources.checkpoints.store import CheckpointStore
 
 
 @pytest.fixture

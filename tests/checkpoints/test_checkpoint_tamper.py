@@ -27,12 +27,12 @@ from pipeline_defs.judging.evaluation import evaluate_partitions
 from pipeline_defs.judging.stores import Stores
 from pipeline_defs.resume.completion import Origin
 from pipeline_defs.resume.decision import LaunchMode, ResumeAction, ResumeDecision
-from pipeline_defs.resume.errors import STATUS_BY_CODE, PipelineError
+from pipeline_defs.resume.errors import PipelineError, status_of
+from pipeline_defs.resume.layout import ARCHIVE_DIR
 from pipeline_defs.resume.status import StepStatus
 from pipeline_defs.steps.graph import StepGraph
 from pipeline_defs.steps.judge import StepJudge
 from resources.checkpoints.envelope import Artifact, Checkpoint
-from resources.checkpoints.store import ARCHIVE_DIR
 from resources.pipeline import PipelineResource
 
 SOURCE = "/home/x/checkpoints/proj1/ep1/alpha/checkpoint.json"
@@ -158,7 +158,7 @@ def test_a_malformed_field_is_checkpoint_invalid_naming_file_and_field(
     error = caught.value
     assert error.code == "checkpoint.invalid"
     assert error.origin == Origin.CONTRACT_DRIFT.value
-    assert error.status == STATUS_BY_CODE["checkpoint.invalid"] == 422
+    assert error.status == status_of("checkpoint.invalid") == 422
     assert error.message.startswith(f"checkpoint {SOURCE}: field '{field_name}' must be ")
     assert error.details == {"path": SOURCE, "field": field_name}
 
@@ -335,5 +335,6 @@ def test_an_explicit_force_archives_the_bad_file_and_rebuilds(
     assert evidence in archived  # the bad file is kept as evidence
     rebuilt = h.checkpoints.load(step_key("alpha"))
     assert rebuilt is not None and rebuilt.data == h.envelope("alpha")["data"]
-    assert h.row("alpha").status == "completed"
+    row = h.row("alpha")
+    assert row is not None and row.status == "completed"
     assert _judge(h).action is ResumeAction.SKIP

@@ -23,8 +23,9 @@ from judge_steps import make_data
 from must_run import skip_or_fail
 from sensor_steps import seed, stores_for
 
+from pipeline_defs.resume.layout import ARCHIVE_DIR
 from pipeline_defs.resume.partition import StepKey
-from resources.checkpoints.store import ARCHIVE_DIR, CheckpointStore
+from resources.checkpoints.store import CheckpointStore
 
 PAGE = 4096
 

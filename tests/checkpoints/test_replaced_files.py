@@ -24,10 +24,10 @@ from pipeline_defs.resume.decision import (
     ScopedConfig,
     decide,
 )
+from pipeline_defs.resume.layout import ARCHIVE_DIR
 from pipeline_defs.resume.settings import ResumeSettings
 from pipeline_defs.resume.status import LedgerRow, StepStatus
 from pipeline_defs.steps.redraw import REDRAW_TAG
-from resources.checkpoints.store import ARCHIVE_DIR
 from resources.providers import ImageCall, ImageReply, OfflineImageModel
 from resources.providers.base import RETRIES_EXHAUSTED, provider_error
 
@@ -94,7 +94,8 @@ def test_an_older_copy_put_back_on_a_partial_row_blocks_too(env: Env) -> None:
         raise_on_error=False,
     )
     assert outage.calls_of(step) == 3
-    assert env.row(step).status == "partial"
+    row = env.row(step)
+    assert row is not None and row.status == "partial"
     assert target.read_bytes() != old
     published = env.checkpoint(step)
     assert published is not None
@@ -154,7 +155,8 @@ def test_a_tampered_checkpoint_on_an_unfinished_row_blocks(
         raise_on_error=False,
     )
     assert outage.calls_of(step) > 0
-    assert env.row(step).status == status
+    row = env.row(step)
+    assert row is not None and row.status == status
     path = env.checkpoint_path(step)
     TAMPERS[tamper](path)
     tampered = path.read_bytes()
@@ -168,7 +170,8 @@ def test_a_tampered_checkpoint_on_an_unfinished_row_blocks(
     assert outcome.decisions[step] == "block"
     assert outcome.calls_of(step) == 0
     assert path.read_bytes() == tampered  # the evidence stays where it was
-    assert env.row(step).status == status
+    row = env.row(step)
+    assert row is not None and row.status == status
 
 
 # ----------------------------------------------------------------------------- the table

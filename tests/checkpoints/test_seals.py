@@ -27,7 +27,8 @@ from pipeline_defs.judging.evaluation import BatchJudge
 from pipeline_defs.judging.stores import Stores
 from pipeline_defs.resume.partition import Episode, StepKey
 from pipeline_defs.resume.status import StepStatus
-from resources.checkpoints.seal import ABSENT, Seal, identity_of, make_seal
+from resources.checkpoints.envelope import Checkpoint
+from resources.checkpoints.seal import ABSENT, Seal, SealedFile, identity_of, make_seal
 from resources.checkpoints.store import CheckpointStore
 
 STEPS = tuple(s.step_id for s in SENSOR_STEPS)
@@ -170,7 +171,8 @@ def _recopy(path: Path) -> None:
     os.replace(copy, path)
 
 
-CHANGES: dict[str, Callable[[Stores], None]] = {
+# A change is made for its effect on the files; what its call returns is ignored.
+CHANGES: dict[str, Callable[[Stores], object]] = {
     "artifact deleted": lambda s: (_step_dir(s, "p/e1", "mid") / "frames" / "f0.png").unlink(),
     "artifact rewritten in place, same size": lambda s: _in_place(
         _step_dir(s, "p/e1", "mid") / "frames" / "f0.png"
@@ -229,20 +231,20 @@ def test_racily_clean_files_are_hashed_again(tmp_path: Path) -> None:
     sha = hashlib.sha256(b"pixels").hexdigest()
     mtime = artifact.stat().st_mtime_ns
     seal = _seal(home, envelope, {"a.png": sha}, sealed_ns=mtime + 1_000_000)  # racy
-    assert seal is not None and seal.files[0].sha256 == sha
+    assert seal is not None and SealedFile(*seal.files[0]).sha256 == sha
     assert seal.holds(str(home), str(envelope))
     _in_place(artifact)
     os.utime(artifact, ns=(mtime, mtime))  # the same identity, as within one tick
-    assert identity_of(artifact) == seal.files[0].identity
+    assert identity_of(artifact) == SealedFile(*seal.files[0]).identity
     assert not seal.holds(str(home), str(envelope))
     # The same file sealed well after its write carries no hash: identity is enough.
     calm = _seal(home, envelope, {"a.png": sha}, sealed_ns=mtime + 5_000_000_000)
-    assert calm is not None and calm.files[0].sha256 is None
+    assert calm is not None and SealedFile(*calm.files[0]).sha256 is None
     # A racy envelope or a racy directory cannot be sealed at all; absent reads are kept.
     assert _seal(home, envelope, {}, sealed_ns=past + 1) is None
     assert _seal(home, envelope, {}, reads=[step_dir], sealed_ns=mtime) is None
     gone = _seal(home, envelope, {}, reads=[home / "nothing.txt"], sealed_ns=time.time_ns())
-    assert gone is not None and gone.reads[0].identity == ABSENT
+    assert gone is not None and SealedFile(*gone.reads[0]).identity == ABSENT
     (home / "nothing.txt").write_text("now here")
     assert not gone.holds(str(home), str(envelope))
     # A missing artifact or a read outside the home: no seal.
@@ -346,7 +348,8 @@ def test_a_seal_whose_text_holds_a_separator_is_written_in_the_json_form(field: 
 
 
 # --------------------------------------------------------------------------- agreement
-MUTATIONS: dict[str, Callable[[Stores, str], None]] = {
+# As CHANGES: a mutation is made for its effect, what its call returns is ignored.
+MUTATIONS: dict[str, Callable[[Stores, str], object]] = {
     "nothing": lambda s, pk: None,
     "png deleted": lambda s, pk: (_step_dir(s, pk, "mid") / "frames" / "f0.png").unlink(),
     "png edited in place": lambda s, pk: _in_place(_step_dir(s, pk, "mid") / "frames" / "f0.png"),
@@ -426,8 +429,11 @@ def test_sealed_and_unsealed_judgements_agree(
     VERIFY_CALLS.clear()
     loads: list[StepKey] = []
     original = CheckpointStore.load
-    monkeypatch.setattr(
-        CheckpointStore, "load", lambda self, key: loads.append(key) or original(self, key)
-    )
+
+    def counted(self: CheckpointStore, key: StepKey) -> Checkpoint | None:
+        loads.append(key)
+        return original(self, key)
+
+    monkeypatch.setattr(CheckpointStore, "load", counted)
     BatchJudge(SENSOR_STEPS, stores).evaluate([untouched], now, rows)
     assert sum(VERIFY_CALLS.values()) == 0 and loads == []  # not even read

@@ -38,10 +38,11 @@ from pipeline_defs.judging.step_evaluation import Verdict
 from pipeline_defs.judging.stores import Stores
 from pipeline_defs.resume.completion import Origin
 from pipeline_defs.resume.decision import ResumeAction
-from pipeline_defs.resume.errors import STATUS_BY_CODE, PipelineError
+from pipeline_defs.resume.errors import PipelineError, status_of
+from pipeline_defs.resume.layout import ARCHIVE_DIR, FORCE_MARKER
 from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.storyboard import STORYBOARD_STEPS
-from resources.checkpoints.store import ARCHIVE_DIR, FORCE_MARKER, CheckpointStore
+from resources.checkpoints.store import CheckpointStore
 
 CODE = "checkpoint.symlink"
 FORCE = {"resume/mode": "force"}
@@ -254,7 +255,7 @@ def check(caught: pytest.ExceptionInfo[PipelineError], link: Path) -> None:
     error = caught.value
     assert error.code == CODE
     assert error.origin == Origin.CONTRACT_DRIFT.value
-    assert error.status == STATUS_BY_CODE[CODE] == 409
+    assert error.status == status_of(CODE) == 409
     assert str(link) in error.message
     assert error.details["path"] == str(link)
 

@@ -171,7 +171,7 @@ class Deployment:
         episode = Episode.parse(partition_key)
         inputs = {d: self.ws.checkpoints.load(episode.step(d)) for d in step.deps}
         owner = RunInfo(f"setup-{uuid.uuid4().hex[:8]}:0", LaunchMode.RESUME, "setup")
-        runtime.run(partition_key, owner, inputs)  # type: ignore[arg-type]
+        runtime.run(partition_key, owner, inputs)
 
     # ------------------------------------------------------------------ launches
     def submit(self, partition_key: str, steps: Sequence[str], tags: Mapping[str, str]) -> str:
@@ -704,7 +704,7 @@ def test_backfill_of_many_episodes_under_the_queued_coordinator(
         assert len(claims) == 1, (key, audit)
         assert claims[0].run_id == row.run_id
         assert claims[0].launch_path == "backfill"
-        assert row.run_id.split(":")[0] in run_ids
+        assert row.run_id is not None and row.run_id.split(":")[0] in run_ids
         assert int(row.recovery_count) == 0
         checkpoint = d.ws.checkpoints.load(key)
         assert checkpoint is not None and checkpoint.run_id == row.run_id

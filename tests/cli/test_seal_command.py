@@ -27,7 +27,8 @@ from pipeline_defs.judging.stores import Stores
 from pipeline_defs.resume.partition import Episode, StepKey
 from pipeline_defs.resume.status import StepStatus
 from pipeline_defs.steps.judge import StepJudge
-from resources.checkpoints.published import PublishedCheckpoints
+from resources.checkpoints.envelope import Checkpoint
+from resources.checkpoints.published import scratch_cache_of
 from resources.checkpoints.store import CheckpointStore
 from resources.ledger.audit import AuditAction
 from resources.ledger.tables import step_run
@@ -47,7 +48,7 @@ def _seeded(stores: Stores) -> Stores:
     (home / "projects" / "p" / "project.yaml").write_text("style: ink\n")
     for pk in PARTITIONS:
         write_input(home, pk, "story.md", f"# {pk}\n")
-        if isinstance(stores.checkpoints, PublishedCheckpoints):  # as `add-episode` does
+        if scratch_cache_of(stores.checkpoints) is not None:  # as `add-episode` does
             stores.checkpoints.publish_inputs(*pk.split("/"))
     _settle()
     for pk in PARTITIONS:
@@ -97,9 +98,7 @@ def storyboard(stores: Stores, tmp_path: Path, *args: str) -> Result:
         "STORYBOARD_DEFS": "sensor_steps:sensor_defs",
     }
     storage = (
-        stores.checkpoints.location
-        if isinstance(stores.checkpoints, PublishedCheckpoints)
-        else None
+        stores.checkpoints.location if scratch_cache_of(stores.checkpoints) is not None else None
     )
     if storage is not None:
         env["PIPELINE_STORAGE_URL"] = storage
@@ -155,9 +154,12 @@ def test_unsealed_completed_rows_are_sealed_and_the_sensor_then_takes_the_sealed
     # The batch judge now takes the sealed path: no verifier call, no checkpoint read.
     loads: list[StepKey] = []
     original = CheckpointStore.load
-    monkeypatch.setattr(
-        CheckpointStore, "load", lambda self, key: loads.append(key) or original(self, key)
-    )
+
+    def counted(self: CheckpointStore, key: StepKey) -> Checkpoint | None:
+        loads.append(key)
+        return original(self, key)
+
+    monkeypatch.setattr(CheckpointStore, "load", counted)
     assert verifier_calls(stores) == 0 and loads == []
     # Run again: nothing left to seal.
     again = seal_json(stores, tmp_path)

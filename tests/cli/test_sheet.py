@@ -10,8 +10,10 @@ import base64
 import io
 import json
 import re
+from collections.abc import Mapping
 from html.parser import HTMLParser
 from pathlib import Path
+from typing import Any
 
 from cli_helpers import tree_snapshot
 from click.testing import CliRunner
@@ -22,15 +24,21 @@ from pipeline_defs.cli import main
 from pipeline_defs.storyboard.thumbnails import THUMBNAIL_SIDE
 
 
-def sheet(env: Env, out: Path, partition: str = PARTITION) -> dict[str, object]:
+def sheet(env: Env, out: Path, partition: str = PARTITION) -> dict[str, Any]:
     result = CliRunner().invoke(
         main,
         ["sheet", "--partition", partition, "--out", str(out), "--json"],
         env={"PIPELINE_HOME": str(env.home), "PIPELINE_DB_URL": env.db_url, "DAGSTER_HOME": None},
     )
     assert result.exit_code == 0, (result.output, result.stderr)
-    payload: dict[str, object] = json.loads(result.stdout)
+    payload: dict[str, Any] = json.loads(result.stdout)
     return payload
+
+
+def data_of(env: Env, step_id: str) -> Mapping[str, Any]:
+    checkpoint = env.checkpoint(step_id)
+    assert checkpoint is not None, step_id
+    return checkpoint.data
 
 
 class _Images(HTMLParser):
@@ -51,9 +59,9 @@ def test_the_page_shows_every_shot_and_reference_in_story_order(built: Env, tmp_
     payload = sheet(built, out)
     assert tree_snapshot(built.home) == before  # nothing written but --out
     page = out.read_text(encoding="utf-8")
-    expected_shots = built.checkpoint("scene_image_pipeline").data["expected"]
-    refs = built.checkpoint("ref_image_gen").data["expected"]
-    composites = built.checkpoint("composite_image_gen").data["expected"]
+    expected_shots = data_of(built, "scene_image_pipeline")["expected"]
+    refs = data_of(built, "ref_image_gen")["expected"]
+    composites = data_of(built, "composite_image_gen")["expected"]
     assert payload["shots"] == len(expected_shots)
     assert payload["pictures"] == len(expected_shots) + len(refs) + len(composites)
     assert payload["missing_steps"] == [] and payload["problems"] == []
@@ -61,7 +69,7 @@ def test_the_page_shows_every_shot_and_reference_in_story_order(built: Env, tmp_
     positions = [page.index(f"<b>{item}</b>") for item in expected_shots]
     assert positions == sorted(positions)
     # every prompt is on the page (escaped), and the page is self-contained
-    for entry in built.checkpoint("scene_detail").data["scenes"]:
+    for entry in data_of(built, "scene_detail")["scenes"]:
         for variation in entry["t2i_variations"]:
             assert variation["t2i_prompt"].replace("'", "&#x27;") in page
     images = _Images()
@@ -89,7 +97,7 @@ def test_a_replaced_picture_is_marked_not_shown(built: Env, tmp_path: Path) -> N
         item = victim.name.removesuffix(".png")
         assert any(
             f"scene_image_pipeline/{item}" in p and "differs from its checkpoint" in p
-            for p in payload["problems"]  # type: ignore[attr-defined]
+            for p in payload["problems"]
         ), payload["problems"]
         assert payload["pictures"] == sheet(built, tmp_path / "clean.html")["pictures"] - 1
     finally:

@@ -1,9 +1,12 @@
 """Rules of the code base that review alone would let slip."""
 
 import ast
+import enum
+import importlib
 import re
 import subprocess
 import sys
+import typing
 from pathlib import Path
 
 import pytest
@@ -251,3 +254,38 @@ def test_fixtures_are_shared_not_copied() -> None:
             where.setdefault(name, []).append(str(path.relative_to(ROOT)))
     copied = {name: files for name, files in where.items() if len(files) >= 3}
     assert not copied, f"defined in three or more test modules: {copied}"
+
+
+def _exempt(cls: type) -> bool:
+    """Bases that say what a class is rather than lend it behaviour."""
+    return (
+        issubclass(cls, (BaseException, enum.Enum))
+        or bool(getattr(cls, "_is_protocol", False))
+        or cls is typing.Generic
+    )
+
+
+def test_product_classes_compose_rather_than_inherit() -> None:
+    """No product class has more than two product classes above it (Protocol, Generic,
+    enums and exceptions aside): stores and steps are composed of small parts they hold
+    (docs/DESIGN.md#composition), not assembled from a chain of mixins."""
+    offenders: dict[str, list[str]] = {}
+    for path in product_files():
+        if path.name == "__main__.py" or "migrations" in path.parts:
+            continue  # scripts: the CLI's entry, Alembic's migrations (run, not imported)
+        relative = path.relative_to(ROOT).with_suffix("")
+        name = ".".join(relative.parts[:-1] if relative.name == "__init__" else relative.parts)
+        module = importlib.import_module(name)
+        for cls in vars(module).values():
+            if not isinstance(cls, type) or cls.__module__ != name or _exempt(cls):
+                continue
+            above = [
+                f"{base.__module__}.{base.__qualname__}"
+                for base in cls.__mro__[1:]
+                if base.__module__.split(".")[0] in PRODUCT
+                and not _exempt(base)
+                and "[" not in base.__qualname__  # Dagster's own parametrized resource class
+            ]
+            if len(above) > 2:
+                offenders[f"{name}.{cls.__qualname__}"] = above
+    assert offenders == {}

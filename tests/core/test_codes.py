@@ -1,10 +1,11 @@
-"""Every error code the product raises is an ``ErrorCode`` member.
+"""Every error code the product raises is a member of a code family.
 
 A static scan of the product code: each ``PipelineError(...)`` / ``provider_error(...)`` /
 ``review_error(...)`` / ``sentinel_error(...)`` call's code (a literal, a module constant, or
-a local variable assigned from either) must be a member, so the one enum is the whole list
-and its status map covers every code. A raiser that passes its own ``status=`` must agree
-with the member's.
+a local variable assigned from either) must be a member of ``ErrorCode`` (the protocol's
+own) or of a family a step declares beside itself (``StorySourceCode``...), so the families
+are the whole list and ``status_of`` covers every code. A raiser that passes its own
+``status=`` must agree with the member's.
 """
 
 import ast
@@ -15,10 +16,21 @@ from pathlib import Path
 import pytest
 
 from pipeline_defs.resume.decision import BLOCK_CODES
-from pipeline_defs.resume.errors import STATUS_BY_CODE, ErrorCode, PipelineError, status_of
+from pipeline_defs.resume.errors import Code, ErrorCode, PipelineError, known_codes, status_of
 from pipeline_defs.resume.status import LedgerRow, StepStatus, parse_status
+from pipeline_defs.storyboard import STORYBOARD_STEPS
+from pipeline_defs.storyboard.cards import SceneDetailCode
+from pipeline_defs.storyboard.story_source import StorySourceCode
+from pipeline_defs.storyboard.t2i_review import T2IReviewCode
+
+STEP_FAMILIES = (StorySourceCode, SceneDetailCode, T2IReviewCode)
 
 ROOT = Path(__file__).resolve().parents[2]
+# Every family of codes, by class name (the storyboard's steps declare theirs: importing
+# the steps, as any process that runs them does, makes them known).
+FAMILIES: dict[str, type[Code]] = {f.__name__: f for f in (ErrorCode, *STEP_FAMILIES)}
+# The product's codes (a test module may declare a family of its own: not counted here).
+STATUS_BY_CODE = {member.value: member.status for f in FAMILIES.values() for member in f}
 PRODUCT = ("pipeline_defs", "resources", "sensors")
 # Helper -> (prefix it puts before its code argument, index of that argument or None for
 # keyword-only, the code it uses when none is given).
@@ -89,8 +101,8 @@ def _codes_in(
         text = expr.value
         return {text} if isinstance(text, str) and pattern.match(text) else set()
     if isinstance(expr, ast.Attribute):
-        if isinstance(expr.value, ast.Name) and expr.value.id == "ErrorCode":
-            return {ErrorCode[expr.attr].value}
+        if isinstance(expr.value, ast.Name) and expr.value.id in FAMILIES:
+            return {FAMILIES[expr.value.id][expr.attr].value}
         if expr.attr in PASSED_ON or depth > 0:  # a passed-on code; a dict key (errno.X)
             return set()
         raise AssertionError(f"{module.path}: unknown code source {ast.unparse(expr)}")
@@ -239,10 +251,26 @@ def test_the_text_scan_is_not_blind() -> None:
     ]
 
 
+def test_the_protocol_lists_no_step_s_own_codes() -> None:
+    """The reference pipeline's codes live beside its steps: the core's family names none,
+    and every family a step declares is known (and seen by the scan above)."""
+    step_ids = {step.step_id for step in STORYBOARD_STEPS}
+    assert not [c for c in ErrorCode if c.value.split(".")[0] in step_ids]
+    declared = {
+        f
+        for f in Code.__subclasses__()
+        if f is not ErrorCode and f.__module__.startswith("pipeline_defs.")
+    }
+    assert declared == set(STEP_FAMILIES)
+    assert STATUS_BY_CODE.items() <= known_codes().items()
+    assert status_of("t2i_review.unknown_item_id") == T2IReviewCode.UNKNOWN_ITEM_ID.status == 422
+
+
 def test_status_map_covers_every_member_and_strings_still_work() -> None:
-    assert set(STATUS_BY_CODE) == {c.value for c in ErrorCode}
-    assert len({c.value for c in ErrorCode}) == len(ErrorCode)  # no alias hides a duplicate
-    for code in ErrorCode:
+    members = [c for family in FAMILIES.values() for c in family]
+    assert set(STATUS_BY_CODE) == {c.value for c in members}
+    assert len(STATUS_BY_CODE) == len(members)  # no code in two families, no alias
+    for code in members:
         assert PipelineError(code, "m").status == code.status == STATUS_BY_CODE[code.value]
         as_text = PipelineError(code.value, "m")
         assert as_text.code == code.value and type(as_text.code) is str
@@ -269,8 +297,8 @@ def test_parse_status(raw: object, expected: str) -> None:
 
 def test_ledger_row_is_typed_and_frozen() -> None:
     row = LedgerRow.from_row({"status": "running", "recovery_count": None, "extra": 1})
-    assert row.status is StepStatus.RUNNING and row.is_running and row.recovery_count == 0
     assert row.status == "running" and row.run_id is None and not hasattr(row, "extra")
+    assert row.status is StepStatus.RUNNING and row.is_running and row.recovery_count == 0
     with pytest.raises(AttributeError):
         row.status = StepStatus.FAILED  # type: ignore[misc]
     # Built by hand, the same types as the store's: a status text becomes the member.

@@ -49,14 +49,15 @@ def describe(defs: dg.Definitions) -> dict[str, Any]:
     }
     resources = {key: type(value).__name__ for key, value in sorted((defs.resources or {}).items())}
     jobs = sorted(job.name for job in defs.resolve_all_job_defs())
-    schedules = {
-        schedule.name: {
+    schedules = {}
+    for schedule in defs.schedules or []:
+        # Declared on a named job (no asset job left to resolve): its job name is known.
+        assert isinstance(schedule, dg.ScheduleDefinition), schedule
+        schedules[schedule.name] = {
             "job": schedule.job_name,
             "cron": schedule.cron_schedule,
             "default_status": schedule.default_status.value,
         }
-        for schedule in defs.schedules or []
-    }
     return {
         "assets": assets,
         "sensors": sensors,

@@ -1,6 +1,7 @@
 """ResumeSettings: pinned defaults, PIPELINE_* overrides, and refusals that name the culprit."""
 
 from pathlib import Path
+from typing import TypedDict
 
 import pytest
 
@@ -125,6 +126,15 @@ def test_invalid_env_refuses_naming_setting_and_variable(
     assert repr(value) in error.message
 
 
+class _BuildValues(TypedDict, total=False):
+    """The keyword values the refusals below hand to ``ResumeSettings.build``."""
+
+    running_timeout_seconds: int
+    max_recovery_attempts: int
+    retry_backoff_seconds: int
+    db_url: str
+
+
 @pytest.mark.parametrize(
     ("values", "setting"),
     [
@@ -135,7 +145,7 @@ def test_invalid_env_refuses_naming_setting_and_variable(
         ({"db_url": "oracle://scott@tiger/db"}, "db_url"),
     ],
 )
-def test_invalid_build_values_refuse(values: dict[str, object], setting: str) -> None:
+def test_invalid_build_values_refuse(values: _BuildValues, setting: str) -> None:
     with pytest.raises(PipelineError) as info:
         ResumeSettings.build(**values)
     assert info.value.code == "settings.invalid"

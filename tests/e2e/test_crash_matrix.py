@@ -36,9 +36,10 @@ import pytest
 from cli_helpers import CliEnv, make_env
 from s3_server import SECRET, S3Server, running_s3_server
 
+from pipeline_defs.resume.layout import SCRATCH_DIR
 from pipeline_defs.resume.partition import Episode
 from pipeline_defs.storyboard import STORYBOARD_STEPS, sample_stories
-from resources.checkpoints.published import SCRATCH_DIR, PublishedCheckpoints
+from resources.checkpoints.published import scratch_cache_of
 from resources.checkpoints.store import CheckpointStore
 from resources.pipeline import PipelineResource
 
@@ -154,9 +155,9 @@ def test_one_resume_after_a_kill_ends_as_a_clean_run(
     ]
     assert not [p for p in leftovers if p.is_file()], leftovers
     if storage_url is not None:
-        store = _checkpoints(cli, storage_url)
-        assert isinstance(store, PublishedCheckpoints)
-        pending = [meta.key for meta in store.storage.list("pending")]
+        cache = scratch_cache_of(_checkpoints(cli, storage_url))
+        assert cache is not None
+        pending = [meta.key for meta in cache.storage.list("pending")]
         assert pending == [], pending
     # The resume's own report says what it did, step by step, and agrees with the ledger.
     payload = json.loads(resumed.stdout)
@@ -282,8 +283,8 @@ def test_one_resume_after_a_kill_on_a_bucket_from_another_machine(
         hashes[step.step_id] = loaded.content_hash if loaded else None
     assert hashes == clean["hashes"], "checkpoints differ from a clean run"
     calls = Counter(c["step_id"] for c in cli.ledger.provider_calls())
-    step = crash_at.split(":")[0]
-    assert sum(calls.values()) <= sum(clean["calls"].values()) + clean["calls"][step], calls
+    crashed = crash_at.split(":")[0]
+    assert sum(calls.values()) <= sum(clean["calls"].values()) + clean["calls"][crashed], calls
     client = s3.client(SECRET)
     pending = client.list_objects_v2(Bucket=bucket, Prefix="crash/pending/").get("Contents", [])
     assert pending == [], [o["Key"] for o in pending]

@@ -54,7 +54,7 @@ from storyboard_support import create_pg_database, drop_pg_database
 from pipeline_defs.resume.fleet import FLEET_ENV_NAMES
 from pipeline_defs.resume.partition import Episode
 from pipeline_defs.resume.settings import ENV_NAMES
-from pipeline_defs.resume.status import LedgerRow
+from pipeline_defs.resume.status import LedgerRow, StepStatus
 from pipeline_defs.storyboard import sample_stories
 from resources.ledger.store import LedgerStore, engine_for
 from resources.pipeline import ledger_for
@@ -371,7 +371,7 @@ def test_a_fleet_of_celery_workers_shares_only_postgres_and_the_bucket(
         rows = fleet.rows(KILLED)
         for call in fleet.calls(KILLED):
             row = rows.get(call["step_id"])
-            if call["finished_at"] is None and row is not None and row.status.value == "running":
+            if call["finished_at"] is None and row is not None and row.status is StepStatus.RUNNING:
                 return call["step_id"], row, call
         return None
 
@@ -415,7 +415,7 @@ def test_a_fleet_of_celery_workers_shares_only_postgres_and_the_bucket(
     run = wait_for("the sensor's recovery run", recovery, 300, fleet.logs / "dagster-dev.log")
     assert run.status == dg.DagsterRunStatus.SUCCESS, run.run_id
     assert dg.AssetKey(step_id) in (run.asset_selection or set()), run.asset_selection
-    assert fleet.rows(KILLED)[step_id].status.value == "completed"
+    assert fleet.rows(KILLED)[step_id].status is StepStatus.COMPLETED
     recovered_on = fleet.executed_by(run.run_id)
     assert step_id in recovered_on, recovered_on
     assert all(

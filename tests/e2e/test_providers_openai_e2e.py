@@ -156,7 +156,7 @@ def test_malformed_body_fails_the_step_typed(shipped_cli: CliEnv, server: FakeOp
     by_step = rows(shipped_cli.ledger)
     assert by_step["story_source"].status == "completed"
     assert by_step["entity_canon"].status == "failed"
-    assert "provider.bad_response" in by_step["entity_canon"].error_message
+    assert "provider.bad_response" in (by_step["entity_canon"].error_message or "")
     (call,) = shipped_cli.ledger.provider_calls()
     assert (call["model"], call["units"]) == (TEXT_MODEL, 0)  # answered, but unusable
     assert_key_nowhere(shipped_cli, result)

@@ -58,13 +58,13 @@ from s3_server import SECRET, S3Server, running_s3_server
 from storyboard_support import create_pg_database, drop_pg_database
 
 from pipeline_defs.resume.clock import parse_timestamp
+from pipeline_defs.resume.layout import SCRATCH_DIR
 from pipeline_defs.resume.partition import Episode
 from pipeline_defs.resume.settings import ENV_NAMES
 from pipeline_defs.resume.status import LedgerRow
 from pipeline_defs.steps.graph import StepGraph
 from pipeline_defs.storyboard import STORYBOARD_STEPS, sample_stories
 from resources.checkpoints.manifest import Manifest
-from resources.checkpoints.published import SCRATCH_DIR
 from resources.ledger.store import LedgerStore, engine_for
 from resources.pipeline import ledger_for
 

@@ -240,7 +240,8 @@ def test_the_shared_sheet_opens_in_the_browser_in_story_order(ui: Ui) -> None:
 
     def data(step_id: str) -> dict[str, Any]:
         found: dict[str, Any] = json.loads((checkpoints / step_id / "checkpoint.json").read_text())
-        return found["data"]
+        step_data: dict[str, Any] = found["data"]
+        return step_data
 
     # What the episode holds, read from the checkpoints, not from the page's own code.
     scenes = [f"Scene {s['scene_index']}: {s['heading']}" for s in data("story_source")["scenes"]]

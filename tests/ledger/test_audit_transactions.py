@@ -19,7 +19,7 @@ from audit_faults import refusing_audit
 
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.partition import StepKey
-from resources.ledger.audit import Audit, AuditAction
+from resources.ledger.audit import Audit, AuditAction, Transition
 from resources.ledger.store import LedgerStore, engine_for
 
 KEY = StepKey("proj", "ep1", "scene_detail")
@@ -34,7 +34,7 @@ def settled(store: LedgerStore, status: str = "completed", seal: str = "seal-bef
     assert store.transition(KEY, "owner:0", status, seal=seal if status == "completed" else None)
 
 
-def lines(store: LedgerStore, action: AuditAction) -> list[dict[str, Any]]:
+def lines(store: LedgerStore, action: AuditAction) -> list[Transition]:
     return [t for t in store.transitions(KEY) if t.action == action.value]
 
 
@@ -121,7 +121,7 @@ def test_an_edit_of_a_row_without_a_settled_result_is_refused_and_recorded(
     assert lines(store, AuditAction.MUTATED) == []
     (line,) = lines(store, AuditAction.EDIT_REFUSED)
     assert (line.from_status, line.to_status) == (status, status)
-    assert line.reason.startswith("edit refused: ") and line.run_id == RUN
+    assert (line.reason or "").startswith("edit refused: ") and line.run_id == RUN
 
 
 def test_an_edit_whose_compare_and_set_fails_is_refused_and_recorded(store: LedgerStore) -> None:
@@ -141,7 +141,7 @@ def test_an_edit_whose_compare_and_set_fails_is_refused_and_recorded(store: Ledg
     assert refused.value.code == ErrorCode.MUTATION_VICTIM_CHANGED and ran == []
     assert store.get(KEY) == before
     (line,) = lines(store, AuditAction.EDIT_REFUSED)
-    assert "changed since it was read" in line.reason
+    assert "changed since it was read" in (line.reason or "")
     assert lines(store, AuditAction.MUTATED) == []
 
 

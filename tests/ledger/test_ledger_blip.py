@@ -318,6 +318,12 @@ def test_a_fenced_publish_whose_commit_answer_was_lost_is_confirmed(
 
 
 # --------------------------------------------------------------------------- the lease
+def _heartbeat(store: LedgerStore) -> str:
+    row = store.get(KEY)
+    assert row is not None and row.heartbeat_at is not None, row
+    return row.heartbeat_at
+
+
 def _renewed(lease: Lease, count: int) -> bool:
     return wait_until(lambda: lease.renewals >= count, 10)
 
@@ -333,10 +339,10 @@ def test_the_heartbeat_survives_a_terminate_of_its_session(
         assert wait_until(lambda: lease.renewals >= 2, 10)
         for _ in range(2):
             before = lease.renewals
-            beat = store.get(KEY).heartbeat_at  # type: ignore[union-attr]
+            beat = _heartbeat(store)
             assert blip.drop() >= 1
             assert _renewed(lease, before + 3)
-            assert store.get(KEY).heartbeat_at > beat  # type: ignore[union-attr]
+            assert _heartbeat(store) > beat
         lease.check()  # not lost
     assert not lease.lost
     assert "lease renewal failed" not in caplog.text, "a renewal was lost to one blip"
@@ -522,7 +528,9 @@ PARTITION = "demo/ep01"
 UPSTREAM = ("story_source", "entity_canon", "world_guide")
 
 
-def _storyboard(cli: CliEnv, *args: str, env: dict[str, str] | None = None) -> Any:
+def _storyboard(
+    cli: CliEnv, *args: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
     script = str(Path(sys.executable).with_name("storyboard"))
     full = {**cli.subprocess_env(), **(env or {})}
     full.pop("STORYBOARD_DEFS", None)  # the shipped code location

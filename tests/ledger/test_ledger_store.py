@@ -11,6 +11,7 @@ import os
 import time
 import traceback
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -492,15 +493,18 @@ def test_after_a_steal_old_owner_cannot_publish_over_new_owner(
     assert final.read_text() == "B"
 
     old = Calls()
+
+    def old_owner_writes(content: str) -> Callable[[], None]:
+        def publish() -> None:
+            old()
+            _write_checkpoint(out, content)
+
+        return publish
+
     with pytest.raises(PipelineError) as info:
-        store.publish(KEY, "run-a", lambda: (old(), _write_checkpoint(out, "A2")))
+        store.publish(KEY, "run-a", old_owner_writes("A2"))
     assert info.value.code == "step.ownership_lost"
-    assert (
-        store.transition(
-            KEY, "run-a", "completed", publish=lambda: (old(), _write_checkpoint(out, "A3"))
-        )
-        is False
-    )
+    assert store.transition(KEY, "run-a", "completed", publish=old_owner_writes("A3")) is False
     assert old.count == 0
     assert final.read_text() == "B"
     assert sorted(p.name for p in out.iterdir()) == ["checkpoint.json"]

@@ -60,7 +60,8 @@ def _diff(engine: sa.Engine) -> list[Any]:
         context = MigrationContext.configure(
             conn, opts={"compare_type": True, "compare_server_default": True}
         )
-        return compare_metadata(context, tables.metadata)
+        diffs: list[Any] = compare_metadata(context, tables.metadata)
+        return diffs
 
 
 def _user_tables(engine: sa.Engine) -> set[str]:
@@ -193,7 +194,7 @@ def test_a_ledger_from_before_settings_reads_as_holding_none(db_url: str) -> Non
     assert {"settings", "setting_change"}.isdisjoint(_user_tables(engine))
 
 
-def _check_names(engine: sa.Engine, table: str) -> dict[str, str]:
+def _check_names(engine: sa.Engine, table: str) -> dict[str | None, str]:
     return {c["name"]: c["sqltext"] for c in sa.inspect(engine).get_check_constraints(table)}
 
 

@@ -211,7 +211,7 @@ def test_block_clear_cycles_never_fail_a_tick(daemon: Daemon) -> None:
             f"cycle {cycle}: failed check",
             lambda: (r := d.check("story_source")) is not None and r.status.value == "FAILED" and r,
         )
-        metadata = blocked.evaluation.metadata  # type: ignore[union-attr]
+        metadata = blocked.evaluation.metadata
         assert metadata["origin"].value == "contract_drift"
         assert "story" in metadata["reason"].value
         # Clear: the edit undone; the check passes again.

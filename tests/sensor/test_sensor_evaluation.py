@@ -7,6 +7,7 @@ checkpoint state), each in its own partition, is evaluated in one call and compa
 
 import itertools
 import json
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -51,9 +52,15 @@ RECOVERIES = (0, 3)
 BACKOFF = (None, "future", "past")
 BACKOFF_ROWS = ("failed", "partial", "running_stale", "completed")
 CHECKPOINTS = ("present", "absent", "artifact_missing", "corrupt")
+# One prior state of src: (row, recovery count, backoff, checkpoint).
+Case = tuple[str, int, str | None, str]
+# The grid's stores, and the case each of its partitions holds.
+Grid = tuple[Stores, dict[str, Case]]
 
 
-def _apply(stores: Stores, pk: str, row: str, recoveries: int, backoff: str | None, cp: str):
+def _apply(
+    stores: Stores, pk: str, row: str, recoveries: int, backoff: str | None, cp: str
+) -> None:
     key = Episode.parse(pk).step("src")
     if row != "none" or cp != "absent":
         seed(stores, pk, "src")
@@ -96,7 +103,7 @@ def _apply(stores: Stores, pk: str, row: str, recoveries: int, backoff: str | No
         path.write_text('{"step_id": "src", "truncated')
 
 
-def _grid():
+def _grid() -> Iterator[tuple[str, Case]]:
     for n, (row, rc, backoff, cp) in enumerate(
         itertools.product(ROWS, RECOVERIES, BACKOFF, CHECKPOINTS)
     ):
@@ -108,7 +115,7 @@ def _grid():
 
 
 @pytest.fixture(scope="module")
-def grid(tmp_path_factory: pytest.TempPathFactory):
+def grid(tmp_path_factory: pytest.TempPathFactory) -> Grid:
     home = tmp_path_factory.mktemp("grid")
     stores = stores_for(home, f"sqlite:///{home / 'ledger.sqlite3'}", running_timeout_seconds=3600)
     cases = dict(_grid())
@@ -117,7 +124,7 @@ def grid(tmp_path_factory: pytest.TempPathFactory):
     return stores, cases
 
 
-def test_grid_decisions_equal_the_judge_a_run_calls(grid) -> None:
+def test_grid_decisions_equal_the_judge_a_run_calls(grid: Grid) -> None:
     stores, cases = grid
     before = snapshot(stores)
     evaluations = evaluate_partitions(SENSOR_STEPS, stores, list(cases), NOW)
@@ -132,7 +139,7 @@ def test_grid_decisions_equal_the_judge_a_run_calls(grid) -> None:
         assert ev.decision == direct.decision, (ev.partition_key, ev.step_id)
 
 
-def test_grid_never_forces_and_launches_only_what_the_rules_allow(grid) -> None:
+def test_grid_never_forces_and_launches_only_what_the_rules_allow(grid: Grid) -> None:
     stores, cases = grid
     evaluations = evaluate_partitions(SENSOR_STEPS, stores, list(cases), NOW)
     by = {(ev.partition_key, ev.step_id): ev for ev in evaluations}
@@ -173,7 +180,7 @@ def test_grid_never_forces_and_launches_only_what_the_rules_allow(grid) -> None:
         assert len({e.run_key for e in launches if e.launch}) <= 1, ev.partition_key
 
 
-def _src(grid, row: str, rc: int, backoff: str | None, cp: str):
+def _src(grid: Grid, row: str, rc: int, backoff: str | None, cp: str) -> dict[str, StepEvaluation]:
     stores, cases = grid
     pk = next(k for k, case in cases.items() if case == (row, rc, backoff, cp))
     evs = evaluate_partitions(SENSOR_STEPS, stores, [pk], NOW)
@@ -208,7 +215,7 @@ def _src(grid, row: str, rc: int, backoff: str | None, cp: str):
         (("running_garbage", 0, None, "present"), "block", "blocked", "step.resume_blocked"),
     ],
 )
-def test_grid_rows(grid, case, action: str, verdict: str, code: str | None) -> None:
+def test_grid_rows(grid: Grid, case: Case, action: str, verdict: str, code: str | None) -> None:
     evs = _src(grid, *case)
     src = evs["src"]
     assert (src.decision.action.value, src.verdict.value, src.decision.code) == (
@@ -223,7 +230,7 @@ def test_grid_rows(grid, case, action: str, verdict: str, code: str | None) -> N
         assert ev.verdict is (Verdict.LAUNCH if verdict in ("skip", "launch") else Verdict.WAITING)
 
 
-def test_what_to_do_names_the_right_remedy(grid) -> None:
+def test_what_to_do_names_the_right_remedy(grid: Grid) -> None:
     healthy = _src(grid, "running_healthy", 0, None, "present")["src"]
     # A live lease: no reset hint, which would invite resetting a live run.
     assert "run 'r-run:0' is working on it" in healthy.what_to_do

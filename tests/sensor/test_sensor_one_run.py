@@ -253,10 +253,11 @@ def test_a_capped_step_is_reported_blocked_not_relaunched_until_the_cap_is_raise
     assert sensor.failed_checks() == {step}
     check = _check_of(sensor, step)
     raise_it = "storyboard settings set max_calls_per_episode 48"
+    assert check.description is not None
     assert check.description.startswith("blocked (budget.exhausted")
     assert "recorded 24 provider calls, at its cap of 24" in check.description
     assert raise_it in check.description
-    what_to_do = check.metadata["what_to_do"].value  # type: ignore[union-attr]
+    what_to_do = check.metadata["what_to_do"].value
     assert what_to_do == (
         f"raise the cap: {raise_it}; then resume (what is already paid for is kept)"
     )

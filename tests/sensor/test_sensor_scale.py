@@ -8,6 +8,7 @@ from sensor_steps import SENSOR_STEPS, Src, seed, stores_for, write_input
 
 import pipeline_defs.judging.dispatch as dispatch_module
 from pipeline_defs.judging.step_evaluation import Verdict
+from pipeline_defs.judging.stores import Stores
 from pipeline_defs.judging.tick import ResumeTicker
 from pipeline_defs.judging.tick_result import TickConfig, TickResult
 from pipeline_defs.resume.partition import StepKey
@@ -23,7 +24,7 @@ def _summary(result: TickResult) -> tuple[object, ...]:
     )
 
 
-def _states(home: Path, sqlite_url: str):
+def _states(home: Path, sqlite_url: str) -> tuple[Stores, list[str]]:
     stores = stores_for(home, sqlite_url)
     for n in range(5):
         seed(stores, f"p/e{n}")

@@ -34,6 +34,7 @@ from pipeline_defs.judging.stores import Stores
 from pipeline_defs.judging.tick_result import TickConfig, TickStats
 from pipeline_defs.resume.clock import format_timestamp
 from pipeline_defs.resume.partition import Episode, StepKey
+from pipeline_defs.resume.status import LedgerRow
 from pipeline_defs.wiring.assets import RESUME_CHECK, build_step_assets
 from resources.ledger.reads import Reads
 from resources.ledger.store import LedgerStore
@@ -137,7 +138,7 @@ class Rig:
         request = self.runs(result).get(pk)
         return [a.to_user_string() for a in request.asset_selection or ()] if request else []
 
-    def checks(self, result: Any = None) -> dict[tuple[str, str], dg.AssetCheckEvaluation]:
+    def checks(self, result: Any = None) -> dict[tuple[str, str | None], dg.AssetCheckEvaluation]:
         result = result or self.last
         evaluations = [r.evaluation() for r in reported(result.run_requests or [])]
         return {(ev.asset_key.to_user_string(), ev.partition): ev for ev in evaluations}
@@ -308,11 +309,12 @@ def test_a_tick_without_changes_judges_nothing(rig: Rig, monkeypatch: pytest.Mon
     assert sum(VERIFY_CALLS.values()) == 0
     queries: list[Any] = []
     original = Reads.get_many
-    monkeypatch.setattr(
-        Reads,
-        "get_many",
-        lambda self, **kw: queries.append(kw) or original(self, **kw),
-    )
+
+    def counted(self: Reads, **kw: Any) -> dict[StepKey, LedgerRow]:
+        queries.append(kw)
+        return original(self, **kw)
+
+    monkeypatch.setattr(Reads, "get_many", counted)
     VERIFY_CALLS.clear()
     result = rig.tick()
     assert sum(VERIFY_CALLS.values()) == 0 and not queries
@@ -520,6 +522,7 @@ def test_reports_are_stored_by_the_instance_again_and_again(sqlite_rig: Rig) -> 
     seed(rig.stores, "p/e1")
     rig.add("p/e1")
     statuses = []
+    evaluations: list[dg.AssetCheckEvaluation] = []
     for verdict in ({"end": "typed"}, {}, {"end": "typed"}):
         write_input(rig.home, "p/e1", "verify.json", verdict)
         rig.tick()
@@ -530,10 +533,14 @@ def test_reports_are_stored_by_the_instance_again_and_again(sqlite_rig: Rig) -> 
             dg.AssetCheckKey(dg.AssetKey("end"), RESUME_CHECK), limit=1
         )  # the newest record (the module's instance holds earlier runs' checks too)
         statuses.append(history[0].status.value)
-        evaluation = history[0].event.dagster_event.event_specific_data
+        event = history[0].event
+        assert event is not None and event.dagster_event is not None
+        evaluation = event.dagster_event.event_specific_data
+        assert isinstance(evaluation, dg.AssetCheckEvaluation), evaluation
         assert evaluation.partition == "p/e1"
+        evaluations.append(evaluation)
     assert statuses == ["FAILED", "SUCCEEDED", "FAILED"]
-    assert evaluation.metadata["code"].value
+    assert evaluations[-1].metadata["code"].value
 
 
 def test_malformed_partition_keys_are_reported_once_and_never_judged(sqlite_rig: Rig) -> None:

@@ -31,6 +31,7 @@ from pipeline_defs.resume.identity import ABSENT
 from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.resume.settings import ResumeSettings
 from pipeline_defs.resume.status import LedgerRow
+from resources.ledger.store import LedgerStore
 
 NOW = datetime(2026, 1, 1, 12, tzinfo=UTC)
 
@@ -129,7 +130,9 @@ def test_plan_cold_then_unchanged_then_incremental(sqlite_url: str, pipeline_hom
 
     (ticker.stores.checkpoints.step_dir(StepKey("p", "e2", "mid")) / "frames" / "f0.png").unlink()
     key = StepKey("p", "e1", "src")
-    assert ticker.stores.ledger.claim(key, "r:1")
+    ledger = ticker.stores.ledger
+    assert isinstance(ledger, LedgerStore)  # the full store of stores_for, read as a reader
+    assert ledger.claim(key, "r:1")
     stats = TickStats()
     changed = ticker._plan(keys, NOW, cursor, stats)
     assert (changed.mode, changed.chosen) == ("incremental", ["p/e1", "p/e2"])
@@ -180,14 +183,15 @@ def test_memoise_launches_once_and_keeps_unjudged_memos(
     run = _Ev("src", "p/e3", Verdict.LAUNCH, launch=True, run_key="k1")
     old = {"p/e1": cast(Any, "memo of e1")}
     launches, memos = memoise(plan, _evs(run), ["p/e3"], old, ResumeSettings(), NOW)
-    assert launches == [run]
-    assert memos["p/e1"] == "memo of e1"  # untouched
+    assert launches == _evs(run)
+    assert memos["p/e1"] == old["p/e1"] == "memo of e1"  # untouched
     assert "p/e2" not in memos  # no memo: judged first next tick
     # Left over with a memo (a refresh that ran out of budget): it keeps what it knew.
+    e2_memo = cast(Any, "e2")
     kept, memos2 = memoise(
-        plan, _evs(run), ["p/e3"], old | {"p/e2": cast(Any, "e2")}, ResumeSettings(), NOW
+        plan, _evs(run), ["p/e3"], old | {"p/e2": e2_memo}, ResumeSettings(), NOW
     )
-    assert memos2["p/e2"] == "e2" and kept == [run]
+    assert memos2["p/e2"] == e2_memo == "e2" and kept == _evs(run)
     assert memos["p/e3"].launched == frozenset({"k1"})
     assert memos["p/e3"].tree == plan.scanned["p/e3"].ints
     again, _ = memoise(plan, _evs(run), ["p/e3"], old | memos, ResumeSettings(), NOW)

@@ -22,6 +22,7 @@ from PIL import Image
 from storyboard_support import TEST_CONFIG, Env, RunOutcome, scratch_dir, write_episode
 
 from pipeline_defs.resume.decision import ResumeAction
+from pipeline_defs.resume.layout import ARCHIVE_DIR
 from pipeline_defs.steps.redraw import REDRAW_TAG
 from pipeline_defs.storyboard.contact_sheet import (
     LEFT_OUT_RESERVE,
@@ -36,7 +37,6 @@ from pipeline_defs.storyboard.contact_sheet import (
 )
 from pipeline_defs.storyboard.scene_detail import item_id
 from pipeline_defs.storyboard.thumbnails import THUMBNAIL_SIDE
-from resources.checkpoints.store import ARCHIVE_DIR
 
 IMAGE_STEPS = ("ref_image_gen", "composite_image_gen", "scene_image_pipeline")
 SHEET_KEY = "step/contact_sheet"

@@ -47,7 +47,8 @@ def test_an_edit_whose_audit_line_is_refused_is_not_applied(h: Harness) -> None:
     assert h.envelope("alpha")["data"]["items"][-1] == "reviewed-by-gamma"
     assert actions(h, "alpha").count("mutated") == 1
     row = h.row("alpha")
-    assert row is not None and row.checkpoint_seal != alpha_row.checkpoint_seal
+    assert row is not None and alpha_row is not None
+    assert row.checkpoint_seal != alpha_row.checkpoint_seal
 
 
 def test_an_edit_refused_because_the_victim_is_running_is_recorded(h: Harness) -> None:
@@ -65,6 +66,7 @@ def test_an_edit_refused_because_the_victim_is_running_is_recorded(h: Harness) -
     (line,) = new
     assert line.run_id == f"{result.run_id}:0"
     assert (line.from_status, line.to_status) == ("running", "running")
+    assert line.reason is not None
     assert "edit by gamma refused" in line.reason and "running" in line.reason
 
 
@@ -83,5 +85,5 @@ def test_an_edit_of_a_victim_rebuilt_since_it_was_read_is_refused_and_recorded(
     refused = [a for a in h.audit("alpha") if a.action == "edit_refused"]
     assert len(refused) == 1
     assert refused[0].run_id == f"{result.run_id}:0"
-    assert "no longer the checkpoint gamma read" in refused[0].reason
+    assert "no longer the checkpoint gamma read" in (refused[0].reason or "")
     assert "mutated" not in actions(h, "alpha")

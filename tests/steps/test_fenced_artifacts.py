@@ -123,7 +123,9 @@ def test_on_s3_a_paused_image_worker_cannot_touch_the_winners_objects_or_pointer
         code, out = _run(cli, "materialize", "--partition", PARTITION, env=s3)
         assert code == 0, out[-2000:]
         assert not (cli.home / "checkpoints").exists()  # published to the bucket only
-        first = Manifest.decode(_row(cli, STEP).checkpoint_pointer)
+        first_pointer = _row(cli, STEP).checkpoint_pointer
+        assert first_pointer is not None  # a bucket's row names its manifest
+        first = Manifest.decode(first_pointer)
         for ref in first.artifacts.values():  # every picture lost: all drawn again
             client.delete_object(Bucket=bucket, Key=f"sb/{ref.key}")
         slow = {**s3, **FAST_LEASE, "PIPELINE_OFFLINE_LATENCY_MS": "1500"}
@@ -154,6 +156,7 @@ def test_on_s3_a_paused_image_worker_cannot_touch_the_winners_objects_or_pointer
         row = _row(cli, STEP)
         assert (row.checkpoint_pointer, row.run_id) == (pointer, owner)
         assert _objects(client, bucket, f"sb/checkpoints/demo/ep01/{STEP}/") == winner
+        assert pointer is not None
         published = Manifest.decode(pointer)
         assert all(f"sb/{ref.key}" in winner for ref in published.artifacts.values())
         before = len(cli.ledger.provider_calls())

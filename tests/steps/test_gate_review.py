@@ -34,7 +34,8 @@ def accept_prompt_edit(env: Env) -> None:
 @pytest.mark.parametrize("step_id", IMAGE_STEPS)
 def test_an_image_step_waits_while_the_review_must_run_again(env: Env, step_id: str) -> None:
     accept_prompt_edit(env)
-    assert env.row("t2i_review").status == "completed"
+    review_row = env.row("t2i_review")
+    assert review_row is not None and review_row.status == "completed"
     review = env.judge("t2i_review")
     assert review.action is not ResumeAction.SKIP, review  # the review must run again
     before = env.row(step_id)

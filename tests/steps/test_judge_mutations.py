@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from judge_steps import Harness, failure, mat_metadata, open_harness, step_key
 
-from resources.checkpoints.store import ARCHIVE_DIR, CheckpointStore
+from pipeline_defs.resume.layout import ARCHIVE_DIR
+from resources.checkpoints.store import CheckpointStore
 
 
 @pytest.fixture
@@ -30,6 +31,7 @@ def archived(h: Harness, step_id: str) -> list[bytes]:
 def test_an_accepted_edit_is_archived_recorded_and_never_cascades(h: Harness) -> None:
     original = h.path("alpha").read_bytes()
     alpha_row, beta = h.row("alpha"), (h.snapshot("beta"), h.row("beta"))
+    assert alpha_row is not None
     h.knobs("gamma", mutate="good")
 
     result = h.run("gamma")
@@ -53,11 +55,11 @@ def test_an_accepted_edit_is_archived_recorded_and_never_cascades(h: Harness) ->
     assert row is not None and alpha_row is not None
     assert replace(row, checkpoint_seal=None) == replace(alpha_row, checkpoint_seal=None)
     assert row.checkpoint_seal != alpha_row.checkpoint_seal
-    assert f"|{alpha_row.run_id}|1" in row.checkpoint_seal  # version: one mutation
+    assert f"|{alpha_row.run_id}|1" in (row.checkpoint_seal or "")  # version: one mutation
     assert (h.snapshot("beta"), h.row("beta")) == beta  # nothing downstream invalidated
     audit = h.audit("alpha")[-1]
     assert (audit.action, audit.run_id) == ("mutated", run)
-    assert "fields ['items']" in audit.reason
+    assert "fields ['items']" in (audit.reason or "")
 
     # the edited victim still verifies clean: the next run skips it and serves the edit
     again = h.run("alpha")
@@ -83,7 +85,7 @@ def test_a_rejected_edit_leaves_the_victim_byte_identical(h: Harness) -> None:
     assert "mutated" not in [a.action for a in h.audit("alpha")]
     row = h.row("gamma")
     assert row is not None and row.status == "failed"  # the mutator fails, not the victim
-    assert "mutation_rejected" in row.error_message
+    assert "mutation_rejected" in (row.error_message or "")
 
 
 def test_an_edit_the_victims_verifier_rejects_is_rolled_back(h: Harness) -> None:

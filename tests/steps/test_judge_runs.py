@@ -25,7 +25,8 @@ from judge_steps import (
 )
 
 from pipeline_defs.resume.clock import parse_timestamp
-from resources.checkpoints.store import ARCHIVE_DIR, FORCE_MARKER, file_sha256
+from pipeline_defs.resume.files import file_sha256
+from pipeline_defs.resume.layout import ARCHIVE_DIR, FORCE_MARKER
 from resources.ledger.tables import step_run
 
 FORCE = {"resume/mode": "force"}
@@ -49,6 +50,13 @@ def write_project(home: Path, **config: object) -> None:
     path = home / "projects" / "proj1" / "project.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(config))
+
+
+def stored_version(record: dg.EventLogRecord) -> str:
+    """The data version a materialization the instance stored carries."""
+    materialization = record.asset_materialization
+    assert materialization is not None and materialization.tags is not None, record
+    return materialization.tags["dagster/data_version"]
 
 
 def archives(h: Harness, step_id: str) -> list[Path]:
@@ -122,7 +130,7 @@ def test_skip_runs_no_body_rewrites_nothing_and_keeps_the_data_version(hp: Harne
     # what the instance stored agrees: three materializations, one data version
     stored = h.instance.fetch_materializations(dg.AssetKey("alpha"), limit=10).records
     assert len(stored) == 3
-    assert {r.asset_materialization.tags["dagster/data_version"] for r in stored} == versions
+    assert {stored_version(r) for r in stored} == versions
 
 
 def test_artifact_missing_reruns_self_and_leaves_downstream_untouched(h: Harness) -> None:
@@ -312,7 +320,7 @@ def test_verifier_crash_at_exit_fails_and_writes_no_checkpoint(h: Harness) -> No
     row = h.row("alpha")
     assert row is not None
     assert row.status == "failed"
-    assert "exit verification crashed: KeyError" in row.error_message
+    assert "exit verification crashed: KeyError" in (row.error_message or "")
     assert [c["phase"] for c in h.calls("alpha", "verify")] == ["exit"]
     assert [a.action for a in h.audit("alpha")] == ["rerun_self", "failed"]
 
@@ -337,7 +345,8 @@ def test_a_typed_verifier_error_is_contract_drift_not_a_crash(h: Harness) -> Non
     h.knobs("alpha", verify_typed_error="exit")
     result = h.run("alpha")
     assert result.success  # exit: an incomplete verdict → partial, published
-    assert h.row("alpha").status == "partial"
+    row = h.row("alpha")
+    assert row is not None and row.status == "partial"
     assert h.envelope("alpha")["status"] == "partial"
     h.knobs("alpha", verify_typed_error=None)
     assert h.run("alpha").success  # partial → automatic rerun → completed
@@ -364,9 +373,11 @@ def test_failed_step_reruns_self_then_resets_recovery(h: Harness, how: str) -> N
     row = h.row("alpha")
     assert row is not None and row.status == "failed"
     if how == "raise":
-        assert "body exploded" in row.error_message
+        assert "body exploded" in (row.error_message or "")
     # (6) failed → retry_not_before = now + attempts * retry_backoff_seconds (default 30 s)
-    delay = parse_timestamp(row.retry_not_before) - parse_timestamp(row.updated_at)
+    retry_at, updated_at = parse_timestamp(row.retry_not_before), parse_timestamp(row.updated_at)
+    assert retry_at is not None and updated_at is not None, row
+    delay = retry_at - updated_at
     assert timedelta(seconds=29) < delay <= timedelta(seconds=31)
 
     h.knobs("alpha", fail=None, **{"raise": None})
@@ -412,7 +423,8 @@ def test_recovery_exhausted_after_three_automatic_recoveries(h: Harness) -> None
     h.knobs("alpha", fail="all")
     assert not h.run("alpha").success  # an operator's retries are not counted
     assert not h.run("alpha").success
-    assert h.row("alpha").recovery_count == 0
+    row = h.row("alpha")
+    assert row is not None and row.recovery_count == 0
     counts = []
     for _ in range(3):  # three automatic recoveries: runs the resume sensor launched
         assert not h.run("alpha", tags=SENSOR_RUN).success
@@ -470,7 +482,7 @@ def test_force_cleans_invalidates_downstream_and_marks_it(h: Harness) -> None:
     for step_id in ("beta", "gamma"):
         row = h.row(step_id)
         assert row is not None and row.status == "stale"
-        assert "invalidated by explicit force of alpha" in row.result_summary
+        assert "invalidated by explicit force of alpha" in (row.result_summary or "")
         assert not h.path(step_id).exists()
         assert (h.path(step_id).parent / FORCE_MARKER).exists()
         assert old[step_id] in [p.read_bytes() for p in archives(h, step_id)]
@@ -499,7 +511,8 @@ def test_only_the_force_tag_forces(h: Harness) -> None:
     result = h.run("alpha", tags={"resume/action": "force_explicit", "resume/mode": "resume-ish"})
     assert result.success
     assert mat_metadata(result, "alpha")["resume/decision"] == "skip"
-    assert h.row("beta").status == "completed"
+    row = h.row("beta")
+    assert row is not None and row.status == "completed"
     assert h.calls("alpha", "cleanup") == []
 
 
@@ -556,7 +569,8 @@ def test_both_finalize_paths_perform_all_seven_stages(h: Harness, path: str) -> 
     assert alpha_before in [p.read_bytes() for p in archives(h, "alpha")]
     alpha_audit = h.audit("alpha")[-1]
     assert (alpha_audit.action, alpha_audit.run_id) == ("mutated", run)
-    assert h.row("alpha").status == "completed"
+    alpha_row = h.row("alpha")
+    assert alpha_row is not None and alpha_row.status == "completed"
     assert (h.snapshot("beta"), h.row("beta")) == beta_before
     observed = [e.asset_key for e in result.get_asset_observation_events()]
     assert dg.AssetKey("alpha") in observed

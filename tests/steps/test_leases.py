@@ -116,14 +116,21 @@ def test_a_steal_is_a_compare_and_set_on_the_heartbeat(db_url: str) -> None:
     seen = ledger.get(key)
     assert seen is not None and seen.heartbeat_at == started
     assert ledger.heartbeat(key, "owner:0")  # the owner renews after the judge read
-    steal = {"allow_stale_steal": True, "expected_started_at": started}
-    assert not ledger.claim(
-        key, "thief:0", **steal, expected_run_id="owner:0", expected_heartbeat_at=started
-    )
-    renewed = ledger.get(key).heartbeat_at  # type: ignore[union-attr]
-    assert ledger.claim(
-        key, "thief:0", **steal, expected_run_id="owner:0", expected_heartbeat_at=renewed
-    )
+
+    def steal(expected_heartbeat_at: str | None) -> bool:
+        return ledger.claim(
+            key,
+            "thief:0",
+            allow_stale_steal=True,
+            expected_started_at=started,
+            expected_run_id="owner:0",
+            expected_heartbeat_at=expected_heartbeat_at,
+        )
+
+    assert not steal(started)
+    renewed = ledger.get(key)
+    assert renewed is not None
+    assert steal(renewed.heartbeat_at)
     assert not ledger.heartbeat(key, "owner:0")  # the old owner's renewal now matches nothing
 
 
@@ -182,7 +189,7 @@ def test_a_step_ten_times_longer_than_its_lease_is_never_stolen(demo_home: CliEn
     while _row(cli, "entity_canon").status != "running":
         assert time.monotonic() < deadline and worker.poll() is None, worker.communicate()
         time.sleep(0.05)
-    beats: set[str] = set()
+    beats: set[str | None] = set()
     rival: tuple[int, str] | None = None
     while worker.poll() is None:
         row = _row(cli, "entity_canon")

@@ -28,8 +28,9 @@ from storyboard_support import (
 )
 
 from pipeline_defs.resume.decision import ResumeAction
+from pipeline_defs.resume.files import file_sha256
+from pipeline_defs.resume.layout import ARCHIVE_DIR
 from pipeline_defs.steps.redraw import REDRAW_DEPENDENTS_TAG, REDRAW_TAG, dependents_of
-from resources.checkpoints.store import ARCHIVE_DIR, file_sha256
 
 IMAGE_STEPS = ("ref_image_gen", "composite_image_gen", "scene_image_pipeline")
 
@@ -58,7 +59,8 @@ def expected(env: Env, step_id: str) -> list[str]:
 def image_path(env: Env, step_id: str, item: str) -> Path:
     checkpoint = env.checkpoint(step_id)
     assert checkpoint is not None
-    return env.step_dir(step_id) / checkpoint.data["images"][item]["path"]
+    relative: str = checkpoint.data["images"][item]["path"]
+    return env.step_dir(step_id) / relative
 
 
 def archived(env: Env, step_id: str) -> dict[str, bytes]:
@@ -110,7 +112,8 @@ def test_a_redraw_draws_exactly_that_item_and_touches_nothing_else(env: Env, ste
     checkpoint = env.checkpoint(step_id)
     assert checkpoint is not None
     assert checkpoint.data["images"][item]["sha256"] == file_sha256(target)
-    assert env.row(step_id).status == "completed"
+    row = env.row(step_id)
+    assert row is not None and row.status == "completed"
     metadata = materialization_metadata(outcome.result)[step_id]
     assert metadata["step/redrawn"] == 1
     assert_clean(env, step_id)
@@ -142,7 +145,8 @@ def test_on_a_bucket_a_redraw_draws_exactly_that_item_and_keeps_every_other_obje
         assert after.artifacts[path].key != before.artifacts[path].key
         others = {k: v for k, v in before.artifacts.items() if k != path}
         assert {k: v for k, v in after.artifacts.items() if k != path} == others
-        assert env.row(step_id).status == "completed"
+        row = env.row(step_id)
+        assert row is not None and row.status == "completed"
         assert_clean(env, step_id)
         again = env.materialize([step_id])  # a later resume keeps it and pays nothing
         assert again.total_calls == 0
@@ -221,7 +225,8 @@ def test_dependents_are_reported_and_redrawn_only_when_asked(env: Env) -> None:
     lost = shots[0]
     image_path(env, "scene_image_pipeline", lost).unlink()
     outcome = env.materialize(["scene_image_pipeline"])
-    assert outcome.total_calls == 1 and env.row("scene_image_pipeline").status == "completed"
+    row = env.row("scene_image_pipeline")
+    assert outcome.total_calls == 1 and row is not None and row.status == "completed"
     outdated = outdated_items(STEPS.values(), env.checkpoints.load, EPISODE)
     assert sorted(outdated.get("composite_image_gen", {})) == sorted(composites)
     before = {s: identities(env, s) for s in downstream}

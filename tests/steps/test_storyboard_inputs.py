@@ -52,8 +52,11 @@ def blank() -> Iterator[Env]:
 
 
 def story_context(blank: Env) -> StepContext:
-    runtime = blank.step_judge("story_source")
-    return runtime.context(blank.key("story_source"))
+    """The judge's context of story_source, owned as a run's (the body only reads)."""
+    read = blank.step_judge("story_source").context(blank.key("story_source"))
+    return StepContext.owned(
+        read, checkpoints=blank.checkpoints, ledger=blank.ledger, run_id="inputs-test:0"
+    )
 
 
 # ----------------------------------------------------------------------------- the story
@@ -189,6 +192,7 @@ def test_provider_selection_follows_the_project(monkeypatch: pytest.MonkeyPatch)
 
     monkeypatch.setenv("PIPELINE_PROVIDER_API_KEY", "from-env")  # the environment wins
     text, _ = provider_models(config.model_copy(update={"api_key": "from-yaml"}))
+    assert isinstance(text, OpenAITextModel)
     assert resolve_api_key(text.api_key_env, text.api_key) == "from-env"
 
     with pytest.raises(PipelineError) as info:
@@ -270,6 +274,7 @@ def test_review_disabled_is_not_applicable_and_images_still_follow(blank: Env) -
     assert outcomes["t2i_review"].status == "not_applicable"
     assert outcomes["t2i_review"].mutated == ()
     assert blank.checkpoint("scene_detail").mutations == ()  # type: ignore[union-attr]
-    assert blank.row("t2i_review").status == "not_applicable"
+    row = blank.row("t2i_review")
+    assert row is not None and row.status == "not_applicable"
     for step_id in ("ref_image_gen", "composite_image_gen", "scene_image_pipeline"):
         assert outcomes[step_id].status == "completed", step_id

@@ -246,7 +246,7 @@ def test_forced_bad_refresh_fails_the_mutator_and_leaves_victims_identical(
     assert env.checkpoint("t2i_review") is None
     row = env.row("t2i_review")
     assert row is not None and row.status == "failed"
-    assert "sentinel_refresh_failed" in row.error_message
+    assert "sentinel_refresh_failed" in (row.error_message or "")
 
 
 def test_card_hash_change_during_review_is_refused(

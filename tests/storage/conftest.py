@@ -1,18 +1,21 @@
 """Fixtures of the storage suites: every test taking ``storage`` runs on a local directory,
-on S3 (a real moto server, ``tests/support/s3_server.py``) and on Azure Blob (the azurite
-emulator, ``tests/support/azurite_server.py``); the server fixtures are the root conftest's."""
+on S3 (a real moto server, ``tests/support/s3_server.py``), on Azure Blob (the azurite
+emulator, ``tests/support/azurite_server.py``) and on ``MemoryStorage``
+(``tests/support/memory_storage.py``), the in-memory fake the fast tests use: the same suite
+proves it keeps the contract. The server fixtures are the root conftest's."""
 
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from azurite_server import AzureServer
+from memory_storage import MemoryStorage
 from s3_server import S3Server
 
 from resources.storage import ObjectStorage, Storage, open_storage
 
 
-@pytest.fixture(params=["local", "s3", "azure"])
+@pytest.fixture(params=["local", "s3", "azure", "memory"])
 def storage(
     request: pytest.FixtureRequest,
     tmp_path: Path,
@@ -21,6 +24,8 @@ def storage(
 ) -> Storage:
     if request.param == "local":
         return open_storage(None, home=tmp_path / "home")
+    if request.param == "memory":
+        return MemoryStorage(tmp_path.name)
     if request.param == "azure":
         azure: AzureServer = request.getfixturevalue("azure_server")
         azure_env(azure)

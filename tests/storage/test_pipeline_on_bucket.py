@@ -20,9 +20,10 @@ from s3_server import S3Server
 from storyboard_support import STEP_IDS, Env, scratch_dir, write_episode
 
 from pipeline_defs.resume.decision import ResumeAction
+from pipeline_defs.resume.layout import SCRATCH_DIR
 from pipeline_defs.storyboard import STORYBOARD_STEPS
 from resources.checkpoints.manifest import Manifest
-from resources.checkpoints.published import SCRATCH_DIR
+from resources.checkpoints.published import scratch_cache_of
 
 PREFIX = "storyboard"
 
@@ -254,7 +255,8 @@ def test_storage_migrate_moves_a_home_into_the_bucket_verified_and_resumable(
     assert "broken" in report.skipped[str(local.key("world_guide"))]
     assert len(report.migrated) == len(STEP_IDS) - 1 and report.objects > len(STEP_IDS)
     assert local.snapshot().keys() == before.keys()  # nothing local changed or deleted
-    assert local.ledger.get(local.key("world_guide")).checkpoint_pointer is None
+    broken_row = local.ledger.get(local.key("world_guide"))
+    assert broken_row is not None and broken_row.checkpoint_pointer is None
 
     again = migrate_to(ws, url)
     assert again.migrated == [] and len(again.already) == len(STEP_IDS) - 1
@@ -876,7 +878,9 @@ def test_gc_reads_the_rows_after_listing_so_a_publication_meanwhile_survives(
     first = machines()
     assert first.materialize().result.success
     ws = Workspace(defs=defs, steps=steps_of(defs), pipeline=first.pipeline)
-    bucket = ws.checkpoints.bucket  # type: ignore[attr-defined]
+    cache = scratch_cache_of(ws.checkpoints)
+    assert cache is not None
+    bucket = cache.bucket
     listing = bucket.attempts
     other = machines()
 

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 from storyboard_support import Env
 
-from resources.checkpoints.published import PublishedCheckpoints
+from resources.checkpoints.published import scratch_cache_of
 from resources.storage import ObjectMeta, Storage
 
 
@@ -57,8 +57,8 @@ class Counting:
 def counted(env: Env, counts: Counter[str] | None = None) -> Counter[str]:
     """Count the requests of ``env``'s checkpoint store from now on (into ``counts``)."""
     counts = Counter() if counts is None else counts
-    store = env.checkpoints
-    assert isinstance(store, PublishedCheckpoints)
-    inner = store.storage.inner if isinstance(store.storage, Counting) else store.storage
-    store.storage = store.bucket.storage = Counting(inner, counts)  # type: ignore[assignment]
+    cache = scratch_cache_of(env.checkpoints)
+    assert cache is not None
+    inner = cache.storage.inner if isinstance(cache.storage, Counting) else cache.storage
+    cache.bucket.storage = Counting(inner, counts)
     return counts

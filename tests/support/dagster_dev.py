@@ -59,7 +59,8 @@ def graphql(url: str, query: str, variables: Mapping[str, Any] | None = None) ->
     with urllib.request.urlopen(request, timeout=60) as response:
         payload: dict[str, Any] = json.loads(response.read())
     assert "errors" not in payload, payload
-    return payload["data"]
+    data: dict[str, Any] = payload["data"]
+    return data
 
 
 def write_workspace(path: Path, module: str, attribute: str, location: str, cwd: Path) -> Path:

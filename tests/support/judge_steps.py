@@ -32,7 +32,7 @@ import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import dagster as dg
 
@@ -40,7 +40,7 @@ from pipeline_defs.resume.completion import CompletionReport, Origin
 from pipeline_defs.resume.errors import PipelineError
 from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.resume.status import LedgerRow, StepStatus
-from pipeline_defs.steps.context import StepContext
+from pipeline_defs.steps.context import StepContext, VerifyContext
 from pipeline_defs.steps.spec import CleanupReport, Mutation, Step, StepResult
 from pipeline_defs.wiring.assets import build_step_assets
 from pipeline_defs.wiring.io_manager import CheckpointIOManager
@@ -137,12 +137,12 @@ def check_data(data: Mapping[str, Any], *, source: str) -> None:
 class JudgeTestStep(Step):
     """Shared knob-driven behaviour; subclasses set ids, deps and the items they derive."""
 
-    resume_config_keys = ("style",)
+    resume_config_keys: ClassVar[tuple[str, ...]] = ("style",)
 
-    def _knobs(self, ctx: StepContext) -> dict[str, Any]:
+    def _knobs(self, ctx: VerifyContext) -> dict[str, Any]:
         return knobs(ctx.home, self.step_id)
 
-    def is_applicable(self, ctx: StepContext) -> bool:
+    def is_applicable(self, ctx: VerifyContext) -> bool:
         k = self._knobs(ctx)
         if k.get("barrier"):
             _barrier(ctx.home, self.step_id, int(k["barrier"]))
@@ -151,7 +151,7 @@ class JudgeTestStep(Step):
     def validate_data(self, data: Mapping[str, Any], *, source: str) -> None:
         check_data(data, source=source)
 
-    def verify_completion(self, ctx: StepContext, checkpoint: Checkpoint) -> CompletionReport:
+    def verify_completion(self, ctx: VerifyContext, checkpoint: Checkpoint) -> CompletionReport:
         phase = "entry" if ctx.run_id is None else "exit"
         record(ctx.home, self.step_id, "verify", phase=phase, run_id=ctx.run_id)
         k = self._knobs(ctx)
@@ -244,7 +244,7 @@ class Gamma(JudgeTestStep):
     resume_config_keys = ()
     modifies_checkpoints = ("alpha",)
 
-    def verify_completion(self, ctx: StepContext, checkpoint: Checkpoint) -> CompletionReport:
+    def verify_completion(self, ctx: VerifyContext, checkpoint: Checkpoint) -> CompletionReport:
         # Exit verification runs after the edits were prepared, before they are applied.
         if ctx.run_id is not None and self._knobs(ctx).get("rebuild_victim"):
             rebuild_alpha(ctx)
@@ -313,7 +313,7 @@ def steal(ctx: StepContext, *, publish: bool) -> None:
     assert thief.transition(ctx.key, THIEF_RUN_ID, "completed")
 
 
-def rebuild_alpha(ctx: StepContext) -> None:
+def rebuild_alpha(ctx: VerifyContext) -> None:
     """alpha is republished (valid, other content) after the mutator built its edit on the
     version it read: the edit must be refused."""
     store = CheckpointStore(ctx.home)
@@ -404,7 +404,8 @@ class Harness:
         return self.checkpoints.path_for(step_key(step_id, partition))
 
     def envelope(self, step_id: str, partition: str = PARTITION) -> dict[str, Any]:
-        return json.loads(self.path(step_id, partition).read_text())
+        envelope: dict[str, Any] = json.loads(self.path(step_id, partition).read_text())
+        return envelope
 
     def calls(self, step_id: str, kind: str = "execute") -> list[dict[str, Any]]:
         return calls(self.home, step_id, kind)
@@ -468,7 +469,10 @@ def failure(result: dg.ExecuteInProcessResult, step_id: str) -> tuple[str, dict[
             user = data.user_failure_data
             raw = (user.metadata or {}) if user else {}
             metadata = {k: str(getattr(v, "value", v)) for k, v in raw.items()}
-            description = (user.description if user else None) or data.error.to_string()
+            description = user.description if user else None
+            if not description:
+                assert data.error is not None, f"{step_id} failed without an error"
+                description = data.error.to_string()
             return description or "", metadata
     raise AssertionError(f"{step_id} did not fail; failed steps: {result.get_failed_step_keys()}")
 
@@ -484,7 +488,9 @@ def mat_metadata(result: dg.ExecuteInProcessResult, step_id: str) -> dict[str, A
 
 
 def data_version(result: dg.ExecuteInProcessResult, step_id: str) -> str | None:
-    return materialization(result, step_id).tags.get("dagster/data_version")
+    tags = materialization(result, step_id).tags
+    assert tags is not None, f"{step_id}: a materialization without tags"
+    return tags.get("dagster/data_version")
 
 
 def rehash_envelope(raw: dict[str, Any]) -> dict[str, Any]:

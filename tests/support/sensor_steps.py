@@ -30,7 +30,7 @@ from pipeline_defs.project import project_config_path
 from pipeline_defs.resume.completion import CompletionReport, Origin
 from pipeline_defs.resume.errors import PipelineError
 from pipeline_defs.resume.partition import StepKey
-from pipeline_defs.steps.context import StepContext
+from pipeline_defs.steps.context import StepContext, VerifyContext
 from pipeline_defs.steps.graph import StepGraph
 from pipeline_defs.steps.judge import StepJudge
 from pipeline_defs.steps.runner import RunInfo, StepRunner
@@ -43,11 +43,12 @@ from resources.pipeline import PipelineResource
 VERIFY_CALLS: Counter[str] = Counter()
 
 
-def _verify_mode(ctx: StepContext, step_id: str) -> str | None:
+def _verify_mode(ctx: VerifyContext, step_id: str) -> str | None:
     path = ctx.episode_dir / "verify.json"
     if not path.exists():
         return None
-    return json.loads(path.read_text()).get(step_id)
+    modes: dict[str, str] = json.loads(path.read_text())
+    return modes.get(step_id)
 
 
 class _SensorStep(Step):
@@ -58,7 +59,7 @@ class _SensorStep(Step):
         art = ctx.write_artifact(self.artifact, payload)
         return StepResult(data={"step": self.step_id, "inputs": sorted(inputs)}, artifacts=(art,))
 
-    def verify_completion(self, ctx: StepContext, checkpoint: Checkpoint) -> CompletionReport:
+    def verify_completion(self, ctx: VerifyContext, checkpoint: Checkpoint) -> CompletionReport:
         VERIFY_CALLS[self.step_id] += 1
         mode = _verify_mode(ctx, self.step_id)
         if mode == "drift":
@@ -87,7 +88,7 @@ class End(_SensorStep):
     deps = ("mid",)
     resume_config_keys = ("style",)
 
-    def verify_reads(self, ctx: StepContext) -> tuple[Path, ...]:
+    def verify_reads(self, ctx: VerifyContext) -> tuple[Path, ...]:
         return (project_config_path(ctx.home, ctx.key.project_id),)  # declared, sealed
 
 
@@ -95,7 +96,7 @@ class Side(_SensorStep):
     step_id = "side"
     deps = ("src",)
 
-    def is_applicable(self, ctx: StepContext) -> bool:
+    def is_applicable(self, ctx: VerifyContext) -> bool:
         return not (ctx.episode_dir / "no_side").exists()
 
 

@@ -16,7 +16,7 @@ import dagster as dg
 from pipeline_defs.definitions import build_resources
 from pipeline_defs.resume.completion import CompletionReport, Origin
 from pipeline_defs.resume.errors import PipelineError
-from pipeline_defs.steps.context import StepContext
+from pipeline_defs.steps.context import StepContext, VerifyContext
 from pipeline_defs.steps.spec import Step, StepResult
 from pipeline_defs.wiring.assets import build_step_assets
 from resources.checkpoints.envelope import Checkpoint
@@ -71,7 +71,7 @@ class Outline(Step):
             beats.append(" ".join(reply.data["words"]))
         return StepResult(data={"beats": beats}, applicable_count=len(beats))
 
-    def verify_completion(self, ctx: StepContext, checkpoint: Checkpoint) -> CompletionReport:
+    def verify_completion(self, ctx: VerifyContext, checkpoint: Checkpoint) -> CompletionReport:
         if not isinstance(checkpoint.data.get("beats"), list):
             return CompletionReport.incomplete(Origin.CONTRACT_DRIFT, ("beats is not a list",))
         return CompletionReport.clean()
@@ -139,7 +139,7 @@ class Probe(Step):
     deps = ("source",)
     description = "test probe: judged together by racing launches"
 
-    def is_applicable(self, ctx: StepContext) -> bool:
+    def is_applicable(self, ctx: VerifyContext) -> bool:
         _barrier()
         return True
 

@@ -24,6 +24,7 @@ import yaml
 from pipeline_defs.definitions import build_resources
 from pipeline_defs.operations.operator_words import DECISION_ACTIONS
 from pipeline_defs.resume.decision import LaunchMode, ResumeDecision
+from pipeline_defs.resume.layout import FORCE_MARKER, SCRATCH_DIR
 from pipeline_defs.resume.partition import Episode, StepKey
 from pipeline_defs.resume.status import LedgerRow
 from pipeline_defs.steps.graph import StepGraph
@@ -33,8 +34,9 @@ from pipeline_defs.storyboard import STORYBOARD_STEPS, sample_stories
 from pipeline_defs.wiring.assets import build_step_assets
 from resources.checkpoints.envelope import Checkpoint
 from resources.checkpoints.manifest import Manifest
-from resources.checkpoints.published import SCRATCH_DIR, PublishedCheckpoints
-from resources.checkpoints.store import FORCE_MARKER, CheckpointStore
+from resources.checkpoints.published import scratch_cache_of
+from resources.checkpoints.scratch_cache import ScratchCache
+from resources.checkpoints.store import CheckpointStore
 from resources.ledger.store import LedgerStore, engine_for
 from resources.ledger.tables import step_run
 from resources.pipeline import PipelineResource, checkpoints_for, ledger_for
@@ -131,6 +133,12 @@ def drop_pg_database(server_url: str, url: str) -> None:
             conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     finally:
         admin.dispose()
+
+
+def _assets_of(defs: dg.Definitions) -> list[dg.AssetsDefinition | dg.AssetSpec | dg.SourceAsset]:
+    """The assets a code location defines, as ``dg.materialize`` takes them."""
+    kinds = (dg.AssetsDefinition, dg.AssetSpec, dg.SourceAsset)
+    return [a for a in defs.assets or () if isinstance(a, kinds)]
 
 
 @dataclass
@@ -235,10 +243,10 @@ class Env:
     def on_bucket(self) -> bool:
         return self.storage_url is not None
 
-    def _bucket(self) -> PublishedCheckpoints:
-        store = self.checkpoints
-        assert isinstance(store, PublishedCheckpoints), store
-        return store
+    def _bucket(self) -> ScratchCache:
+        cache = scratch_cache_of(self.checkpoints)
+        assert cache is not None, self.checkpoints
+        return cache
 
     def manifest(self, step_id: str) -> Manifest | None:
         """The published manifest a step's row names (a bucket only)."""
@@ -389,8 +397,10 @@ class Env:
         text_model: TextModel | None = None,
         image_model: ImageModel | None = None,
         raise_on_error: bool = True,
+        defs: dg.Definitions | None = None,
     ) -> RunOutcome:
-        """A real Dagster launch of the (selected) assets for the test partition."""
+        """A real Dagster launch of the (selected) assets for the test partition: the
+        storyboard's, or those of ``defs`` (a code location built with other steps)."""
         resources = build_resources(self.pipeline)
         if text_model is not None:
             resources["text_model"] = text_model
@@ -406,7 +416,7 @@ class Env:
             ) as instance:
                 instance.add_dynamic_partitions("episodes", [PARTITION])
                 result = dg.materialize(
-                    ASSETS,
+                    ASSETS if defs is None else _assets_of(defs),
                     selection=list(selection) if selection is not None else None,
                     partition_key=PARTITION,
                     instance=instance,

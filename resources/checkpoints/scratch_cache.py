@@ -1,6 +1,6 @@
-"""Published checkpoints, the copies: a process's scratch copy of what the storage holds.
+"""Published checkpoints, the scratch cache: a process's copy of what the storage holds.
 
-- **Read** (:meth:`PublishedCopies.load`): the row's pointer names the manifest; the
+- **Read** (:meth:`ScratchCache.load`): the row's pointer names the manifest; the
   scratch copy of the step is brought to it (the envelope and each artifact fetched and
   verified against the manifest's sha256 and size) before the usual load and verification.
   A copy is kept, with no download, only while the storage still holds the very objects
@@ -8,7 +8,7 @@
   match in scratch say nothing of an object replaced behind the ledger's back. A marker
   per step directory names the pointer the copy holds; within one judging scope a step
   compared once is not listed again.
-- **Publish** (:meth:`PublishedCopies.stage`): the envelope is staged in scratch as on
+- **Publish** (:meth:`ScratchCache.stage`): the envelope is staged in scratch as on
   disk, then every artifact it lists is put create-only under an attempt prefix of the
   publication's own (:meth:`BucketCheckpoints.publication`: never one an earlier
   publication wrote, whatever its content), or named from the previous manifest when its
@@ -20,60 +20,43 @@ The whole protocol is told in :mod:`resources.checkpoints.published`.
 
 import atexit
 import contextlib
-import hashlib
 import json
 import os
 import posixpath
 import shutil
-import socket
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Protocol
-from uuid import uuid4
+from typing import Any
 
 from pipeline_defs.resume.completion import Origin
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.files import file_sha256, read_nofollow
+from pipeline_defs.resume.identity import FileIdentity
 from pipeline_defs.resume.layout import DataLayout
 from pipeline_defs.resume.partition import StepKey
+from resources.checkpoints.atomic import atomic_write_bytes
 from resources.checkpoints.bucket import ENVELOPE_WHAT, BucketCheckpoints
 from resources.checkpoints.envelope import Checkpoint
 from resources.checkpoints.manifest import Manifest, ObjectRef, decode_companions
-from resources.checkpoints.store import CheckpointStore, StagedCheckpoint, atomic_write_bytes
+from resources.checkpoints.object_seal import SealDrift
+from resources.checkpoints.pointer_source import PointerSource, pointer_digest
+from resources.checkpoints.published_inputs import PublishedInputs
+from resources.checkpoints.published_pending import PublishedPending
+from resources.checkpoints.published_seals import PublishedSeals
+from resources.checkpoints.seal import Seal, identity_of
+from resources.checkpoints.staging import StagedCheckpoint
+from resources.checkpoints.tree import CheckpointTree
 from resources.storage import ObjectMeta, Storage
 
 UNSCANNED = "unscanned"  # under a scratch: never created, so the tick's stats never move
 
 
-class PointerSource(Protocol):
-    """The published pointer of a step: its ledger row's ``checkpoint_pointer``."""
-
-    def pointer(self, key: StepKey) -> str | None: ...
-
-    def episode_pointers(self, project_id: str, episode_id: str) -> Mapping[str, str | None]:
-        """Step id -> pointer of every row of one episode (one read)."""
-        ...
-
-    def archived_pointers(self, key: StepKey) -> Sequence[str]:
-        """The pointers the step's row archived (a force, a replacement), newest first."""
-        ...
-
-    def row_pointer(self, key: StepKey) -> tuple[bool, str | None]:
-        """Whether the ledger has a row for ``key`` at all, and its pointer: one read."""
-        ...
-
-
-def pointer_digest(text: str) -> str:
-    """What a copy's marker and a seal record of a pointer: the sha256 of its text."""
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-def companion_files(store: CheckpointStore, checkpoint: Checkpoint) -> dict[str, bytes]:
-    """The files beside a checkpoint's artifacts in ``store``'s step directory named after
+def companion_files(tree: CheckpointTree, checkpoint: Checkpoint) -> dict[str, bytes]:
+    """The files beside a checkpoint's artifacts in ``tree``'s step directory named after
     one (``C01.png`` -> ``C01.png.receipt.json``), by relative path: published with it in one
     object (``Manifest.companions``), so a re-run that lost the envelope reuses a picture its
-    receipt vouches for, as a local home does (:meth:`PublishedCopies.recall`)."""
+    receipt vouches for, as a local home does (:meth:`ScratchCache.recall`)."""
     key = checkpoint.key
     out: dict[str, bytes] = {}
     listed: dict[str, list[str]] = {}
@@ -81,7 +64,7 @@ def companion_files(store: CheckpointStore, checkpoint: Checkpoint) -> dict[str,
         folder, name = posixpath.split(posixpath.normpath(artifact.path))
         if folder not in listed:
             try:
-                with os.scandir(store.step_dir(key) / folder) as entries:
+                with os.scandir(tree.paths.step_dir(key) / folder) as entries:
                     listed[folder] = [e.name for e in entries if e.is_file(follow_symlinks=False)]
             except (FileNotFoundError, NotADirectoryError):
                 listed[folder] = []
@@ -89,52 +72,42 @@ def companion_files(store: CheckpointStore, checkpoint: Checkpoint) -> dict[str,
             if companion.startswith(f"{name}."):
                 relative = posixpath.join(folder, companion)
                 with contextlib.suppress(OSError):
-                    out[relative] = read_nofollow(store.artifact_path(key, relative))
+                    out[relative] = read_nofollow(tree.links.artifact_path(key, relative))
     return out
 
 
-class PublishedCopies(CheckpointStore):
-    """The checkpoint store over object storage, with ``home`` as scratch: reads bring the
-    scratch copy to the published pointer, stages upload the attempt."""
+class ScratchCache:
+    """Publication in object storage, with the home's tree as this process's scratch cache:
+    reads bring the scratch copy to the published pointer, stages upload the attempt.
+
+    Composed of the inputs (:class:`~resources.checkpoints.published_inputs.PublishedInputs`),
+    the seals and the scrub (:class:`~resources.checkpoints.published_seals.PublishedSeals`)
+    and the write-ahead edits (:class:`~resources.checkpoints.published_pending.
+    PublishedPending`); the copies, reads and publication are here.
+    """
+
+    scrubbable = True
 
     def __init__(
-        self,
-        home: Path,
-        storage: Storage,
-        pointers: PointerSource,
-        *,
-        keep_archives: int = 5,
+        self, tree: CheckpointTree, storage: Storage, pointers: PointerSource, scratch: Path
     ) -> None:
-        # A scratch tree of this process's own: a run's drawn pictures and the copies the
-        # sensor brings up to date never meet, and each run verifies what it reads in full
-        # (it fetches it). Removed when the process exits; any left behind (a kill) is
+        # ``scratch`` is a tree of this process's own: a run's drawn pictures and the copies
+        # the sensor brings up to date never meet, and each run verifies what it reads in
+        # full (it fetches it). Removed when the process exits; any left behind (a kill) is
         # only a cache.
-        process = f"{socket.gethostname()}-{os.getpid()}-{uuid4().hex[:8]}"
-        home_layout = DataLayout.of(home)
-        scratch = Path(home_layout.process_scratch(process))
-        super().__init__(
-            home,
-            keep_archives=keep_archives,
-            checkpoints_root=home_layout.scratch_checkpoints(process),
-        )
+        self.tree = tree
         self.scratch = scratch
-        self._home_prefix = f"{self.layout.home}/"
-        self._scan_layout = DataLayout.of(home, scratch / UNSCANNED)
-        self.storage = storage
         self.bucket = BucketCheckpoints(storage)
         self.pointers = pointers
-        # (project, episode) -> when its inputs were last synced; input key -> the e_tag of
-        # the local copy.
-        self._synced: dict[tuple[str, str | None], float] = {}
-        self._input_tags: dict[str, str | None] = {}
-        # What this process last saw in the storage (a sync or a scrub): input key -> e_tag,
-        # and the keys of each episode's input folder. Seals are checked against these.
-        self._seen_inputs: dict[str, str | None] = {}
-        self._seen_folders: dict[str, frozenset[str]] = {}
+        self._scan_layout = DataLayout.of(tree.paths.home, scratch / UNSCANNED)
         # Steps a scrub found drifted: their seal is not trusted and their copy is fetched
         # again (not taken from the marker) the next time they are loaded.
-        self._drifted: set[StepKey] = set()
-        self._scope_pointers = threading.local()
+        self.drifted: set[StepKey] = set()
+        self.inputs = PublishedInputs(tree.paths.home, self.bucket)
+        self.seals = PublishedSeals(
+            tree.paths, self.inputs, self.bucket, pointers, self.drifted, self.decode
+        )
+        self.pending = PublishedPending(self.bucket)
         # Steps whose row is lost -> the pointer of the attempt ``load`` found for them.
         self._orphans: dict[StepKey, str] = {}
         # Within a judging scope: the (step, pointer digest) whose objects this process
@@ -143,8 +116,11 @@ class PublishedCopies(CheckpointStore):
         atexit.register(shutil.rmtree, scratch, ignore_errors=True)
 
     @property
-    def poolable(self) -> bool:
-        return False  # worker processes would judge from a local tree that is not the truth
+    def storage(self) -> Storage:
+        """The storage checkpoints are published in (the bucket's)."""
+        return self.bucket.storage
+
+    poolable = False  # worker processes would judge from a local tree that is not the truth
 
     @property
     def scan_layout(self) -> DataLayout:
@@ -160,6 +136,36 @@ class PublishedCopies(CheckpointStore):
         """Where checkpoints are published (secrets masked), for messages."""
         return self.storage.url
 
+    # ------------------------------------------------------------------ inputs and seals
+    def sync_inputs(self, project_id: str, episode_id: str | None = None) -> None:
+        self.inputs.sync_inputs(project_id, episode_id)
+
+    def publish_inputs(self, project_id: str, episode_id: str) -> bool:
+        return self.inputs.publish_inputs(project_id, episode_id)
+
+    def seal(
+        self,
+        checkpoint: Checkpoint,
+        reads: Iterable[Path] = (),
+        *,
+        file: Path | None = None,
+        revision: int = 1,
+    ) -> str | None:
+        return self.seals.seal(checkpoint, reads, revision=revision)
+
+    def sealed(
+        self,
+        key: StepKey,
+        text: Any,
+        shared: Callable[[str], FileIdentity | None] = identity_of,
+    ) -> Seal | None:
+        return self.seals.sealed(key, text)
+
+    def scrub(
+        self, project_id: str, episode_id: str, rows: Mapping[str, tuple[str | None, str | None]]
+    ) -> list[SealDrift]:
+        return self.seals.scrub(project_id, episode_id, rows)
+
     def object_url(self, key: str) -> str:
         """Where an object of the storage is, as an operator names it (secrets masked)."""
         return f"{self.storage.url}/{key}"
@@ -169,16 +175,17 @@ class PublishedCopies(CheckpointStore):
         out: dict[str, Manifest] = {}
         for step_id, text in self.pointers.episode_pointers(project_id, episode_id).items():
             if text is not None:
-                out[step_id] = self._decode(StepKey(project_id, episode_id, step_id), text)
+                out[step_id] = self.decode(StepKey(project_id, episode_id, step_id), text)
         return out
 
     # ------------------------------------------------------------------ reads
     def manifest(self, key: StepKey) -> Manifest | None:
         """The published manifest of ``key`` (None: nothing published)."""
         text = self.pointers.pointer(key)
-        return None if text is None else self._decode(key, text)
+        return None if text is None else self.decode(key, text)
 
-    def _decode(self, key: StepKey, text: str) -> Manifest:
+    def decode(self, key: StepKey, text: str) -> Manifest:
+        """The manifest a ledger row's pointer ``text`` names, which must be ``key``'s."""
         manifest = Manifest.decode(text, where=f"the ledger row of {key}")
         if manifest.step != key:
             raise PipelineError(
@@ -197,7 +204,7 @@ class PublishedCopies(CheckpointStore):
             text = self._orphan(key)
             if text is None:
                 return None
-        return self.load_published(key, text, self._decode(key, text))
+        return self.load_published(key, text, self.decode(key, text))
 
     def _orphan(self, key: StepKey) -> str | None:
         """With no row at all for ``key`` (the ledger lost it), the pointer of the newest
@@ -218,14 +225,16 @@ class PublishedCopies(CheckpointStore):
         """``load`` of the pointer ``text`` already read (decoded as ``manifest``)."""
         if not self._hydrate(key, text, manifest):
             return None  # the envelope object is gone: completed without checkpoint
-        return super().load(key)
+        return self.tree.envelopes.load(key)
 
     @contextlib.contextmanager
     def judging_scope(self) -> Iterator[None]:
+        """The tree's scope (ancestors lstat'ed once), the episodes' pointers read once
+        (the seals), and each step's objects compared with the storage once."""
         previous = getattr(self._scope_held, "seen", None)
         self._scope_held.seen = set()
         try:
-            with super().judging_scope():
+            with self.tree.links.judging_scope(), self.seals.judging_scope():
                 yield
         finally:
             self._scope_held.seen = previous
@@ -238,17 +247,17 @@ class PublishedCopies(CheckpointStore):
         sees an object replaced or deleted behind its back as a fresh machine does, as
         soon as it judges the step the long way (its seal cleared by a scrub, here or
         anywhere), instead of trusting bytes it verified earlier."""
-        self.refuse_links_in_tree(key)
+        self.tree.links.refuse_links_in_tree(key)
         marker = self._published_marker(key)
         digest = pointer_digest(text)
-        drifted = key in self._drifted  # a scrub saw the storage differ: fetch, do not trust
+        drifted = key in self.drifted  # a scrub saw the storage differ: fetch, do not trust
         held = _Held(self.bucket, manifest)
         seen: set[tuple[StepKey, str]] | None = getattr(self._scope_held, "seen", None)
         with contextlib.suppress(FileNotFoundError, NotADirectoryError):
             if (
                 not drifted
                 and read_nofollow(marker).decode("utf-8") == digest
-                and self.path_for(key).is_file()
+                and self.tree.paths.path_for(key).is_file()
                 and ((key, digest) in (seen or ()) or held.all_published())
             ):
                 if seen is not None:
@@ -256,16 +265,18 @@ class PublishedCopies(CheckpointStore):
                 return True
         self._fetch_artifacts(key, manifest, held)
         envelope = self.bucket.fetch(manifest.envelope, what=ENVELOPE_WHAT)
-        self._drifted.discard(key)  # judged from what the storage holds now
+        self.drifted.discard(key)  # judged from what the storage holds now
         if envelope is None:
             return False
-        atomic_write_bytes(self.path_for(key), envelope)
+        atomic_write_bytes(self.tree.paths.path_for(key), envelope)
         atomic_write_bytes(marker, digest.encode("utf-8"))
         return True
 
     def _published_marker(self, key: StepKey) -> Path:
         """The marker naming the pointer ``key``'s scratch copy holds."""
-        return Path(self.layout.published_marker(key.project_id, key.episode_id, key.step_id))
+        return Path(
+            self.tree.paths.layout.published_marker(key.project_id, key.episode_id, key.step_id)
+        )
 
     def recall(self, key: StepKey) -> Checkpoint | None:
         """What ``key`` last published, for a re-run that has no checkpoint to start from:
@@ -286,10 +297,10 @@ class PublishedCopies(CheckpointStore):
         if not texts:
             return None
         try:
-            manifest = self._decode(key, texts[0])
+            manifest = self.decode(key, texts[0])
         except PipelineError:
             return None  # nothing to reuse: the run draws what it needs
-        self.refuse_links_in_tree(key)
+        self.tree.links.refuse_links_in_tree(key)
         held = _Held(self.bucket, manifest)
         for relative, ref in sorted(manifest.artifacts.items()):
             try:
@@ -298,14 +309,16 @@ class PublishedCopies(CheckpointStore):
                 if exc.code != ErrorCode.IO_INTEGRITY_VIOLATION:
                     raise
                 with contextlib.suppress(FileNotFoundError):
-                    os.unlink(self.artifact_path(key, relative))  # not the published bytes
+                    os.unlink(
+                        self.tree.links.artifact_path(key, relative)
+                    )  # not the published bytes
         if manifest.companions is not None:
             with contextlib.suppress(PipelineError):  # a cache: unreadable, nothing reused
                 bundle = self.bucket.fetch(manifest.companions, what="companions")
                 for relative, data in decode_companions(bundle or b"").items():
                     # Only a file named after an artifact: never an artifact itself.
                     if any(relative.startswith(f"{a}.") for a in manifest.artifacts):
-                        atomic_write_bytes(self.artifact_path(key, relative), data)
+                        atomic_write_bytes(self.tree.links.artifact_path(key, relative), data)
         try:
             envelope = self.bucket.fetch(manifest.envelope, what=ENVELOPE_WHAT)
             if envelope is None:
@@ -321,7 +334,7 @@ class PublishedCopies(CheckpointStore):
         file that has files named after it (a picture and its receipt), as a local home
         keeps them in the step directory. Only copies: a run reuses a picture only when its
         receipt vouches for its bytes and its prompt."""
-        ours = self.step_dir(key)
+        ours = self.tree.paths.step_dir(key)
         below = ours.relative_to(self.scratch)
         try:
             siblings = [
@@ -354,15 +367,15 @@ class PublishedCopies(CheckpointStore):
         text = self.pointers.pointer(key)
         if text is None:
             return  # nothing published: the accept says so
-        manifest = self._decode(key, text)
-        self.refuse_links_in_tree(key)
+        manifest = self.decode(key, text)
+        self.tree.links.refuse_links_in_tree(key)
         self._fetch_artifacts(key, manifest, _Held(self.bucket, manifest))
         payload = self.bucket.fetch_unverified(manifest.envelope.key)
         if payload is None:
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.path_for(key))
+                os.unlink(self.tree.paths.path_for(key))
             return
-        atomic_write_bytes(self.path_for(key), payload)
+        atomic_write_bytes(self.tree.paths.path_for(key), payload)
 
     def _fetch_artifacts(self, key: StepKey, manifest: Manifest, held: "_Held") -> None:
         """The copy's artifacts brought to ``manifest``, its marker dropped first: a copy half
@@ -378,7 +391,7 @@ class PublishedCopies(CheckpointStore):
         verified otherwise (an object replaced behind the ledger's back is then
         ``io.integrity_violation``, as on a fresh machine), absent (moved out of the way)
         when the object is gone."""
-        path = self.artifact_path(key, relative)
+        path = self.tree.links.artifact_path(key, relative)
         here = path.is_file() and path.stat().st_size == ref.size
         if here and file_sha256(path) == ref.sha256 and held.published(ref):
             return  # the published bytes are here already: no download
@@ -392,7 +405,7 @@ class PublishedCopies(CheckpointStore):
     # ------------------------------------------------------------------ publish
     def stage(self, checkpoint: Checkpoint) -> StagedCheckpoint:
         """Stage in scratch, upload the attempt, and carry its manifest as the pointer."""
-        staged = super().stage(checkpoint)
+        staged = self.tree.publisher.stage(checkpoint)
         try:
             key = checkpoint.key
             previous = self.manifest(key)
@@ -406,9 +419,9 @@ class PublishedCopies(CheckpointStore):
                 if kept is not None and self._still_there(kept, artifact.sha256, artifact.bytes):
                     attempt.reuse(artifact.path, kept)
                     continue
-                data = read_nofollow(self.artifact_path(key, artifact.path))
+                data = read_nofollow(self.tree.links.artifact_path(key, artifact.path))
                 attempt.put(artifact.path, data)
-            attempt.put_companions(companion_files(self, checkpoint))
+            attempt.put_companions(companion_files(self.tree, checkpoint))
             manifest = attempt.publishable(checkpoint)
         except BaseException:
             staged.discard()
@@ -448,7 +461,7 @@ class PublishedCopies(CheckpointStore):
         if text is None:
             return False
         try:
-            published = self._decode(key, text)
+            published = self.decode(key, text)
             if not _Held(self.bucket, published).all_published():
                 return False
             current = self.bucket.load(published)

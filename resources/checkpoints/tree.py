@@ -1,0 +1,68 @@
+"""The checkpoint tree of one directory: the files every store works on.
+
+A home's tree is the truth on a local disk; over a bucket it is this process's scratch copy
+(:mod:`resources.checkpoints.scratch_cache`). Either way the same parts, each of one
+concern, work on it side by side:
+
+- :mod:`~resources.checkpoints.paths`: a step's paths by key (``StorePaths``);
+- :mod:`~resources.checkpoints.links`: the symlink policy, no escape from the home
+  (docs/DESIGN.md#no-escape) (``LinkPolicy``);
+- :mod:`~resources.checkpoints.reading`: loading, the envelope cache (``EnvelopeReader``);
+- :mod:`~resources.checkpoints.archives`: archives and force (``Archives``);
+- :mod:`~resources.checkpoints.staging`: writing artifacts, staging envelopes (``Publisher``).
+"""
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from pipeline_defs.resume.layout import DataLayout
+from pipeline_defs.resume.partition import StepKey
+from resources.checkpoints.archives import Archives
+from resources.checkpoints.links import LinkPolicy
+from resources.checkpoints.paths import StorePaths
+from resources.checkpoints.reading import EnvelopeReader
+from resources.checkpoints.staging import Publisher
+
+
+class CheckpointTree:
+    """The parts that work on one directory's checkpoint files."""
+
+    def __init__(
+        self, home: Path, *, keep_archives: int = 5, checkpoints_root: str | None = None
+    ) -> None:
+        self.paths = StorePaths(home, checkpoints_root=checkpoints_root)
+        self.links = LinkPolicy(self.paths)
+        self.envelopes = EnvelopeReader(self.paths, self.links)
+        self.archives = Archives(self.paths, self.links, self.envelopes, keep_archives)
+        self.publisher = Publisher(self.paths, self.links, self.envelopes, self.archives)
+
+    def iter_keys(self) -> Iterator[StepKey]:
+        """Every step directory holding a checkpoint (for adoption and audits).
+
+        Walked without following links: a linked project, episode or step directory is not
+        listed through the link, but a linked step directory is yielded (by name) so that
+        loading it reports the link.
+        """
+
+        def real_dirs(path: str) -> list[os.DirEntry[str]]:
+            try:
+                with os.scandir(path) as entries:
+                    return sorted(
+                        (e for e in entries if e.is_dir(follow_symlinks=False) or e.is_symlink()),
+                        key=lambda e: e.name,
+                    )
+            except (FileNotFoundError, NotADirectoryError):
+                return []
+
+        if self.links.lstat_ours(self.paths.root, "a directory") is None:
+            return
+        for project in real_dirs(str(self.paths.root)):
+            if project.is_symlink():
+                continue
+            for episode in real_dirs(project.path):
+                if episode.is_symlink():
+                    continue
+                for step in real_dirs(episode.path):
+                    if step.is_symlink() or os.path.lexists(DataLayout.checkpoint_in(step.path)):
+                        yield StepKey(project.name, episode.name, step.name)

@@ -86,47 +86,15 @@ def not_a_file(
     checkpoints: CheckpointReader, key: StepKey, relatives: Iterable[str], what: str
 ) -> PipelineError | None:
     """The refusal for the first of ``relatives`` (paths in ``key``'s step directory) that
-    exists and is not a regular file; None when each is a regular file or absent.
-
-    Paths are reached through ``artifact_path``: a link on the way raises
-    ``checkpoint.symlink`` (the caller's own block) instead of being followed.
-    """
-    for relative in relatives:
-        path = checkpoints.artifact_path(key, relative)
-        try:
-            mode = os.lstat(path).st_mode
-        except (FileNotFoundError, NotADirectoryError):
-            continue  # absent: a re-run writes it (NotADirectory: the parent reports itself)
-        if not stat_module.S_ISREG(mode):
-            return not_a_file_error(path, mode, what)
-    return None
+    exists and is not a regular file; None when each is a regular file or absent (a link on
+    the way raises ``checkpoint.symlink``, the caller's own block)."""
+    found = checkpoints.not_regular(key, relatives)
+    return None if found is None else not_a_file_error(*found, what)
 
 
 # The launch path of runs the resume sensor requests (``wiring.assets.launch_path``): the
 # only automatic launcher. Only its recoveries count toward ``max_recovery_attempts``.
 AUTOMATIC_LAUNCH_PATH = "sensor"
-
-
-def _with_companions(
-    checkpoints: CheckpointReader, key: StepKey, artifacts: Iterable[str]
-) -> list[str]:
-    """Each artifact and the files beside it named after it (``C01.png.receipt.json``):
-    what a re-run reads or replaces along with it."""
-    out: list[str] = []
-    listed: dict[str, list[str]] = {}  # artifact directory -> its entries, scanned once
-    base = checkpoints.step_dir(key)
-    for relative in artifacts:
-        out.append(relative)
-        folder, name = posixpath.split(posixpath.normpath(relative))
-        if folder not in listed:
-            try:
-                with os.scandir(base / folder if folder else base) as entries:
-                    listed[folder] = [e.name for e in entries]
-            except (FileNotFoundError, NotADirectoryError):
-                listed[folder] = []
-        prefix = f"{name}."
-        out.extend(posixpath.join(folder, n) for n in listed[folder] if n.startswith(prefix))
-    return out
 
 
 def _sealed_clean() -> CompletionReport:
@@ -329,7 +297,7 @@ class StepJudge:
         of ``key``'s checkpoint, or a file named after one (its receipt), should be."""
         if checkpoint is None or not checkpoint.artifacts:
             return None
-        relatives = _with_companions(self.checkpoints, key, (a.path for a in checkpoint.artifacts))
+        relatives = self.checkpoints.with_companions(key, [a.path for a in checkpoint.artifacts])
         return not_a_file(self.checkpoints, key, relatives, f"a file of {key.step_id}'s checkpoint")
 
     def older_copy(self, key: StepKey, checkpoint: Checkpoint | None) -> PipelineError | None:
@@ -345,16 +313,10 @@ class StepJudge:
         """
         if checkpoint is None or not checkpoint.artifacts:
             return None
-        archive = self.checkpoints.layout.archive_in(self.checkpoints.step_dir(key))
-        try:
-            names = os.listdir(archive)
-        except (FileNotFoundError, NotADirectoryError):
+        archived = self.checkpoints.archived_artifacts(key)
+        if not archived:
             return None
-        archived: dict[str, set[str]] = {}  # file name -> sha256 prefixes of its copies
-        for name in names:
-            prefix, dash, original = name.partition("-")
-            if dash and len(prefix) == 16:
-                archived.setdefault(original, set()).add(prefix)
+        archive = self.checkpoints.layout.archive_in(self.checkpoints.step_dir(key))
         for artifact in checkpoint.artifacts:
             copies = archived.get(posixpath.basename(artifact.path))
             if not copies:

@@ -48,6 +48,20 @@ class Archives:
         os.replace(path, target)
         return target
 
+    def archived_artifacts(self, key: StepKey) -> dict[str, set[str]]:
+        """Artifact file name -> the sha256 prefixes of its copies in ``archive/`` (named by
+        :meth:`archive_artifact`); empty when nothing was archived."""
+        try:
+            names = os.listdir(self.paths.archive_dir(key))
+        except (FileNotFoundError, NotADirectoryError):
+            return {}
+        archived: dict[str, set[str]] = {}
+        for name in names:
+            prefix, dash, original = name.partition("-")
+            if dash and len(prefix) == 16:
+                archived.setdefault(original, set()).add(prefix)
+        return archived
+
     def _archive_folder(self, key: StepKey) -> Path:
         """``archive/`` of the step, created if absent; a link there (or in it) is refused."""
         folder = self.paths.archive_dir(key)

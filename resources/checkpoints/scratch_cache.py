@@ -22,8 +22,8 @@ import atexit
 import contextlib
 import json
 import os
-import posixpath
 import shutil
+import stat as stat_module
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
@@ -58,21 +58,15 @@ def companion_files(tree: CheckpointTree, checkpoint: Checkpoint) -> dict[str, b
     object (``Manifest.companions``), so a re-run that lost the envelope reuses a picture its
     receipt vouches for, as a local home does (:meth:`ScratchCache.recall`)."""
     key = checkpoint.key
+    artifacts = [a.path for a in checkpoint.artifacts]
+    named = set(artifacts)
     out: dict[str, bytes] = {}
-    listed: dict[str, list[str]] = {}
-    for artifact in checkpoint.artifacts:
-        folder, name = posixpath.split(posixpath.normpath(artifact.path))
-        if folder not in listed:
-            try:
-                with os.scandir(tree.paths.step_dir(key) / folder) as entries:
-                    listed[folder] = [e.name for e in entries if e.is_file(follow_symlinks=False)]
-            except (FileNotFoundError, NotADirectoryError):
-                listed[folder] = []
-        for companion in listed[folder]:
-            if companion.startswith(f"{name}."):
-                relative = posixpath.join(folder, companion)
-                with contextlib.suppress(OSError):
-                    out[relative] = read_nofollow(tree.links.artifact_path(key, relative))
+    for relative in tree.with_companions(key, artifacts):
+        if relative in named:
+            continue
+        with contextlib.suppress(OSError):  # only regular files: never a link, never a folder
+            if stat_module.S_ISREG(os.lstat(tree.paths.step_dir(key) / relative).st_mode):
+                out[relative] = read_nofollow(tree.links.artifact_path(key, relative))
     return out
 
 

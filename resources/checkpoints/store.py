@@ -195,6 +195,14 @@ class CheckpointStore:
     def iter_keys(self) -> Iterator[StepKey]:
         return self.tree.iter_keys()
 
+    def with_companions(self, key: StepKey, artifacts: Iterable[str]) -> list[str]:
+        """Each artifact and the files beside it named after it (its receipt)."""
+        return self.tree.with_companions(key, artifacts)
+
+    def not_regular(self, key: StepKey, relatives: Iterable[str]) -> tuple[Path, int] | None:
+        """The first of ``relatives`` that exists and is not a regular file, with its mode."""
+        return self.tree.not_regular(key, relatives)
+
     # ------------------------------------------------------------------ reads
     def judging_scope(self) -> contextlib.AbstractContextManager[None]:
         """Read-only judging of many keys: what does not change within one judgement is
@@ -227,6 +235,10 @@ class CheckpointStore:
 
     def archive(self, key: StepKey, reason: str) -> Path | None:
         return self.tree.archives.archive(key, reason)
+
+    def archived_artifacts(self, key: StepKey) -> dict[str, set[str]]:
+        """Artifact file name -> the sha256 prefixes of its archived copies."""
+        return self.tree.archives.archived_artifacts(key)
 
     def archive_artifact(self, key: StepKey, relative: str) -> Path | None:
         return self.tree.archives.archive_artifact(key, relative)

@@ -13,7 +13,9 @@ concern, work on it side by side:
 """
 
 import os
-from collections.abc import Iterator
+import posixpath
+import stat as stat_module
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from pipeline_defs.resume.layout import DataLayout
@@ -36,6 +38,43 @@ class CheckpointTree:
         self.envelopes = EnvelopeReader(self.paths, self.links)
         self.archives = Archives(self.paths, self.links, self.envelopes, keep_archives)
         self.publisher = Publisher(self.paths, self.links, self.envelopes, self.archives)
+
+    def with_companions(self, key: StepKey, artifacts: Iterable[str]) -> list[str]:
+        """Each artifact and the entries beside it named after it (``C01.png`` ->
+        ``C01.png.receipt.json``): what a re-run reads or replaces along with it, and what a
+        publication on a bucket carries with the artifact. Each directory is scanned once."""
+        out: list[str] = []
+        listed: dict[str, list[str]] = {}  # artifact directory -> its entries
+        base = self.paths.step_dir(key)
+        for relative in artifacts:
+            out.append(relative)
+            folder, name = posixpath.split(posixpath.normpath(relative))
+            if folder not in listed:
+                try:
+                    with os.scandir(base / folder if folder else base) as entries:
+                        listed[folder] = sorted(e.name for e in entries)
+                except (FileNotFoundError, NotADirectoryError):
+                    listed[folder] = []
+            prefix = f"{name}."
+            out.extend(posixpath.join(folder, n) for n in listed[folder] if n.startswith(prefix))
+        return out
+
+    def not_regular(self, key: StepKey, relatives: Iterable[str]) -> tuple[Path, int] | None:
+        """The first of ``relatives`` (paths in ``key``'s step directory) that exists and is
+        not a regular file, with its ``lstat`` mode; None when each is one or is absent.
+
+        Reached through ``artifact_path``: a link on the way raises ``checkpoint.symlink``
+        instead of being followed.
+        """
+        for relative in relatives:
+            path = self.links.artifact_path(key, relative)
+            try:
+                mode = os.lstat(path).st_mode
+            except (FileNotFoundError, NotADirectoryError):
+                continue  # absent: a re-run writes it (NotADirectory: the parent reports)
+            if not stat_module.S_ISREG(mode):
+                return path, mode
+        return None
 
     def iter_keys(self) -> Iterator[StepKey]:
         """Every step directory holding a checkpoint (for adoption and audits).

@@ -25,6 +25,9 @@ READS = frozenset(
         "artifact_problems",
         "refuse_links_in_tree",
         "sync_inputs",
+        "with_companions",
+        "not_regular",
+        "archived_artifacts",
     }
 )
 STORES = frozenset({"ledger", "checkpoints"})

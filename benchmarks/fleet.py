@@ -45,7 +45,7 @@ import dagster as dg  # noqa: E402
 import sqlalchemy as sa  # noqa: E402
 from fleet_support import BROKER_URL, broker_problem, delete_queue  # noqa: E402
 
-from pipeline_defs.resume.fleet import FLEET_ENV_NAMES  # noqa: E402
+from pipeline_defs.resume.fleet_settings import FLEET_ENV_NAMES  # noqa: E402
 from pipeline_defs.resume.settings import ENV_NAMES  # noqa: E402
 from pipeline_defs.storyboard import sample_stories  # noqa: E402
 from resources.ledger.store import LedgerStore  # noqa: E402

@@ -4,7 +4,7 @@ from collections.abc import Sequence
 
 import dagster as dg
 
-from pipeline_defs.resume.fleet import FleetSettings
+from pipeline_defs.resume.fleet_settings import FleetSettings
 from pipeline_defs.resume.settings import check_environment
 from pipeline_defs.steps.spec import Step
 from pipeline_defs.storyboard import STORYBOARD_STEPS, ProjectImageModel, ProjectTextModel

@@ -9,9 +9,9 @@ from typing import Any
 import click
 
 from pipeline_defs.cli.app import checked_workspace, main
-from pipeline_defs.cli.errors import operation
 from pipeline_defs.cli.options import partition_option, partitions_filter
-from pipeline_defs.operations import accept as accepting
+from pipeline_defs.cli.shared import operation
+from pipeline_defs.operations import accept_command as accepting
 from pipeline_defs.operations import garbage, sealing, storage_migrate
 from pipeline_defs.operations import sheet as sheets
 

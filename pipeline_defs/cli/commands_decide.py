@@ -6,9 +6,9 @@ from typing import Any
 import click
 
 from pipeline_defs.cli.app import checked_workspace, main, report_invalid_partitions
-from pipeline_defs.cli.errors import operation
 from pipeline_defs.cli.options import partitions_filter
 from pipeline_defs.cli.render import SaidOnce, advice, table_lines, terminal_width
+from pipeline_defs.cli.shared import operation
 from pipeline_defs.operations.shadow_decide import shadow_decisions, verdict_counts
 from pipeline_defs.operations.workspace import Workspace
 from pipeline_defs.resume.partition import Episode

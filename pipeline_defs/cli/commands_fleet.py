@@ -15,7 +15,7 @@ import click
 from pipeline_defs.cli.app import main
 from pipeline_defs.operations.workspace import load_definitions
 from pipeline_defs.resume.errors import PipelineError
-from pipeline_defs.resume.fleet import FleetSettings, masked
+from pipeline_defs.resume.fleet_settings import FleetSettings, masked
 from pipeline_defs.wiring.fleet import check_backend, check_broker, worker_app
 
 

@@ -6,9 +6,9 @@ from typing import Any
 import click
 
 from pipeline_defs.cli.app import checked_workspace, main
-from pipeline_defs.cli.errors import operation
 from pipeline_defs.cli.options import partition_option
 from pipeline_defs.cli.render import clip, render_table, seconds
+from pipeline_defs.cli.shared import operation
 from pipeline_defs.operations import reset, running_audit
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
 

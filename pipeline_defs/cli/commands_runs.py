@@ -7,14 +7,14 @@ from typing import Any
 import click
 
 from pipeline_defs.cli.app import checked_workspace, main
-from pipeline_defs.cli.errors import CommandFailed, error_payload, operation
 from pipeline_defs.cli.options import partition_option, submission_options
 from pipeline_defs.cli.render import emit_json
 from pipeline_defs.cli.run_output import finish_run, progress_line, run_failure, run_table
+from pipeline_defs.cli.shared import CommandFailed, error_payload, operation
 from pipeline_defs.operations import demo as demos
 from pipeline_defs.operations.episodes import add_episode as register_episode
-from pipeline_defs.operations.force import force_step, invalidated_by
-from pipeline_defs.operations.redraw import redraw_step
+from pipeline_defs.operations.force_command import force_step, invalidated_by
+from pipeline_defs.operations.redraw_command import redraw_step
 from pipeline_defs.operations.run_report import Progress
 from pipeline_defs.operations.runs import run_assets
 

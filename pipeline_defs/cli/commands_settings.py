@@ -7,8 +7,8 @@ from typing import Any
 import click
 
 from pipeline_defs.cli.app import checked_workspace, main
-from pipeline_defs.cli.errors import operation
 from pipeline_defs.cli.render import render_table
+from pipeline_defs.cli.shared import operation
 from pipeline_defs.operations.workspace import load_workspace, safe_url
 from pipeline_defs.resume.settings import ENV_NAMES, env_ledger_values, format_value
 from resources.ledger.store import worker

@@ -7,7 +7,6 @@ from typing import Any
 import click
 
 from pipeline_defs.cli.app import checked_workspace, main, report_invalid_partitions
-from pipeline_defs.cli.errors import operation
 from pipeline_defs.cli.options import partitions_filter
 from pipeline_defs.cli.render import (
     SaidOnce,
@@ -20,6 +19,7 @@ from pipeline_defs.cli.render import (
     terminal_width,
     wrap,
 )
+from pipeline_defs.cli.shared import operation
 from pipeline_defs.operations.operator_words import shown_status
 from pipeline_defs.operations.status_report import StepState, status_report
 from pipeline_defs.operations.status_summary import QueueHolder, StatusSummary

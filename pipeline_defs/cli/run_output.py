@@ -5,8 +5,8 @@ from typing import Any
 
 import click
 
-from pipeline_defs.cli.errors import CommandFailed, error_payload
 from pipeline_defs.cli.render import clip, emit_json, render_table, seconds, terminal_width
+from pipeline_defs.cli.shared import CommandFailed, error_payload
 from pipeline_defs.operations.run_report import Progress, RunReport
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
 

@@ -21,7 +21,7 @@ On top of the decision it says whether the sensor would launch now, and if not, 
   recoveries are blocks with code ``step.recovery_exhausted``).
 
 The launches of a partition form ONE run (docs/DESIGN.md#sensor,
-:class:`~pipeline_defs.judging.verdicts.PartitionRun`): a settled step is never in it for
+:class:`~pipeline_defs.judging.batch_verdicts.PartitionRun`): a settled step is never in it for
 the sake of its upstream. A launch carries a run key derived from the steps, the partition
 and the state that caused each decision (ledger row status / run_id / started_at /
 updated_at / recovery_count / retry_not_before, checkpoint content hash and step-directory
@@ -37,6 +37,7 @@ from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Se
 from dataclasses import replace
 from datetime import datetime, timedelta
 
+from pipeline_defs.judging.batch_verdicts import PartitionRun, SealedVerdicts
 from pipeline_defs.judging.projects import ProjectCache
 from pipeline_defs.judging.step_evaluation import (
     BLOCKED_UPSTREAM,
@@ -50,7 +51,6 @@ from pipeline_defs.judging.step_evaluation import (
     Verdict,
 )
 from pipeline_defs.judging.stores import PipelineLike, ReadStores, Stores
-from pipeline_defs.judging.verdicts import PartitionRun, SealedVerdicts
 from pipeline_defs.resume.clock import MAX_CLOCK_SKEW, as_utc, parse_timestamp
 from pipeline_defs.resume.completion import Origin
 from pipeline_defs.resume.decision import (

@@ -13,7 +13,7 @@ Downstream steps then judge themselves against the new upstream (self-only, as a
 review): nothing is invalidated.
 
 Dagster-free and below the asset factory, so that both ways of asking share this one core:
-``storyboard accept`` (``pipeline_defs/operations/accept.py``) and a launch tagged
+``storyboard accept`` (``pipeline_defs/operations/accept_command.py``) and a launch tagged
 ``resume/mode=accept`` (``pipeline_defs/wiring/assets.py``, docs/DESIGN.md#launch-paths).
 """
 

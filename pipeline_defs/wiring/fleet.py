@@ -26,7 +26,7 @@ from dagster_celery.tasks import create_execute_job_task, create_resume_job_task
 from kombu.entity import Queue
 
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
-from pipeline_defs.resume.fleet import (
+from pipeline_defs.resume.fleet_settings import (
     BACKEND_ENV,
     BROKER_ENV,
     EXECUTOR_ENV,

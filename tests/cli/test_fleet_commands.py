@@ -10,7 +10,7 @@ import pytest
 from cli_helpers import make_env
 
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
-from pipeline_defs.resume.fleet import (
+from pipeline_defs.resume.fleet_settings import (
     CELERY,
     DEFAULT_BACKEND_URL,
     DEFAULT_BROKER_URL,

@@ -289,3 +289,18 @@ def test_product_classes_compose_rather_than_inherit() -> None:
             if len(above) > 2:
                 offenders[f"{name}.{cls.__qualname__}"] = above
     assert offenders == {}
+
+
+# Each adapter's own store and contract: one name for one role, in every adapter.
+SHARED_MODULE_NAMES = {"__init__", "__main__", "store", "base"}
+
+
+def test_no_module_name_means_two_things() -> None:
+    """A module's name says what it is wherever it is imported from: two product modules in
+    two packages never share one (the adapters' ``store`` and ``base`` aside: the same role
+    in each adapter)."""
+    where: dict[str, list[str]] = {}
+    for path in product_files():
+        if "migrations" not in path.parts and path.stem not in SHARED_MODULE_NAMES:
+            where.setdefault(path.stem, []).append(str(path.relative_to(ROOT)))
+    assert {name: paths for name, paths in where.items() if len(paths) > 1} == {}

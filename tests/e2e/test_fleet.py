@@ -51,7 +51,7 @@ from fleet_support import delete_queue
 from s3_server import SECRET, running_s3_server
 from storyboard_support import create_pg_database, drop_pg_database
 
-from pipeline_defs.resume.fleet import FLEET_ENV_NAMES
+from pipeline_defs.resume.fleet_settings import FLEET_ENV_NAMES
 from pipeline_defs.resume.partition import Episode
 from pipeline_defs.resume.settings import ENV_NAMES
 from pipeline_defs.resume.status import LedgerRow, StepStatus

@@ -14,7 +14,7 @@ import pytest
 from storyboard_support import EPISODE, Env
 
 from pipeline_defs.definitions import defs
-from pipeline_defs.operations.accept import accept
+from pipeline_defs.operations.accept_command import accept
 from pipeline_defs.operations.workspace import Workspace, steps_of
 from pipeline_defs.resume.decision import ResumeAction
 from pipeline_defs.resume.errors import PipelineError

@@ -6,7 +6,7 @@ ended, so that what recovers the killed step is the sensor's run, on the fleet."
 import dagster as dg
 
 from pipeline_defs.definitions import build_defs
-from pipeline_defs.resume.fleet import FleetSettings
+from pipeline_defs.resume.fleet_settings import FleetSettings
 from pipeline_defs.storyboard import STORYBOARD_STEPS
 from pipeline_defs.wiring.fleet import build_executor
 from sensors.resume_sensor import build_resume_sensor

@@ -15,7 +15,7 @@ and the fenced publish); each other concern is a module of this package:
 - ``outcome``: what a run ends with (:class:`StepOutcome`, :class:`Published`);
 - ``gate``: upstream settled before anything is judged;
 - ``redraw_scope``: a redraw's targets for this step, and their dependents afterwards;
-- ``verdicts``: SKIP / adopt, BLOCK, not applicable (no claim, nothing executed);
+- ``recorded_verdicts``: SKIP / adopt, BLOCK, not applicable (no claim, nothing executed);
 - ``claim``: the attempt a claim counts as, and why a refused one lost;
 - ``force``: an explicit force's cleanup and downstream invalidation;
 - ``execute`` (+ ``envelope``, ``exit_verify``): the step body, up to a verified result;
@@ -38,7 +38,7 @@ from pipeline_defs.steps.judge import StepJudge
 from pipeline_defs.steps.lease import Lease
 from pipeline_defs.steps.mutations import write_ahead
 from pipeline_defs.steps.mutator_edits import MutatorEdits
-from pipeline_defs.steps.runner import verdicts
+from pipeline_defs.steps.runner import recorded_verdicts
 from pipeline_defs.steps.runner.bookkeeping import Bookkeeping
 from pipeline_defs.steps.runner.claim import attempts_of, lease_hint
 from pipeline_defs.steps.runner.execute import execute
@@ -141,12 +141,16 @@ class StepRunner:
         prior = row.status if row is not None else None
 
         if decision.action is ResumeAction.NOT_APPLICABLE:
-            return verdicts.not_applicable(self.judge, self.writers, key, run, decision, prior)
+            return recorded_verdicts.not_applicable(
+                self.judge, self.writers, key, run, decision, prior
+            )
         if decision.action is ResumeAction.SKIP:
             checkpoint = judgement.checkpoint
-            return verdicts.skip(self.judge, self.writers, key, run, decision, prior, checkpoint)
+            return recorded_verdicts.skip(
+                self.judge, self.writers, key, run, decision, prior, checkpoint
+            )
         if decision.action is ResumeAction.BLOCK:
-            raise verdicts.block(self.writers, key, run, decision, row)
+            raise recorded_verdicts.block(self.writers, key, run, decision, row)
         # no key or a bad provider fails here, before the claim and any call,
         # and only for a step that will run (a SKIP or a BLOCK calls no model).
         self.models(self.judge.project(key))

@@ -17,8 +17,8 @@ from pipeline_defs.steps.judge import StepJudge
 from pipeline_defs.steps.lease import Lease
 from pipeline_defs.steps.mutations import PreparedEdit, intents_data
 from pipeline_defs.steps.mutator_edits import MutatorEdits
-from pipeline_defs.steps.runner.envelope import envelope
 from pipeline_defs.steps.runner.exit_verify import exit_verify
+from pipeline_defs.steps.runner.result_envelope import envelope
 from pipeline_defs.steps.runner.run_info import RunInfo
 from pipeline_defs.steps.runner.writers import Writers
 from resources.checkpoints.envelope import Checkpoint

@@ -7,8 +7,8 @@ from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.resume.status import LedgerRow, StepStatus
 from pipeline_defs.resume.way_out import recovery_way_out
 from pipeline_defs.steps.judge import StepJudge
-from pipeline_defs.steps.runner.envelope import envelope
 from pipeline_defs.steps.runner.outcome import OutcomeStatus, StepOutcome
+from pipeline_defs.steps.runner.result_envelope import envelope
 from pipeline_defs.steps.runner.run_info import RunInfo, audit_line
 from pipeline_defs.steps.runner.writers import Writers
 from pipeline_defs.steps.spec import StepResult

@@ -7,11 +7,13 @@ import dagster as dg
 from pipeline_defs.resume.fleet_settings import FleetSettings
 from pipeline_defs.resume.settings import check_environment
 from pipeline_defs.steps.spec import Step
-from pipeline_defs.storyboard import STORYBOARD_STEPS, ProjectImageModel, ProjectTextModel
+from pipeline_defs.storyboard import STORYBOARD_STEPS
+from pipeline_defs.storyboard.providers import model_routers
 from pipeline_defs.wiring.assets import build_step_assets
 from pipeline_defs.wiring.fleet import build_executor
 from pipeline_defs.wiring.io_manager import CheckpointIOManager
 from resources.pipeline import PipelineResource
+from resources.providers.base import MODEL_KINDS
 from sensors.resume_sensor import DEFAULT_INTERVAL_SECONDS, build_resume_sensor
 from sensors.storage_gc import storage_gc, storage_gc_daily
 
@@ -21,9 +23,9 @@ def build_resources(pipeline: PipelineResource | None = None) -> dict[str, objec
     return {
         "pipeline": pipeline,
         "checkpoint_io_manager": CheckpointIOManager(pipeline=pipeline),
-        # Routers: each step run calls the models its project's provider section names.
-        "text_model": ProjectTextModel(),
-        "image_model": ProjectImageModel(),
+        # Routers, one per kind of model: each step run calls the models its project's
+        # provider section names.
+        **{kind.resource_key: model_routers()[kind.name] for kind in MODEL_KINDS},
     }
 
 

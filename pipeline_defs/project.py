@@ -72,18 +72,6 @@ TEXT_MODEL_KEYS: tuple[str, ...] = ("provider.kind", "provider.base_url", "provi
 IMAGE_MODEL_KEYS: tuple[str, ...] = ("provider.kind", "provider.base_url", "provider.image_model")
 
 
-def models_called(resume_config_keys: tuple[str, ...]) -> tuple[bool, bool]:
-    """(text, image): the models a step calls, as its ``resume_config_keys`` declare them.
-
-    The run protocol checks a model ready to call (config, API key) only for a step that
-    calls it: ``story_source`` calls none and must run without a key.
-    """
-    return (
-        TEXT_MODEL_KEYS[-1] in resume_config_keys,
-        IMAGE_MODEL_KEYS[-1] in resume_config_keys,
-    )
-
-
 class ImageSize(_Strict):
     width: int = Field(default=384, ge=64, le=4096)
     height: int = Field(default=256, ge=64, le=4096)

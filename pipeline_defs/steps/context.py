@@ -7,7 +7,8 @@ metered providers, ``write_artifact`` and ``fenced``, for ``execute`` inside a c
 """
 
 import logging
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
@@ -20,13 +21,15 @@ from pipeline_defs.steps.readers import CheckpointReader, LedgerReader
 from resources.checkpoints.envelope import Artifact, Checkpoint
 from resources.checkpoints.store import CheckpointStore
 from resources.ledger.store import LedgerStore
-from resources.providers import ImageCall, ImageModel, ImageReply, TextCall, TextModel, TextReply
+from resources.providers import ImageCall, ImageReply, TextCall, TextReply
+from resources.providers.base import IMAGE, TEXT, Model, ModelKind, Reply
 
-R = TypeVar("R", TextReply, ImageReply)
+C = TypeVar("C")
+R = TypeVar("R", bound=Reply)
 T = TypeVar("T")
 
 
-def _name(model: TextModel | ImageModel) -> str | None:
+def _name(model: Model) -> str | None:
     """A model's configured name, if it has one (a test's fake may not)."""
     try:
         return model.model_name
@@ -43,12 +46,12 @@ class ProviderMeter:
     ledger: LedgerStore
     key: StepKey
     run_id: str | None
-    text_model: TextModel | None
-    image_model: ImageModel | None
-    text_calls: int = 0
-    image_calls: int = 0
+    # The models of the project, by kind name (``MODEL_KINDS``); a kind absent: not configured.
+    models: Mapping[str, Model]
+    # Calls sent, by kind name.
+    sent: Counter[str] = field(default_factory=Counter)
     # Models that answered, in order of first answer: the step's ``resolved_model``.
-    models: list[str] = field(default_factory=list)
+    answered_by: list[str] = field(default_factory=list)
     # Raises when the owner may no longer spend (its lease was lost): checked before every
     # call, so a worker whose row was taken over makes no further paid call.
     guard: Callable[[], None] | None = None
@@ -69,53 +72,47 @@ class ProviderMeter:
                 self.key.project_id, self.key.episode_id, spent, step=str(self.key)
             ) from None
 
-    def text(self, call: TextCall) -> TextReply:
+    def ask(self, kind: ModelKind[C, R], call: C) -> R:
+        """One call to the project's model of ``kind``, metered."""
         if self.guard is not None:
             self.guard()
-        if self.text_model is None:
-            raise PipelineError(ErrorCode.PROVIDER_CONFIG, f"{self.key}: no text model configured")
-        call_id = self._start("text")
-        self.text_calls += 1
+        model = self.models.get(kind.name)
+        if model is None:
+            raise PipelineError(
+                ErrorCode.PROVIDER_CONFIG, f"{self.key}: no {kind.name} model configured"
+            )
+        call_id = self._start(kind.name)
+        self.sent[kind.name] += 1
         try:
-            reply = self.text_model.complete(call)
+            reply = kind.ask(model, call)
         except BaseException:  # failed, answered: still names the model asked
-            self.ledger.finish_provider_call(call_id, units=0, model=_name(self.text_model))
+            self.ledger.finish_provider_call(call_id, units=0, model=_name(model))
             raise
-        return self._answered(call_id, reply)
+        self.ledger.finish_provider_call(call_id, units=reply.units, model=reply.model)
+        if reply.model and reply.model not in self.answered_by:
+            self.answered_by.append(reply.model)
+        return reply
+
+    def text(self, call: TextCall) -> TextReply:
+        return self.ask(TEXT, call)
 
     def image(self, call: ImageCall) -> ImageReply:
-        if self.guard is not None:
-            self.guard()
-        if self.image_model is None:
-            raise PipelineError(ErrorCode.PROVIDER_CONFIG, f"{self.key}: no image model configured")
-        call_id = self._start("image")
-        self.image_calls += 1
-        try:
-            reply = self.image_model.generate(call)
-        except BaseException:  # failed, answered: still names the model asked
-            self.ledger.finish_provider_call(call_id, units=0, model=_name(self.image_model))
-            raise
-        return self._answered(call_id, reply)
-
-    def _answered(self, call_id: int, reply: R) -> R:
-        self.ledger.finish_provider_call(call_id, units=reply.units, model=reply.model)
-        if reply.model and reply.model not in self.models:
-            self.models.append(reply.model)
-        return reply
+        return self.ask(IMAGE, call)
 
     @property
     def image_model_name(self) -> str | None:
         """The image model this run draws with (None for a fake that names none)."""
-        return None if self.image_model is None else _name(self.image_model)
+        model = self.models.get(IMAGE.name)
+        return None if model is None else _name(model)
 
     @property
     def resolved_model(self) -> str | None:
         """The model(s) that produced this run's results; None when nothing was called."""
-        return ", ".join(self.models) or None
+        return ", ".join(self.answered_by) or None
 
     @property
     def calls(self) -> int:
-        return self.text_calls + self.image_calls
+        return sum(self.sent.values())
 
 
 @dataclass

@@ -26,7 +26,7 @@ from resources.providers import (
     TextModel,
     TextReply,
 )
-from resources.providers.base import provider_error, simulated_latency_ms
+from resources.providers.base import IMAGE, TEXT, provider_error, simulated_latency_ms
 
 PER_PROJECT = "per-project"
 
@@ -91,6 +91,12 @@ def _unrouted(kind: str) -> PipelineError:
         CONFIG_ERROR,
         f"the per-project {kind} model must be resolved for a project (for_provider) first",
     )
+
+
+def model_routers() -> dict[str, TextModel | ImageModel]:
+    """The code location's model resources by kind name (``MODEL_KINDS``): each answers
+    for a project with the model its ``provider:`` section asks for."""
+    return {TEXT.name: ProjectTextModel(), IMAGE.name: ProjectImageModel()}
 
 
 class ProjectTextModel(TextModel):

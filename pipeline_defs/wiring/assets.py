@@ -21,6 +21,7 @@ from pipeline_defs.wiring.io_manager import STEP_METADATA_KEY
 from resources.checkpoints.envelope import Checkpoint
 from resources.checkpoints.store import CheckpointStore
 from resources.ledger.store import LedgerStore
+from resources.providers.base import MODEL_KINDS
 
 episodes = dg.DynamicPartitionsDefinition(name="episodes")
 
@@ -261,7 +262,7 @@ def build_step_asset(step: Step, graph: StepGraph) -> dg.AssetsDefinition:
         },
         description=step.description or None,
         group_name=GROUP,
-        required_resource_keys={"pipeline", "text_model", "image_model"},
+        required_resource_keys={"pipeline", *(kind.resource_key for kind in MODEL_KINDS)},
     )
     def _judged_step(
         context: dg.AssetExecutionContext, **inputs: Checkpoint | None
@@ -315,8 +316,10 @@ def build_step_asset(step: Step, graph: StepGraph) -> dg.AssetsDefinition:
                     judge,
                     ledger=ledger,
                     checkpoints=checkpoints,
-                    text_model=context.resources.text_model,
-                    image_model=context.resources.image_model,
+                    models={
+                        kind.name: getattr(context.resources, kind.resource_key)
+                        for kind in MODEL_KINDS
+                    },
                     on_takeover=lambda owner, reason: _log_ended(
                         context,
                         end_taken_over_run(

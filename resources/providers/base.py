@@ -6,12 +6,13 @@ can count (docs/DESIGN.md#reference-pipeline).
 """
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import dagster as dg
 
+from pipeline_defs.project import IMAGE_MODEL_KEYS, TEXT_MODEL_KEYS
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
 
 if TYPE_CHECKING:
@@ -135,6 +136,65 @@ class ImageModel(dg.ConfigurableResource["ImageModel"]):
     def model_name(self) -> str:
         """Model name recorded in the ledger and checkpoint metadata."""
         raise NotImplementedError(f"{type(self).__name__} does not implement model_name")
+
+
+class Model(Protocol):
+    """What the run protocol asks of a model of any kind: route, check, name."""
+
+    def for_provider(self, provider: "ProviderConfig") -> Any: ...
+
+    def preflight(self) -> None: ...
+
+    @property
+    def model_name(self) -> str: ...
+
+
+class Reply(Protocol):
+    """What the cost ledger records of any reply."""
+
+    @property
+    def units(self) -> int: ...
+
+    @property
+    def model(self) -> str: ...
+
+
+CallT = TypeVar("CallT")
+ReplyT = TypeVar("ReplyT", bound=Reply)
+
+
+@dataclass(frozen=True)
+class ModelKind(Generic[CallT, ReplyT]):
+    """One kind of model the steps call: what the run protocol, the meter, the wiring and
+    the cost ledger need to know of it. A new kind is its contract here (a model resource,
+    its call and reply, an entry in :data:`MODEL_KINDS`), an offline model, its config key
+    (``pipeline_defs/project.py``) and the code location's router for it
+    (``pipeline_defs/storyboard/providers.py``): everything else iterates the kinds."""
+
+    name: str  # the cost ledger's word for a call of this kind (``provider_call.kind``)
+    resource_key: str  # the code location's Dagster resource for it
+    config_keys: tuple[str, ...]  # what a step calling it lists in ``resume_config_keys``
+    ask: Callable[[Any, CallT], ReplyT]  # how a model of this kind answers one call
+
+    def called_by(self, resume_config_keys: tuple[str, ...]) -> bool:
+        """Whether a step calls this kind, as its ``resume_config_keys`` declare it."""
+        return self.config_keys[-1] in resume_config_keys
+
+
+def _complete(model: TextModel, call: TextCall) -> TextReply:
+    return model.complete(call)
+
+
+def _generate(model: ImageModel, call: ImageCall) -> ImageReply:
+    return model.generate(call)
+
+
+TEXT: ModelKind[TextCall, TextReply] = ModelKind("text", "text_model", TEXT_MODEL_KEYS, _complete)
+IMAGE: ModelKind[ImageCall, ImageReply] = ModelKind(
+    "image", "image_model", IMAGE_MODEL_KEYS, _generate
+)
+# Every kind of model the steps may call, by ``name``.
+MODEL_KINDS: tuple[ModelKind[Any, Any], ...] = (TEXT, IMAGE)
 
 
 LATENCY_ENV = "PIPELINE_OFFLINE_LATENCY_MS"

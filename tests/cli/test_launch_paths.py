@@ -165,8 +165,7 @@ class Deployment:
             judge,
             ledger=self.ws.ledger,
             checkpoints=self.ws.checkpoints,
-            text_model=resources["text_model"],  # type: ignore[arg-type]
-            image_model=resources["image_model"],  # type: ignore[arg-type]
+            models={"text": resources["text_model"], "image": resources["image_model"]},  # type: ignore[dict-item]
         )
         episode = Episode.parse(partition_key)
         inputs = {d: self.ws.checkpoints.load(episode.step(d)) for d in step.deps}

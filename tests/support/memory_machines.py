@@ -85,8 +85,7 @@ class Machine:
                 self.judge_of(step_id),
                 ledger=self.ledger,
                 checkpoints=self.checkpoints,
-                text_model=CountingTextModel(),
-                image_model=OfflineImageModel(),
+                models={"text": CountingTextModel(), "image": OfflineImageModel()},
             )
             inputs = {dep: self.checkpoints.load(step_key(dep)) for dep in BY_ID[step_id].deps}
             outcomes[step_id] = runner.run(PARTITION, run, inputs)

@@ -362,8 +362,10 @@ class Env:
             self.step_judge(step_id),
             ledger=self.ledger,
             checkpoints=self.checkpoints,
-            text_model=text_model or resources["text_model"],  # type: ignore[arg-type]
-            image_model=image_model or resources["image_model"],  # type: ignore[arg-type]
+            models={
+                "text": text_model or resources["text_model"],  # type: ignore[dict-item]
+                "image": image_model or resources["image_model"],  # type: ignore[dict-item]
+            },
         )
 
     def judge(self, step_id: str, mode: LaunchMode = LaunchMode.RESUME) -> ResumeDecision:

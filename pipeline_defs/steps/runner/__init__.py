@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pipeline_defs.project import ProjectConfig, models_called
+from pipeline_defs.project import ProjectConfig
 from pipeline_defs.resume.decision import ResumeAction, ResumeDecision
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.partition import StepKey
@@ -53,7 +53,7 @@ from resources.checkpoints.envelope import Checkpoint
 from resources.checkpoints.store import CheckpointStore
 from resources.ledger.audit import AuditAction
 from resources.ledger.store import LedgerStore
-from resources.providers import ImageModel, TextModel
+from resources.providers.base import MODEL_KINDS, Model
 
 __all__ = ["OutcomeStatus", "Published", "RunInfo", "StepOutcome", "StepRunner", "Writers"]
 
@@ -71,8 +71,7 @@ class StepRunner:
         *,
         ledger: LedgerStore,
         checkpoints: CheckpointStore,
-        text_model: TextModel | None = None,
-        image_model: ImageModel | None = None,
+        models: Mapping[str, Model] | None = None,
         on_takeover: Callable[[str, str], None] | None = None,
     ) -> None:
         # ``on_takeover(previous owner, reason)``: called once this run has taken a lapsed
@@ -88,8 +87,9 @@ class StepRunner:
         self.checkpoints = checkpoints
         self.log = judge.log
         self.clock = judge.clock
-        self.text_model = text_model
-        self.image_model = image_model
+        # The code location's model resources by kind name (``MODEL_KINDS``): each routes
+        # to the model a project's ``provider:`` section asks for.
+        self.model_resources: Mapping[str, Model] = dict(models or {})
         self.mutations = MutatorEdits(
             judge, ledger=self.ledger, checkpoints=self.checkpoints, clock=self.clock
         )
@@ -107,20 +107,20 @@ class StepRunner:
         """The judge's context, owned by this run (and its providers, when metered)."""
         return self.writers.context(self.judge, key, run_id=run_id, meter=meter, redraw=redraw)
 
-    def models(self, project: ProjectConfig) -> tuple[TextModel | None, ImageModel | None]:
-        """The models this project's ``provider:`` section asks for, checked ready to call
-        (config, key): a typed ``provider.*`` error here comes before any claim or call."""
-        text = image = None
-        if self.text_model is not None:
-            text = self.text_model.for_provider(project.provider)
-        if self.image_model is not None:
-            image = self.image_model.for_provider(project.provider)
-        # only the models this step calls need a key (story_source: none).
-        called = models_called(self.step.resume_config_keys)
-        for model, calls in zip((text, image), called, strict=True):
-            if model is not None and calls:
+    def models(self, project: ProjectConfig) -> dict[str, Model]:
+        """The models this project's ``provider:`` section asks for, by kind, checked ready
+        to call (config, key): a typed ``provider.*`` error here comes before any claim or
+        call. Only the kinds this step calls need a key (story_source: none)."""
+        found: dict[str, Model] = {}
+        for kind in MODEL_KINDS:
+            resource = self.model_resources.get(kind.name)
+            if resource is None:
+                continue
+            model: Model = resource.for_provider(project.provider)
+            if kind.called_by(self.step.resume_config_keys):
                 model.preflight()
-        return text, image
+            found[kind.name] = model
+        return found
 
     # ------------------------------------------------------------------ running
     def gate(self, key: StepKey) -> None:

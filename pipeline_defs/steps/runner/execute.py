@@ -22,7 +22,7 @@ from pipeline_defs.steps.runner.result_envelope import envelope
 from pipeline_defs.steps.runner.run_info import RunInfo
 from pipeline_defs.steps.runner.writers import Writers
 from resources.checkpoints.envelope import Checkpoint
-from resources.providers import ImageModel, TextModel
+from resources.providers.base import Model
 
 
 @dataclass(frozen=True)
@@ -50,17 +50,15 @@ def execute(
     inputs: Mapping[str, Checkpoint | None],
     *,
     lease: Lease,
-    models: tuple[TextModel | None, ImageModel | None],
+    models: Mapping[str, Model],
 ) -> Execution:
     step, clock = judge.step, judge.clock
     # (1) execute with metered providers: the models of the project, resolved now
-    text_model, image_model = models
     meter = ProviderMeter(
         writers.ledger,
         key,
         run.run_id,
-        text_model,
-        image_model,
+        models,
         guard=lease.check,
         cap=judge.call_cap(key, judge.project(key)),
     )

@@ -5,6 +5,8 @@ A change of status writes its history line in its own transaction instead
 (:mod:`resources.ledger.audit`, docs/DESIGN.md#audit).
 """
 
+import re
+
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
@@ -15,6 +17,9 @@ from pipeline_defs.resume.partition import StepKey
 from resources.ledger.audit import Audit, write_audit
 from resources.ledger.session import LedgerSession, now_text
 from resources.ledger.tables import episode_calls, provider_call
+
+# A kind of model's word in the cost ledger (``ModelKind.name``): the column holds 8 characters.
+_KIND_WORD = re.compile(r"[a-z][a-z0-9_]{0,7}")
 
 # The next provider_call id on PostgreSQL (drawn before the insert: see start_provider_call).
 _NEXT_CALL_ID = sa.select(
@@ -107,9 +112,11 @@ class AuditAndCost:
         call. A call that would take the count past ``cap`` is refused, recording
         nothing: ``budget.exhausted`` with the count in ``details["spent"]``.
         """
-        if kind not in ("text", "image"):
+        if not _KIND_WORD.fullmatch(kind):
             raise PipelineError(
-                ErrorCode.INPUT_INVALID, f"provider call kind must be text or image, not {kind!r}"
+                ErrorCode.INPUT_INVALID,
+                f"provider call kind {kind!r} is not a kind's word (a lowercase word of at most "
+                "8 characters: text, image, ...)",
             )
         values = {
             "project_id": key.project_id,

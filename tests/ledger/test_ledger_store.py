@@ -851,9 +851,11 @@ def test_provider_calls_recorded_and_filtered(store: LedgerStore) -> None:
     assert store.provider_calls(StepKey("other", "ep1", KEY.step_id)) == []
 
 
-def test_provider_call_kind_is_validated(store: LedgerStore) -> None:
+@pytest.mark.parametrize("kind", ["Video", "text model", "", "soundtrack"])
+def test_provider_call_kind_is_validated(store: LedgerStore, kind: str) -> None:
+    """A kind's word (``ModelKind.name``): lowercase, at most the column's 8 characters."""
     with pytest.raises(PipelineError) as info:
-        store.record_provider_call(KEY, "run-a", kind="video", units=1, model=None)
+        store.record_provider_call(KEY, "run-a", kind=kind, units=1, model=None)
     assert info.value.code == "input.invalid"
     assert store.provider_calls() == []
 

@@ -7,13 +7,16 @@ location that runs it is the shipped one with one more step in its list.
 import dagster as dg
 import pytest
 from logline_step import TASK, Logline, LoglineCode
-from storyboard_support import Env
+from storyboard_support import EPISODE, Env
 
 from pipeline_defs.definitions import build_defs
+from pipeline_defs.project import ProviderConfig
 from pipeline_defs.resume.errors import PipelineError, status_of
+from pipeline_defs.steps.context import ProviderMeter
 from pipeline_defs.steps.spec import Step
 from pipeline_defs.storyboard import STORYBOARD_STEPS
-from resources.providers import OfflineTextModel, TextCall
+from resources.providers import OfflineTextModel, TextCall, TextReply
+from resources.providers.base import ModelKind
 
 
 def _location(env: Env) -> dg.Definitions:
@@ -54,3 +57,38 @@ def test_two_steps_cannot_answer_one_task_differently() -> None:
         class Rival(Step):
             step_id = "rival"
             offline_replies = {TASK: other}
+
+
+class EchoModel:
+    """A model of a kind the code base has never heard of."""
+
+    model_name = "echo-v1"
+
+    def for_provider(self, provider: ProviderConfig) -> "EchoModel":
+        return self
+
+    def preflight(self) -> None:
+        pass
+
+    def answer(self, said: str) -> TextReply:
+        return TextReply(data={"echo": said}, units=3, model=self.model_name)
+
+
+def _answer(model: EchoModel, said: str) -> TextReply:
+    return model.answer(said)
+
+
+ECHO: ModelKind[str, TextReply] = ModelKind(
+    "echo", "echo_model", ("provider.kind", "provider.echo_model"), _answer
+)
+
+
+def test_a_new_kind_of_model_is_metered_and_counted_like_text_and_image(env: Env) -> None:
+    """The meter and the cost ledger take any kind: a new kind's calls are recorded before
+    they are sent and finished with their units, under the kind's own word."""
+    meter = ProviderMeter(env.ledger, env.key("logline"), "run-echo", {"echo": EchoModel()})
+    assert meter.ask(ECHO, "hello").data == {"echo": "hello"}
+    assert (meter.sent, meter.calls, meter.resolved_model) == ({"echo": 1}, 1, "echo-v1")
+    recorded = [c for c in env.ledger.provider_calls(episode=EPISODE) if c["kind"] == "echo"]
+    assert [(c["step_id"], c["units"], c["model"]) for c in recorded] == [("logline", 3, "echo-v1")]
+    assert ECHO.called_by(("provider.kind", "provider.echo_model"))

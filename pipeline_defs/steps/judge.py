@@ -97,6 +97,42 @@ def not_a_file(
 AUTOMATIC_LAUNCH_PATH = "sensor"
 
 
+def input_problem(
+    step: Step, checkpoints: CheckpointReader, checkpoint: Checkpoint
+) -> PipelineError | None:
+    """Why ``step``'s published ``checkpoint`` cannot be handed to a downstream step as it
+    is (the IO manager asks this for every input): written under another schema (contract
+    drift), an artifact missing or not the published bytes, or data the step no longer
+    accepts. None when it can (a not-applicable one always can: its data is empty by
+    design). The run's own judgement of the upstream step, with its decision, is the
+    step's gate; this is the last word on the bytes a step is about to read."""
+    if checkpoint.status == StepStatus.NOT_APPLICABLE:
+        return None
+    path = str(checkpoints.path_for(checkpoint.key))
+    if checkpoint.schema_version != step.schema_version:
+        return PipelineError(
+            ErrorCode.IO_INTEGRITY_VIOLATION,
+            f"checkpoint {path}: schema_version {checkpoint.schema_version} but {step.step_id} "
+            f"now writes {step.schema_version}",
+            origin=Origin.CONTRACT_DRIFT.value,
+            details={"path": path},
+        )
+    missing, changed = checkpoints.artifact_problems(checkpoint)
+    if missing or changed:
+        origin = Origin.INVARIANT_DRIFT if changed else Origin.ARTIFACT_MISSING
+        return PipelineError(
+            ErrorCode.IO_INTEGRITY_VIOLATION,
+            f"checkpoint {path}: artifacts missing or changed: {[*changed, *missing][:5]}",
+            origin=origin.value,
+            details={"path": path},
+        )
+    try:
+        step.validate_data(checkpoint.data, source=path)
+    except PipelineError as error:
+        return error
+    return None
+
+
 def _sealed_clean() -> CompletionReport:
     """The verdict a holding seal stands for (one shared, immutable report)."""
     return _SEALED_CLEAN

@@ -4,10 +4,10 @@ from typing import Any
 
 import dagster as dg
 
-from pipeline_defs.resume.completion import Origin
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.partition import Episode, StepKey
 from pipeline_defs.resume.status import StepStatus
+from pipeline_defs.steps.judge import input_problem
 from pipeline_defs.steps.spec import Step, load_step
 from resources.checkpoints.envelope import Checkpoint
 from resources.pipeline import PipelineResource
@@ -99,25 +99,7 @@ class CheckpointIOManager(dg.ConfigurableIOManager):
         if checkpoint is None:
             return None  # the step's gate reports it with a clear reason
         step = _step_from(upstream.definition_metadata if upstream else None, asset_key)
-        path = str(checkpoints.path_for(key))
-        if checkpoint.status == StepStatus.NOT_APPLICABLE:
-            return checkpoint
-        if checkpoint.schema_version != step.schema_version:
-            raise PipelineError(
-                ErrorCode.IO_INTEGRITY_VIOLATION,
-                f"checkpoint {path}: schema_version {checkpoint.schema_version} but {step.step_id} "
-                f"now writes {step.schema_version}",
-                origin=Origin.CONTRACT_DRIFT.value,
-                details={"path": path},
-            )
-        missing, changed = checkpoints.artifact_problems(checkpoint)
-        if missing or changed:
-            origin = Origin.INVARIANT_DRIFT if changed else Origin.ARTIFACT_MISSING
-            raise PipelineError(
-                ErrorCode.IO_INTEGRITY_VIOLATION,
-                f"checkpoint {path}: artifacts missing or changed: {[*changed, *missing][:5]}",
-                origin=origin.value,
-                details={"path": path},
-            )
-        step.validate_data(checkpoint.data, source=path)
+        problem = input_problem(step, checkpoints, checkpoint)  # the judge's word on it
+        if problem is not None:
+            raise problem
         return checkpoint

@@ -10,6 +10,7 @@ import typing
 from pathlib import Path
 
 import pytest
+from source_trees import parse_source
 
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCT = ["pipeline_defs", "resources", "sensors"]
@@ -204,7 +205,7 @@ def test_paths_of_the_data_layout_are_built_by_the_layout() -> None:
         f"{path.relative_to(ROOT)}:{line} {name}"
         for path in product_files()
         if path.relative_to(ROOT).as_posix() != LAYOUT_MODULE
-        for line, name in _layout_offenders(ast.parse(path.read_text()))
+        for line, name in _layout_offenders(parse_source(path.read_text()))
     ]
     assert not offenders, f"{len(offenders)} hand-built layout path(s): {offenders}"
 
@@ -228,7 +229,7 @@ def test_no_module_only_re_exports_names() -> None:
     offenders = [
         str(path.relative_to(ROOT))
         for path in product_files()
-        if path.name != "__init__.py" and _only_imports(ast.parse(path.read_text()))
+        if path.name != "__init__.py" and _only_imports(parse_source(path.read_text()))
     ]
     assert offenders == []
 
@@ -236,7 +237,7 @@ def test_no_module_only_re_exports_names() -> None:
 def _fixtures_defined(path: Path) -> set[str]:
     """Names of the pytest fixtures a module defines."""
     names = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in ast.walk(parse_source(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.FunctionDef):
             for decorator in node.decorator_list:
                 target = decorator.func if isinstance(decorator, ast.Call) else decorator

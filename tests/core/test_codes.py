@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import pytest
+from source_trees import parse_source
 
 from pipeline_defs.resume.decision import BLOCK_CODES
 from pipeline_defs.resume.errors import Code, ErrorCode, PipelineError, known_codes, status_of
@@ -58,7 +59,7 @@ def _module_of(path: Path) -> str:
 class _Module:
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.tree = ast.parse(path.read_text(encoding="utf-8"))
+        self.tree = parse_source(path.read_text(encoding="utf-8"))
         self.constants: dict[str, ast.expr] = {}
         self.imports: dict[str, tuple[str, str]] = {}
         for node in self.tree.body:
@@ -202,7 +203,7 @@ def test_the_scan_is_not_blind(tmp_path: Path) -> None:
     """A made-up code in a raise is found (so an empty stray list means something)."""
     module = _Module.__new__(_Module)
     module.path = ROOT / "planted.py"
-    module.tree = ast.parse('def f():\n    raise PipelineError("made.up", "x")\n')
+    module.tree = parse_source('def f():\n    raise PipelineError("made.up", "x")\n')
     module.constants, module.imports = {}, {}
     call = next(n for n in ast.walk(module.tree) if isinstance(n, ast.Call))
     assert _codes_in(call.args[0], module, None) == {"made.up"}
@@ -240,7 +241,7 @@ def test_every_raise_site_names_its_code_by_member() -> None:
 def test_the_text_scan_is_not_blind() -> None:
     module = _Module.__new__(_Module)
     module.path = ROOT / "planted.py"
-    module.tree = ast.parse(
+    module.tree = parse_source(
         'def f(x):\n    raise PipelineError("made.up", "x")\n'
         'def g(x):\n    raise review_error(f"t2i_review.{x}", "x")\n'
         "def h(x):\n    raise PipelineError(ErrorCode.INTERNAL, x)\n"

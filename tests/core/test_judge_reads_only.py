@@ -10,6 +10,8 @@ proves the same from the types (the judge holds ``steps.readers`` protocols only
 import ast
 import inspect
 
+from source_trees import parse_source
+
 from pipeline_defs.steps import judge, runner
 
 # Store methods a judge may call: reads, stat checks and path arithmetic. ``sync_inputs``
@@ -36,7 +38,7 @@ STORES = frozenset({"ledger", "checkpoints"})
 def _store_calls(source: str) -> set[str]:
     """``self.<store>.<method>`` calls in ``source``."""
     found = set()
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(parse_source(source)):
         if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
             continue
         owner = node.func.value

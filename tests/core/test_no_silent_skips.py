@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from must_run import in_ci, skip_or_fail
+from source_trees import parse_source
 
 TESTS = Path(__file__).resolve().parents[1]
 
@@ -24,7 +25,7 @@ def _dotted(node: ast.expr) -> str:
 def test_every_skip_has_a_ci_failure_beside_it() -> None:
     offenders = []
     for path in sorted(TESTS.rglob("*.py")):
-        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        tree = parse_source(path.read_text(encoding="utf-8"), filename=str(path))
         for fn in ast.walk(tree):
             if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
                 continue

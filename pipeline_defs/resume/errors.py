@@ -131,6 +131,9 @@ def status_of(code: str) -> int:
     """The HTTP-like status of ``code`` (a member or its text)."""
     if isinstance(code, Code):
         return code.status
+    member = ErrorCode._value2member_map_.get(code)  # the protocol's own: no walk
+    if isinstance(member, Code):
+        return member.status
     return known_codes().get(code, DEFAULT_STATUS)
 
 
@@ -149,7 +152,7 @@ class PipelineError(Exception):
         # Kept as plain text: codes are compared and serialised as their stable strings.
         self.code = str(code)
         self.message = message
-        self.status = status if status is not None else status_of(self.code)
+        self.status = status if status is not None else status_of(code)
         self.origin = origin
         self.details = dict(details or {})
         super().__init__(f"[{self.code}] {message}")

@@ -48,12 +48,11 @@ class OfflineReplies:
         (two steps sending one task would get each other's answers)."""
         with self._lock:
             known = self._replies.get(task)
-            if known is not None and known is not reply:
+            if known is not None and _name(known) != _name(reply):
                 raise provider_error(
                     CONFIG_ERROR,
-                    f"offline text model: task {task!r} is answered by "
-                    f"{known.__module__}.{known.__qualname__} already, not also by "
-                    f"{reply.__module__}.{reply.__qualname__}",
+                    f"offline text model: task {task!r} is answered by {_name(known)} "
+                    f"already, not also by {_name(reply)}",
                 )
             self._replies[task] = reply
 
@@ -62,6 +61,12 @@ class OfflineReplies:
 
     def tasks(self) -> list[str]:
         return sorted(self._replies)
+
+
+def _name(reply: OfflineReply) -> str:
+    """Where a reply is defined: the same function again (a module imported afresh) is no
+    rival answer."""
+    return f"{reply.__module__}.{reply.__qualname__}"
 
 
 OFFLINE_REPLIES = OfflineReplies()

@@ -95,7 +95,10 @@ def test_add_episode_refuses_bad_ids_before_touching_any_path(
     assert tree_snapshot(cli.root) == before, "nothing may be created for a refused id"
 
 
-def test_add_episode_needs_a_dagster_home(cli: CliEnv) -> None:
+def test_add_episode_needs_a_dagster_home(cli: CliEnv, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Run from a directory of the test's own: the checkout may hold the demo's
+    # ``.dagster_home`` (``make demo`` before ``make test``), which the CLI would find there.
+    monkeypatch.chdir(cli.root)
     story = cli.story("fox")
     result = cli.invoke(
         "add-episode", "--project", "p1", "--episode", "e1", "--story", str(story),

@@ -14,33 +14,12 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
-import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from pipeline_defs.resume.decision import ResumeAction
 from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.resume.status import StepStatus
-from resources.ledger.tables import step_transition
-
-AUDIT_COLUMNS = (
-    "project_id",
-    "episode_id",
-    "step_id",
-    "from_status",
-    "to_status",
-    "action",
-    "origin",
-    "reason",
-    "run_id",
-    "launch_path",
-    "at",
-    "worker",
-)
-AUDIT_STATEMENT = (
-    sa.insert(step_transition)
-    .values({column: sa.bindparam(f"a_{column}") for column in AUDIT_COLUMNS})
-    .returning(step_transition.c.transition_seq)
-)
+from resources.ledger import statements
 
 
 class AuditAction(StrEnum):
@@ -184,12 +163,8 @@ def write_audit(conn: Connection, key: StepKey, audit: Audit, at: str, *, attemp
     """
     values = audit.values(key, at)
     if attempt > 1:
-        same = [
-            step_transition.c[k].is_not_distinct_from(sa.literal(v, sa.Text))
-            for k, v in values.items()
-        ]
-        found = conn.execute(sa.select(step_transition.c.transition_seq).where(*same)).first()
+        found = conn.execute(statements.history_line(values)).first()
         if found is not None:
             return int(found[0])
     params = {f"a_{k}": v for k, v in values.items()}
-    return int(conn.execute(AUDIT_STATEMENT, params).scalar_one())
+    return int(conn.execute(statements.APPEND_HISTORY, params).scalar_one())

@@ -7,24 +7,16 @@ A change of status writes its history line in its own transaction instead
 
 import re
 
-import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection
 
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.partition import StepKey
+from resources.ledger import statements
 from resources.ledger.audit import Audit, write_audit
 from resources.ledger.session import LedgerSession, now_text
-from resources.ledger.tables import episode_calls, provider_call
 
 # A kind of model's word in the cost ledger (``ModelKind.name``): the column holds 8 characters.
 _KIND_WORD = re.compile(r"[a-z][a-z0-9_]{0,7}")
-
-# The next provider_call id on PostgreSQL (drawn before the insert: see start_provider_call).
-_NEXT_CALL_ID = sa.select(
-    sa.func.nextval(sa.func.pg_get_serial_sequence(provider_call.name, provider_call.c.id.name))
-)
 
 
 def _count_call(conn: Connection, key: StepKey, cap: int | None, *, sqlite: bool) -> None:
@@ -35,31 +27,11 @@ def _count_call(conn: Connection, key: StepKey, cap: int | None, *, sqlite: bool
     write lock (SQLite): of two steps of one episode racing for its last call, the second
     finds the count at the cap. A new episode's row starts at the calls it has recorded.
     """
-    where = (
-        episode_calls.c.project_id == key.project_id,
-        episode_calls.c.episode_id == key.episode_id,
-    )
-    recorded = (
-        sa.select(sa.literal(key.project_id), sa.literal(key.episode_id), sa.func.count())
-        .select_from(provider_call)
-        .where(
-            provider_call.c.project_id == key.project_id,
-            provider_call.c.episode_id == key.episode_id,
-        )
-    )
-    insert = sqlite_insert if sqlite else postgresql.insert
-    conn.execute(
-        insert(episode_calls)
-        .from_select(["project_id", "episode_id", "calls"], recorded)
-        .on_conflict_do_nothing()
-    )
-    within = (episode_calls.c.calls < cap,) if cap is not None else ()
-    counted = conn.execute(
-        sa.update(episode_calls).where(*where, *within).values(calls=episode_calls.c.calls + 1)
-    )
-    if counted.rowcount == 1:
+    conn.execute(statements.seed_episode_calls(sqlite, key))
+    if conn.execute(statements.count_call(key, cap)).rowcount == 1:
         return
-    spent = int(conn.execute(sa.select(episode_calls.c.calls).where(*where)).scalar_one())
+    counted = statements.episode_call_count(key.project_id, key.episode_id)
+    spent = int(conn.execute(counted).scalar_one())
     raise PipelineError(
         ErrorCode.BUDGET_EXHAUSTED,
         f"{key}: episode has recorded {spent} provider calls, at its cap of {cap}",
@@ -130,9 +102,7 @@ class AuditAndCost:
         if self.session.is_sqlite:  # never retried (see _retry): the id comes back with the insert
             with self.session.write() as conn:  # BEGIN IMMEDIATE: the write lock, first
                 _count_call(conn, key, cap, sqlite=True)
-                inserted = conn.execute(
-                    sa.insert(provider_call).values(values).returning(provider_call.c.id)
-                ).scalar_one()
+                inserted = conn.execute(statements.record_call(values)).scalar_one()
             return int(inserted)
         # PostgreSQL: the row's id is drawn from its sequence before the insert is sent, so
         # an insert retried after a lost answer names the same row and a paid call is never
@@ -142,24 +112,19 @@ class AuditAndCost:
         def body(_attempt: int) -> int:
             if not allocated:
                 with self.session.single() as conn:
-                    allocated.append(int(conn.execute(_NEXT_CALL_ID).scalar_one()))
+                    allocated.append(int(conn.execute(statements.NEXT_CALL_ID).scalar_one()))
             with self.session.write() as conn:
                 # A retry after a commit whose answer was lost finds its own row: done.
-                mine = sa.select(provider_call.c.id).where(provider_call.c.id == allocated[0])
-                if conn.execute(mine).first() is None:
+                if conn.execute(statements.call_by_id(allocated[0])).first() is None:
                     _count_call(conn, key, cap, sqlite=False)
-                    conn.execute(sa.insert(provider_call).values(id=allocated[0], **values))
+                    conn.execute(statements.record_call({"id": allocated[0], **values}))
             return allocated[0]
 
         return self.session.retry("record a provider call", body)
 
     def finish_provider_call(self, call_id: int, *, units: int, model: str | None) -> None:
         # Fixed values by primary key: run twice after a lost answer, the same row results.
-        statement = (
-            sa.update(provider_call)
-            .where(provider_call.c.id == call_id)
-            .values(units=units, model=model, finished_at=now_text())
-        )
+        statement = statements.finish_call(call_id, units=units, model=model, now=now_text())
         self.session.in_single("finish a provider call", lambda conn: conn.execute(statement))
 
     def record_provider_call(

@@ -10,16 +10,13 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TypeVar
 
-import sqlalchemy as sa
-
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.resume.status import SETTLED_RESULT, LedgerRow, StepStatus
-from resources.ledger import pointers
+from resources.ledger import pointers, statements
 from resources.ledger.audit import Audit, write_audit
 from resources.ledger.retry import Once
 from resources.ledger.session import LedgerSession, now_text
-from resources.ledger.tables import step_run
 
 T = TypeVar("T")
 
@@ -50,11 +47,8 @@ class Publishing:
 
         def body(_attempt: int) -> T:
             with self.session.write() as conn:
-                locked = conn.execute(
-                    sa.select(step_run.c.id)
-                    .where(self.session.owned(key, run_id))
-                    .with_for_update()
-                ).first()
+                owner = {**statements.key_params(key), "k_mine": run_id}
+                locked = conn.execute(statements.lock_row(True), owner).first()
                 if locked is None:
                     raise PipelineError(
                         ErrorCode.STEP_OWNERSHIP_LOST,
@@ -225,11 +219,7 @@ class Publishing:
                 landed = attempt > 1 and pointer is not None
                 if landed and pointers.current_pointer(conn, key) == pointer:
                     return once()  # the commit landed: ``fn`` ran, its result is kept
-                row = conn.execute(
-                    sa.select(step_run.c.status)
-                    .where(self.session.key_clause(key))
-                    .with_for_update()
-                ).first()
+                row = conn.execute(statements.lock_status(key)).first()
                 status = None if row is None else str(row.status)
                 if status is None or status not in SETTLED_RESULT:
                     refusal = _not_settled(key, status)
@@ -241,11 +231,7 @@ class Publishing:
                 if refusal is None:
                     if reseal:
                         completed = status == StepStatus.COMPLETED
-                        conn.execute(
-                            sa.update(step_run)
-                            .where(self.session.key_clause(key))
-                            .values(checkpoint_seal=seal if completed else None)
-                        )
+                        conn.execute(statements.set_seal(key, seal if completed else None))
                     if audit is not None:
                         write_audit(conn, key, _with_status(audit, status), ts, attempt=attempt)
                     result = once()

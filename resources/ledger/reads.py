@@ -6,16 +6,15 @@ plain dicts.
 """
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, cast
+from typing import Any, Literal, cast
 
-import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from pipeline_defs.resume.partition import Episode, StepKey
-from pipeline_defs.resume.status import LedgerRow, StepStatus
+from pipeline_defs.resume.status import LedgerRow
+from resources.ledger import statements
 from resources.ledger.audit import Transition
 from resources.ledger.session import LedgerSession
-from resources.ledger.tables import episode_calls, provider_call, step_run, step_transition
 
 # A result row as the mapping it is (SQLAlchemy types RowMapping's keys wider than str).
 _Mapping = Mapping[str, Any]
@@ -34,7 +33,7 @@ class Reads:
         self.session = session
 
     def get(self, key: StepKey) -> LedgerRow | None:
-        query = sa.select(step_run).where(self.session.key_clause(key))
+        query = statements.step_row(key)
         return self.session.in_read(
             "read a step row",
             lambda conn: _row(cast(_Mapping, conn.execute(query).mappings().first())),
@@ -57,35 +56,19 @@ class Reads:
         comparison only (never cast). ``columns``: fetch only these (plus the key), for bulk
         readers such as the sensor (a cold tick reads every row of the ledger).
         """
-        if columns is None:
-            query = sa.select(step_run)
-        else:
-            names = dict.fromkeys(("project_id", "episode_id", "step_id", *columns))
-            query = sa.select(*(step_run.c[name] for name in names))
-        if step_ids is not None:
-            query = query.where(step_run.c.step_id.in_(list(step_ids)))
-        pair = sa.tuple_(step_run.c.project_id, step_run.c.episode_id)
         listed = sorted({(e.project_id, e.episode_id) for e in episodes or ()})
         wanted: set[tuple[str, str]] | None = None
-        if changed_since is not None:
-            seq, since = changed_since
-            touched = sa.union(
-                sa.select(step_run.c.project_id, step_run.c.episode_id).where(
-                    step_run.c.updated_at >= since
-                ),
-                sa.select(step_transition.c.project_id, step_transition.c.episode_id).where(
-                    step_transition.c.transition_seq > seq
-                ),
-            ).subquery()
-            clause = pair.in_(sa.select(touched.c.project_id, touched.c.episode_id))
-            query = query.where(sa.or_(clause, pair.in_(listed)) if listed else clause)
-        elif episodes is not None:
+        by: Literal["pairs", "projects", "all"] = "all"
+        if changed_since is None and episodes is not None:
             wanted = set(listed)
-            if len(listed) <= _PAIR_FILTER_LIMIT:
-                query = query.where(pair.in_(listed))
-            else:
-                projects = sorted({p for p, _ in wanted})
-                query = query.where(step_run.c.project_id.in_(projects))
+            by = "pairs" if len(listed) <= _PAIR_FILTER_LIMIT else "projects"
+        query = statements.step_rows(
+            columns=columns,
+            step_ids=step_ids,
+            episodes=listed,
+            changed_since=changed_since,
+            by=by,
+        )
 
         def fetch(conn: Connection) -> tuple[list[str], list[Sequence[Any]]]:
             result = conn.execute(query)
@@ -105,7 +88,7 @@ class Reads:
         return out
 
     def running_rows(self) -> list[LedgerRow]:
-        query = sa.select(step_run).where(step_run.c.status == StepStatus.RUNNING.value)
+        query = statements.running_rows()
         return self.session.in_read(
             "read running rows",
             lambda conn: [
@@ -117,21 +100,14 @@ class Reads:
         """(highest transition_seq, latest updated_at): changes when any row or audit changes."""
 
         def read(conn: Connection) -> tuple[int, str]:
-            seq = conn.execute(sa.select(sa.func.max(step_transition.c.transition_seq))).scalar()
-            updated = conn.execute(sa.select(sa.func.max(step_run.c.updated_at))).scalar()
+            seq = conn.execute(statements.newest_transition_seq()).scalar()
+            updated = conn.execute(statements.newest_update()).scalar()
             return int(seq or 0), str(updated or "")
 
         return self.session.in_read("read the ledger cursor", read)
 
     def transitions(self, key: StepKey | None = None, *, since_seq: int = 0) -> list[Transition]:
-        query = sa.select(step_transition).where(step_transition.c.transition_seq > since_seq)
-        if key is not None:
-            query = query.where(
-                step_transition.c.project_id == key.project_id,
-                step_transition.c.episode_id == key.episode_id,
-                step_transition.c.step_id == key.step_id,
-            )
-        ordered = query.order_by(step_transition.c.transition_seq)
+        ordered = statements.history(key, since_seq=since_seq)
         return self.session.in_read(
             "read transitions",
             lambda conn: [
@@ -142,10 +118,7 @@ class Reads:
     def episode_calls(self, project_id: str, episode_id: str) -> int:
         """How many provider calls the episode has recorded (sent, answered or not): its
         ``episode_calls`` count, the one the spend cap is checked against."""
-        query = sa.select(episode_calls.c.calls).where(
-            episode_calls.c.project_id == project_id,
-            episode_calls.c.episode_id == episode_id,
-        )
+        query = statements.episode_call_count(project_id, episode_id)
         return int(
             self.session.in_read("count provider calls", lambda conn: conn.execute(query).scalar())
             or 0
@@ -158,18 +131,14 @@ class Reads:
         run_id: str | None = None,
         episode: Episode | None = None,
     ) -> list[dict[str, Any]]:
-        query = sa.select(provider_call)
         if key is not None:
             episode = key.episode
-            query = query.where(provider_call.c.step_id == key.step_id)
-        if episode is not None:
-            query = query.where(
-                provider_call.c.project_id == episode.project_id,
-                provider_call.c.episode_id == episode.episode_id,
-            )
-        if run_id is not None:
-            query = query.where(provider_call.c.run_id == run_id)
-        ordered = query.order_by(provider_call.c.id)
+        ordered = statements.provider_calls(
+            None if key is None else key.step_id,
+            project_id=None if episode is None else episode.project_id,
+            episode_id=None if episode is None else episode.episode_id,
+            run_id=run_id,
+        )
         return self.session.in_read(
             "read provider calls", lambda conn: [dict(r) for r in conn.execute(ordered).mappings()]
         )

@@ -2,23 +2,23 @@
 transaction per operation, and the retry of a dropped PostgreSQL connection.
 
 Every operation is a short transaction of its own: no connection or transaction is held
-while a step body runs. The same statements run on PostgreSQL and SQLite.
-:class:`LedgerSession` is the one object the store's per-concern parts share (each holds it).
+while a step body runs. The same statements (:mod:`resources.ledger.statements`) run on
+PostgreSQL and SQLite. :class:`LedgerSession` is the one object the store's per-concern
+parts share (each holds it).
 """
 
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from pipeline_defs.resume.clock import format_timestamp
 from pipeline_defs.resume.partition import StepKey
+from resources.ledger import statements
 from resources.ledger.engine import engine_for
 from resources.ledger.retry import Once, retry_dropped
 from resources.ledger.schema import migrate_to_head
-from resources.ledger.tables import step_run
 
 T = TypeVar("T")
 
@@ -26,19 +26,6 @@ T = TypeVar("T")
 def now_text() -> str:
     """Now, as the ISO text the ledger stores."""
     return format_timestamp(datetime.now(UTC))
-
-
-# ---------------------------------------------------------------------- prebuilt statements
-# The per-step operations (claim, transition, audit) run for every step of every run. Each
-# statement shape is built once with bind parameters: building and cache-keying a Core
-# statement per call cost ~0.65 ms of client CPU per claim + transition, more than the round
-# trips. SQLAlchemy still compiles each shape once per dialect and reuses it.
-B = sa.bindparam
-
-
-def key_params(key: StepKey) -> dict[str, str]:
-    """The bind parameters of a prebuilt statement's key (``k_project``, ...)."""
-    return {"k_project": key.project_id, "k_episode": key.episode_id, "k_step": key.step_id}
 
 
 class LedgerSession:
@@ -109,14 +96,6 @@ class LedgerSession:
 
         return self.retry(what, body)
 
-    @staticmethod
-    def key_clause(key: StepKey) -> sa.ColumnElement[bool]:
-        return sa.and_(
-            step_run.c.project_id == key.project_id,
-            step_run.c.episode_id == key.episode_id,
-            step_run.c.step_id == key.step_id,
-        )
-
     def migrate(self) -> str:
         """Bring the database to the head revision; returns the revision."""
         return self.retry("migrate", lambda _attempt: self.migrate_now())
@@ -132,14 +111,10 @@ class LedgerSession:
         if not self._migrated:
             self.migrate_now()
 
-    def owned(self, key: StepKey, run_id: str) -> sa.ColumnElement[bool]:
-        return sa.and_(self.key_clause(key), step_run.c.run_id == run_id)
-
     def row_is(self, conn: Connection, key: StepKey, **expected: Any) -> bool:
         """Whether the key's row exists with exactly these column values (after an unknown
         outcome: did our own write land?)."""
-        columns = [step_run.c[name] for name in expected]
-        found = conn.execute(sa.select(*columns).where(self.key_clause(key))).first()
+        found = conn.execute(statements.row_columns(key, expected)).first()
         return found is not None and all(
             value == want for value, want in zip(found, expected.values(), strict=True)
         )

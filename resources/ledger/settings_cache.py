@@ -14,9 +14,10 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from pipeline_defs.resume.settings import validate_ledger_values
+from resources.ledger import statements
 from resources.ledger.retry import is_dropped_connection
 from resources.ledger.session import LedgerSession, now_text
-from resources.ledger.tables import setting_change, settings
+from resources.ledger.tables import settings
 
 # How stale a process's copy of the settings table may be: a run's steps and a sensor's tick
 # read it at most once per this many seconds, and a change applies everywhere within it.
@@ -49,7 +50,7 @@ class SettingsCache:
             database = sa.engine.make_url(self.session.url).database or ""
             if database in ("", ":memory:") or not Path(database).is_file():
                 return {}  # connecting would create the file
-        query = sa.select(settings.c.key, settings.c.value)
+        query = statements.every_setting()
         try:
             if self.session.is_sqlite:
                 conn = self.session.engine.connect().execution_options(read_only=True)
@@ -107,8 +108,8 @@ class SettingsCache:
         if not self.session.is_sqlite:
             # Serialize changes: two keys validated apart (lease, heartbeat) could make
             # a pair neither change alone would allow. SQLite's BEGIN IMMEDIATE does this.
-            conn.exec_driver_sql("LOCK TABLE settings IN SHARE ROW EXCLUSIVE MODE")
-        rows = conn.execute(sa.select(settings.c.key, settings.c.value)).all()
+            conn.exec_driver_sql(statements.LOCK_SETTINGS)
+        rows = conn.execute(statements.every_setting()).all()
         current = {str(k): str(v) for k, v in rows}
         wanted = {k: v for k, v in values.items() if not (keep and k in current)}
         merged = validate_ledger_values({**current, **wanted})  # raises: nothing written
@@ -119,16 +120,12 @@ class SettingsCache:
                 continue
             row = {"value": new, "updated_at": now, "updated_by": changed_by[key]}
             if old is None:
-                conn.execute(sa.insert(settings).values(key=key, **row))
+                conn.execute(statements.insert_setting(key, **row))
             else:
-                conn.execute(sa.update(settings).where(settings.c.key == key).values(**row))
+                conn.execute(statements.update_setting(key, **row))
             conn.execute(
-                sa.insert(setting_change).values(
-                    key=key,
-                    old_value=old,
-                    new_value=new,
-                    changed_at=now,
-                    changed_by=changed_by[key],
+                statements.record_setting_change(
+                    key, old=old, new=new, at=now, changed_by=changed_by[key]
                 )
             )
             changes[key] = (old, new)
@@ -136,7 +133,7 @@ class SettingsCache:
 
     def setting_changes(self) -> list[dict[str, Any]]:
         """The audit trail of the settings table, oldest first."""
-        query = sa.select(setting_change).order_by(setting_change.c.id)
+        query = statements.setting_changes()
         return self.session.in_read(
             "read setting changes",
             lambda conn: [dict(r) for r in conn.execute(query).mappings()],

@@ -3,48 +3,20 @@ its checkpoint published under the row lock; the owner's lease and recovery book
 explicit force's invalidation and the operator's reset of a stuck row.
 """
 
-import functools
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
-import sqlalchemy as sa
-
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.resume.status import TERMINAL_STATUSES, StepStatus
-from resources.ledger import pointers
+from resources.ledger import pointers, statements
 from resources.ledger.audit import Audit, write_audit
 from resources.ledger.retry import Once
-from resources.ledger.session import B as _B
-from resources.ledger.session import LedgerSession, key_params, now_text
-from resources.ledger.tables import step_run
-from resources.ledger.transitions import status_guard
+from resources.ledger.session import LedgerSession, now_text
+from resources.ledger.statements import key_params
 
 _STATUS_TEXTS = tuple(s.value for s in StepStatus)
-
-# Prebuilt once per shape (see "prebuilt statements" in resources.ledger.session).
-_KEY_WHERE = sa.and_(
-    step_run.c.project_id == _B("k_project"),
-    step_run.c.episode_id == _B("k_episode"),
-    step_run.c.step_id == _B("k_step"),
-)
-_OWNED_WHERE = sa.and_(_KEY_WHERE, step_run.c.run_id == _B("k_mine"))
-
-
-@functools.cache
-def _transition_statement(columns: tuple[str, ...], owned: bool) -> Any:
-    """UPDATE of ``columns`` (bound as ``v_<column>``) on the key's row (owner-aware)."""
-    return (
-        sa.update(step_run)
-        .where(_OWNED_WHERE if owned else _KEY_WHERE)
-        .values({column: _B(f"v_{column}") for column in columns})
-    )
-
-
-@functools.cache
-def _lock_statement(owned: bool) -> Any:
-    return sa.select(step_run.c.id).where(_OWNED_WHERE if owned else _KEY_WHERE).with_for_update()
 
 
 class StatusWrites:
@@ -120,7 +92,7 @@ class StatusWrites:
             values["completed_at"] = ts
         params: dict[str, Any] = {**key_params(key), "k_mine": run_id}
         params.update({f"v_{column}": value for column, value in values.items()})
-        statement = _transition_statement(tuple(sorted(values)), require_owner)
+        statement = statements.transition(tuple(sorted(values)), require_owner)
         # Retried after a dropped connection, the unit writes the same values (``ts``
         # included) where the row still names this owner: a commit that did land is
         # simply confirmed. ``publish`` (the checkpoint rename) runs at most once: a retry
@@ -132,7 +104,7 @@ class StatusWrites:
         def body(attempt: int) -> bool:
             with self.session.write() as conn:
                 if once is not None or pointer is not None:
-                    locked = conn.execute(_lock_statement(require_owner), params).first()
+                    locked = conn.execute(statements.lock_row(require_owner), params).first()
                     if locked is None:
                         if refused is not None:
                             write_audit(conn, key, refused, ts, attempt=attempt)
@@ -165,37 +137,27 @@ class StatusWrites:
     # The three owner-aware updates below write fixed values (timestamps taken once, before
     # the first attempt): run twice, they match the same row and leave it the same.
     def reset_recovery(self, key: StepKey, run_id: str) -> bool:
-        statement = (
-            sa.update(step_run)
-            .where(self.session.owned(key, run_id))
-            .values(
-                recovery_count=0,
-                last_recovery_reason=None,
-                retry_not_before=None,
-                updated_at=now_text(),
-            )
+        statement = statements.set_owned(
+            key,
+            run_id,
+            recovery_count=0,
+            last_recovery_reason=None,
+            retry_not_before=None,
+            updated_at=now_text(),
         )
         return self.session.in_single(
             "reset recovery", lambda c: c.execute(statement).rowcount == 1
         )
 
     def set_retry_not_before(self, key: StepKey, run_id: str, when: str) -> bool:
-        statement = (
-            sa.update(step_run)
-            .where(self.session.owned(key, run_id))
-            .values(retry_not_before=when, updated_at=now_text())
-        )
+        statement = statements.set_owned(key, run_id, retry_not_before=when, updated_at=now_text())
         return self.session.in_single(
             "set retry_not_before", lambda c: c.execute(statement).rowcount == 1
         )
 
     def heartbeat(self, key: StepKey, run_id: str, now: str | None = None) -> bool:
         """Renew the owner's lease; False when the row no longer names ``run_id``."""
-        statement = (
-            sa.update(step_run)
-            .where(self.session.owned(key, run_id))
-            .values(heartbeat_at=now or now_text())
-        )
+        statement = statements.set_owned(key, run_id, heartbeat_at=now or now_text())
         return self.session.in_single("heartbeat", lambda c: c.execute(statement).rowcount == 1)
 
     def invalidate(
@@ -222,24 +184,14 @@ class StatusWrites:
             with self.session.write() as conn:
                 for key in wanted:
                     row = conn.execute(
-                        sa.select(
-                            step_run.c.status, step_run.c.updated_at, step_run.c.result_summary
-                        )
-                        .where(self.session.key_clause(key))
-                        .with_for_update()
+                        statements.lock_status(key, "updated_at", "result_summary")
                     ).first()
                     if row is None:
                         continue
                     if attempt > 1 and tuple(row) == (stale, ts, reason):
                         done.append(key)
                         continue
-                    result = conn.execute(
-                        sa.update(step_run)
-                        .where(self.session.key_clause(key), status_guard("invalidate"))
-                        .values(
-                            status=stale, updated_at=ts, result_summary=reason, checkpoint_seal=None
-                        )
-                    )
+                    result = conn.execute(statements.invalidate(key, reason=reason, ts=ts))
                     if result.rowcount != 1:
                         continue
                     done.append(key)
@@ -257,22 +209,9 @@ class StatusWrites:
 
     def reset_running(self, key: StepKey, expected_started_at: str | None, reason: str) -> bool:
         """Operator reset of a stuck row to failed; refuses unless it is unchanged."""
-        started = (
-            step_run.c.started_at.is_(None)
-            if expected_started_at is None
-            else step_run.c.started_at == expected_started_at
-        )
         ts = now_text()
-        statement = (
-            sa.update(step_run)
-            .where(self.session.key_clause(key), status_guard("reset_running"), started)
-            .values(
-                status=StepStatus.FAILED.value,
-                error_message=reason,
-                updated_at=ts,
-                completed_at=ts,
-                checkpoint_seal=None,
-            )
+        statement = statements.reset_running(
+            key, expected_started_at=expected_started_at, reason=reason, ts=ts
         )
 
         def body(attempt: int) -> bool:

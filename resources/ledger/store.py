@@ -1,4 +1,4 @@
-"""The ledger store: the only place that speaks SQL to the ledger.
+"""The ledger store: the only way to the ledger's database.
 
 Every operation is a short transaction of its own: no connection or transaction is held
 while a step body runs. The same statements run on PostgreSQL and SQLite.
@@ -7,6 +7,7 @@ while a step body runs. The same statements run on PostgreSQL and SQLite.
 (the engine, the schema on first use, the retry of a dropped connection) and a small part per
 concern holding it, each in a module of its own; the store names their operations:
 
+- :mod:`~resources.ledger.statements`: every SQL statement the parts run, by name;
 - :mod:`~resources.ledger.engine`: one engine per URL and process, SQLite pragmas;
 - :mod:`~resources.ledger.schema`: migrations to head;
 - :mod:`~resources.ledger.settings_cache`: the ``settings`` table, cached and audited;

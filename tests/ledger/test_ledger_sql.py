@@ -1,0 +1,110 @@
+"""The ledger's SQL is named in one module (docs/DESIGN.md#ledger-sql).
+
+Every statement the store's parts run is built in ``resources/ledger/statements.py``; the
+parts decide when it runs and in which transaction. A statement built anywhere else in the
+ledger (a ``select``, an ``update``, a ``where``, a string of SQL) is reported here.
+"""
+
+import ast
+from pathlib import Path
+
+from source_trees import parse_source
+
+LEDGER = Path(__file__).resolve().parents[2] / "resources" / "ledger"
+
+# Where SQL may be written, and why.
+ALLOWED = {
+    "statements.py": "the named statements themselves",
+    "tables.py": "the tables' definitions (CHECK texts, server defaults)",
+    "transitions.py": "the status condition each operation's WHERE takes, from the table",
+    "engine.py": "the connection's own PRAGMAs and BEGIN (no statement of the ledger's)",
+}
+# Building a statement: SQLAlchemy's constructors (called by name, or on the module:
+# ``sa.update``, never a dict's ``update``) ...
+CONSTRUCTORS = {
+    "select",
+    "insert",
+    "update",
+    "delete",
+    "union",
+    "text",
+    "bindparam",
+    "and_",
+    "or_",
+    "tuple_",
+}
+MODULES = {"sa", "sqlalchemy", "postgresql", "sqlite"}
+# ... and the clauses chained onto a statement.
+CLAUSES = {
+    "where",
+    "with_for_update",
+    "order_by",
+    "returning",
+    "from_select",
+    "on_conflict_do_update",
+    "on_conflict_do_nothing",
+}
+# Running a string as SQL.
+RUNNERS = {"execute", "exec_driver_sql"}
+
+
+def _builds(node: ast.Call) -> str | None:
+    """The name of the SQLAlchemy builder ``node`` calls, if it calls one."""
+    func = node.func
+    if isinstance(func, ast.Name):
+        return func.id if func.id in CONSTRUCTORS else None
+    if not isinstance(func, ast.Attribute):
+        return None
+    if func.attr in CLAUSES:
+        return func.attr
+    on_module = isinstance(func.value, ast.Name) and func.value.id in MODULES
+    return func.attr if func.attr in CONSTRUCTORS and on_module else None
+
+
+def _runs_text(node: ast.Call) -> str | None:
+    """``execute``/``exec_driver_sql`` if ``node`` runs a string written in place."""
+    func = node.func
+    if not isinstance(func, ast.Attribute) or func.attr not in RUNNERS or not node.args:
+        return None
+    return func.attr if isinstance(node.args[0], ast.Constant | ast.JoinedStr) else None
+
+
+def sql_written_outside_statements(ledger: Path) -> list[str]:
+    """``file:line name`` of every statement built, or SQL text run, outside the allowed
+    modules of ``ledger`` (the migrations excepted: each is its schema change)."""
+    found: list[str] = []
+    for path in sorted(ledger.rglob("*.py")):
+        relative = path.relative_to(ledger)
+        if relative.parts[0] == "migrations" or relative.as_posix() in ALLOWED:
+            continue
+        tree = parse_source(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            name = _builds(node) or _runs_text(node)
+            if name is not None:
+                found.append(f"{relative}:{node.lineno} {name}")
+    return found
+
+
+def test_the_ledger_names_its_sql_in_one_module() -> None:
+    offenders = sql_written_outside_statements(LEDGER)
+    assert not offenders, f"build these in resources/ledger/statements.py: {offenders}"
+
+
+def test_the_scan_finds_sql_written_in_a_part(tmp_path: Path) -> None:
+    """A part that builds its own statement, or runs a string of SQL, is found."""
+    (tmp_path / "statements.py").write_text("import sqlalchemy as sa\nQ = sa.select(1)\n")
+    (tmp_path / "reads.py").write_text(
+        "import sqlalchemy as sa\n"
+        "def one(conn, t):\n"
+        "    conn.execute(sa.select(t).where(t.c.id == 1))\n"
+        "    conn.exec_driver_sql('LOCK TABLE settings')\n"
+        "    params = {}\n"
+        "    params.update(a=1)\n"
+    )
+    assert sorted(sql_written_outside_statements(tmp_path)) == [
+        "reads.py:3 select",
+        "reads.py:3 where",
+        "reads.py:4 exec_driver_sql",
+    ]

@@ -98,7 +98,7 @@ def test_whole_pipeline_builds_every_step(built: Env) -> None:
         assert built.judge(step_id).action is ResumeAction.SKIP, step_id
 
     calls = {s: sum(1 for c in built.ledger.provider_calls(built.key(s))) for s in STEP_IDS}
-    scenes = built.checkpoint("scene_detail").data  # type: ignore[union-attr]
+    scenes = built.checkpoint_of("scene_detail").data
     assert scenes["scene_count"] == 4 and scenes["shot_count"] == 8
     assert calls["story_source"] == 0
     assert calls["scene_detail"] == scenes["scene_count"]  # one text call per scene
@@ -111,12 +111,12 @@ def test_whole_pipeline_builds_every_step(built: Env) -> None:
     ):
         assert calls[step_id] == 1, step_id
 
-    refs = built.checkpoint("ref_image_gen").data  # type: ignore[union-attr]
+    refs = built.checkpoint_of("ref_image_gen").data
     assert [s["name"] for s in refs["skipped"]] == ["Pell"]  # 2 mentions < ref_min_mentions 3
     assert sorted(refs["images"]) == ["C01", "C02", "C04"]
-    composites = built.checkpoint("composite_image_gen").data  # type: ignore[union-attr]
+    composites = built.checkpoint_of("composite_image_gen").data
     assert sorted(composites["images"]) == ["C01_O01", "C01_O02", "C02_O01"]
-    shots = built.checkpoint("scene_image_pipeline").data  # type: ignore[union-attr]
+    shots = built.checkpoint_of("scene_image_pipeline").data
     assert len(shots["images"]) == scenes["variation_count"] == 8
     assert shots["failed"] == []
     for step_id, data in (
@@ -129,10 +129,10 @@ def test_whole_pipeline_builds_every_step(built: Env) -> None:
             png = built.read_artifact(step_id, entry["path"])
             assert png is not None and Image.open(io.BytesIO(png)).size == (128, 96)
 
-    review = built.checkpoint("t2i_review").data  # type: ignore[union-attr]
+    review = built.checkpoint_of("t2i_review").data
     assert review["applied"]["scene_detail"] and review["applied"]["entity_t2i"]
     for victim in ("scene_detail", "entity_t2i"):
-        mutations = built.checkpoint(victim).mutations  # type: ignore[union-attr]
+        mutations = built.checkpoint_of(victim).mutations
         assert [m["by_step"] for m in mutations] == ["t2i_review"]
     # The victims' assets carry an observation naming who mutated them.
     observed = {
@@ -223,7 +223,7 @@ def test_lost_ledger_rows_are_adopted_after_verification(env: Env) -> None:
 
 def test_lost_checkpoints_rerun_exactly_those_steps(env: Env) -> None:
     lost = ("world_guide", "composite_image_gen")
-    data_before = {s: env.checkpoint(s).data for s in lost}  # type: ignore[union-attr]
+    data_before = {s: env.checkpoint_of(s).data for s in lost}
     for step_id in lost:
         env.lose_checkpoint(step_id)
         decision = env.judge(step_id)
@@ -238,7 +238,7 @@ def test_lost_checkpoints_rerun_exactly_those_steps(env: Env) -> None:
     # re-publishing them costs no image call; only the lost text checkpoint is regenerated.
     assert outcome.calls == {"world_guide": {"text": 1}}
     for step_id in lost:
-        assert env.checkpoint(step_id).data == data_before[step_id]  # type: ignore[union-attr]
+        assert env.checkpoint_of(step_id).data == data_before[step_id]
 
 
 def test_scoped_config_edit_blocks_scene_detail_naming_the_key(env: Env) -> None:
@@ -266,7 +266,7 @@ def test_scoped_config_edit_blocks_scene_detail_naming_the_key(env: Env) -> None
 
 
 def test_explicit_force_of_scene_detail_reruns_it_and_stales_downstream(env: Env) -> None:
-    scenes = env.checkpoint("scene_detail").data["scene_count"]  # type: ignore[union-attr]
+    scenes = env.checkpoint_of("scene_detail").data["scene_count"]
 
     outcome = env.materialize(["scene_detail"], tags={"resume/mode": "force"})
 
@@ -282,7 +282,7 @@ def test_explicit_force_of_scene_detail_reruns_it_and_stales_downstream(env: Env
     for step_id in ("story_source", "entity_canon", "world_guide", "entity_t2i"):
         assert rows[step_id].status == "completed", step_id
     # The rebuilt scene_detail is the model's raw output again: no review edits yet.
-    assert env.checkpoint("scene_detail").mutations == ()  # type: ignore[union-attr]
+    assert env.checkpoint_of("scene_detail").mutations == ()
     assert env.judge("shot_dependency_t2i").action is ResumeAction.RERUN_SELF
 
 
@@ -327,9 +327,9 @@ def test_shots_missing_a_composite_fail_soft_then_resume_fills_only_them(
         rows = env.rows()
         assert rows["composite_image_gen"].status == "partial"
         assert rows["scene_image_pipeline"].status == "partial"
-        shots = env.checkpoint("scene_image_pipeline").data  # type: ignore[union-attr]
+        shots = env.checkpoint_of("scene_image_pipeline").data
         failed = {f["item_id"] for f in shots["failed"]}
-        scenes = env.checkpoint("scene_detail").data["scenes"]  # type: ignore[union-attr]
+        scenes = env.checkpoint_of("scene_detail").data["scenes"]
         needing = {
             f"S{e['scene_index']}_L{i}_V0"
             for i, e in enumerate(scenes)
@@ -381,7 +381,7 @@ def test_images_of_a_run_killed_before_publishing_are_reused(env: Env) -> None:
     or the objects of the bucket) but no checkpoint and a stale row; the recovery draws only
     what is not there any more."""
     step = "scene_image_pipeline"
-    images = env.checkpoint(step).data["images"]  # type: ignore[union-attr]
+    images = env.checkpoint_of(step).data["images"]
     kept, lost = list(images)[:3], list(images)[3:]
     for item in lost:
         env.lose_artifact(step, images[item]["path"])
@@ -400,7 +400,7 @@ def test_images_of_a_run_killed_before_publishing_are_reused(env: Env) -> None:
 
 def test_a_receipt_never_vouches_for_changed_bytes(env: Env) -> None:
     step = "scene_image_pipeline"
-    images = env.checkpoint(step).data["images"]  # type: ignore[union-attr]
+    images = env.checkpoint_of(step).data["images"]
     first = next(iter(images))
     path = images[first]["path"]
     original = env.read_artifact(step, path)

@@ -245,7 +245,7 @@ def test_a_capped_step_is_reported_blocked_not_relaunched_until_the_cap_is_raise
     assert not capped.result.success
     assert capped.calls == {step: {"image": 1}}  # the second picture was never sent
     assert ledger.episode_calls("demo", "ep01") == 24
-    assert str(env.row(step).status) == "failed"  # type: ignore[union-attr]
+    assert str(env.row_of(step).status) == "failed"
 
     backoff = env.pipeline.settings().retry_backoff_seconds
     sensor.now = datetime.now(UTC) + timedelta(seconds=backoff + 1)  # past the retry's backoff

@@ -132,7 +132,7 @@ def test_the_cap_refuses_before_sending_and_a_raised_cap_pays_only_what_is_missi
     assert resumed == {"scene_image_pipeline": 3} and sent == 3
     total = Counter(c["step_id"] for c in env.ledger.provider_calls(episode=EPISODE))
     assert dict(total) == FULL
-    assert env.row("scene_image_pipeline").status == "completed"  # type: ignore[union-attr]
+    assert env.row_of("scene_image_pipeline").status == "completed"
 
 
 def test_a_force_at_the_cap_is_blocked_before_it_cleans_anything(env: Env) -> None:

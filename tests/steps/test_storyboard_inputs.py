@@ -273,7 +273,7 @@ def test_review_disabled_is_not_applicable_and_images_still_follow(blank: Env) -
 
     assert outcomes["t2i_review"].status == "not_applicable"
     assert outcomes["t2i_review"].mutated == ()
-    assert blank.checkpoint("scene_detail").mutations == ()  # type: ignore[union-attr]
+    assert blank.checkpoint_of("scene_detail").mutations == ()
     row = blank.row("t2i_review")
     assert row is not None and row.status == "not_applicable"
     for step_id in ("ref_image_gen", "composite_image_gen", "scene_image_pipeline"):

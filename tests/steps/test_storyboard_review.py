@@ -164,7 +164,7 @@ def test_review_fixes_victims_in_place_and_scene_detail_verifies_clean(env: Env)
 
     assert outcome.status == "completed"
     assert outcome.mutated == VICTIMS
-    review = env.checkpoint("t2i_review").data  # type: ignore[union-attr]
+    review = env.checkpoint_of("t2i_review").data
     changed = review["applied"]["scene_detail"]
     assert changed and review["applied"]["entity_t2i"]
     after = scenes_of(env)
@@ -185,7 +185,7 @@ def test_review_fixes_victims_in_place_and_scene_detail_verifies_clean(env: Env)
     assert report.is_complete
     for victim in VICTIMS:
         assert env.judge(victim).action is ResumeAction.SKIP
-        mutations = env.checkpoint(victim).mutations  # type: ignore[union-attr]
+        mutations = env.checkpoint_of(victim).mutations
         assert len(mutations) == 1 and mutations[0]["by_step"] == "t2i_review"
         row, then = env.row(victim), rows_before[victim]
         assert row is not None
@@ -193,9 +193,9 @@ def test_review_fixes_victims_in_place_and_scene_detail_verifies_clean(env: Env)
         assert replace(row, checkpoint_seal=None) == replace(then, checkpoint_seal=None)
         sealed = env.checkpoints.sealed(env.key(victim), row.checkpoint_seal)
         assert sealed is not None
-        assert sealed.version == env.checkpoint(victim).version  # type: ignore[union-attr]
+        assert sealed.version == env.checkpoint_of(victim).version
         assert list((env.step_dir(victim) / "archive").glob("*.json"))  # archived first
-    scene_fields = env.checkpoint("scene_detail").mutations[0]["fields"]  # type: ignore[union-attr]
+    scene_fields = env.checkpoint_of("scene_detail").mutations[0]["fields"]
     assert set(scene_fields) == {
         f"{item}.{field}"
         for item in changed
@@ -220,7 +220,7 @@ def test_zero_fixes_writes_nothing(env: Env) -> None:
 
     assert outcome.decision.action is ResumeAction.RERUN_SELF
     assert outcome.mutated == ()
-    review = env.checkpoint("t2i_review").data  # type: ignore[union-attr]
+    review = env.checkpoint_of("t2i_review").data
     assert review["fixes"] == [] and review["reviewed"] > 0
     assert victim_bytes(env) == before
     assert [t for t in env.ledger.transitions() if t.action == "mutated"] == mutated_before

@@ -322,7 +322,7 @@ def test_skipped_reference_characters_are_not_missing(home: Env) -> None:
 def test_story_edited_after_its_checkpoint_blocks_naming_file_and_hashes(home: Env) -> None:
     with cloned(home) as env:
         story = env.home / "projects/demo/episodes/ep01/story.md"
-        recorded = env.checkpoint("story_source").data["story_sha256"]  # type: ignore[union-attr]
+        recorded = env.checkpoint_of("story_source").data["story_sha256"]
         story.write_text(story.read_text() + "\nA new last line.\n")
         current = hashlib.sha256(story.read_bytes()).hexdigest()
 

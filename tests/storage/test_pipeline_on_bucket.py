@@ -28,29 +28,33 @@ from resources.checkpoints.published import scratch_cache_of
 PREFIX = "storyboard"
 
 
-@pytest.fixture
-def machines(
-    s3_server: S3Server, aws_env: Callable[[S3Server], None]
-) -> Iterator[Callable[[], Env]]:
-    """Machines on one ledger (SQLite on this host) and one fresh bucket."""
-    aws_env(s3_server)
-    bucket = s3_server.new_bucket()
-    url = f"s3://{bucket}/{PREFIX}"
-    made: list[Env] = []
-    ledger = scratch_dir("bucket-ledger")
+class Machines:
+    """Machines on one ledger and one bucket: call it for one more, its ``client`` and
+    ``bucket`` to reach the objects behind them."""
 
-    def machine(inputs: bool = True) -> Env:
-        env = Env(scratch_dir("bucket-home"), f"sqlite:///{ledger / 'ledger.sqlite3'}")
-        env.storage_url = url
+    def __init__(self, client: Any, bucket: str, ledger: Path) -> None:
+        self.client = client
+        self.bucket = bucket
+        self.ledger = ledger
+        self.made: list[Env] = []
+
+    def __call__(self, inputs: bool = True) -> Env:
+        env = Env(scratch_dir("bucket-home"), f"sqlite:///{self.ledger / 'ledger.sqlite3'}")
+        env.storage_url = f"s3://{self.bucket}/{PREFIX}"
         if inputs:  # written under this home only (not published): a home of before
             write_episode(env.home)
-        made.append(env)
+        self.made.append(env)
         return env
 
-    machine.client = s3_server.client()  # type: ignore[attr-defined]
-    machine.bucket = bucket  # type: ignore[attr-defined]
-    yield machine
-    for env in made:
+
+@pytest.fixture
+def machines(s3_server: S3Server, aws_env: Callable[[S3Server], None]) -> Iterator[Machines]:
+    """Machines on one ledger (SQLite on this host) and one fresh bucket."""
+    aws_env(s3_server)
+    ledger = scratch_dir("bucket-ledger")
+    made = Machines(s3_server.client(), s3_server.new_bucket(), ledger)
+    yield made
+    for env in made.made:
         shutil.rmtree(env.root, ignore_errors=True)
     shutil.rmtree(ledger, ignore_errors=True)
 
@@ -62,14 +66,14 @@ def manifest(env: Env, step_id: str) -> Manifest:
 
 
 def test_a_run_publishes_every_step_to_the_bucket_and_another_machine_skips_it_all(
-    machines: Callable[[], Env],
+    machines: Machines,
 ) -> None:
     first = machines()
     outcome = first.materialize()
     assert outcome.result.success
     assert outcome.total_calls > 0
-    client = machines.client  # type: ignore[attr-defined]
-    listed = client.list_objects_v2(Bucket=machines.bucket, Prefix=PREFIX)  # type: ignore[attr-defined]
+    client = machines.client
+    listed = client.list_objects_v2(Bucket=machines.bucket, Prefix=PREFIX)
     keys = {o["Key"] for o in listed.get("Contents", [])}
     for step_id in STEP_IDS:
         published = manifest(first, step_id)
@@ -88,14 +92,14 @@ def test_a_run_publishes_every_step_to_the_bucket_and_another_machine_skips_it_a
 
 
 def test_a_picture_deleted_from_the_bucket_is_redrawn_self_only_on_any_machine(
-    machines: Callable[[], Env],
+    machines: Machines,
 ) -> None:
     first = machines()
     assert first.materialize().result.success
     published = manifest(first, "ref_image_gen")
     relative, ref = sorted(published.artifacts.items())[0]
-    client = machines.client  # type: ignore[attr-defined]
-    client.delete_object(Bucket=machines.bucket, Key=f"{PREFIX}/{ref.key}")  # type: ignore[attr-defined]
+    client = machines.client
+    client.delete_object(Bucket=machines.bucket, Key=f"{PREFIX}/{ref.key}")
 
     other = machines()
     decision = other.judge("ref_image_gen")
@@ -115,16 +119,16 @@ def test_a_picture_deleted_from_the_bucket_is_redrawn_self_only_on_any_machine(
 
 
 def test_an_envelope_overwritten_in_the_bucket_blocks_naming_the_object(
-    machines: Callable[[], Env],
+    machines: Machines,
 ) -> None:
     first = machines()
     assert first.materialize().result.success
     published = manifest(first, "scene_detail")
-    client = machines.client  # type: ignore[attr-defined]
+    client = machines.client
     key = f"{PREFIX}/{published.envelope.key}"
-    raw = json.loads(client.get_object(Bucket=machines.bucket, Key=key)["Body"].read())  # type: ignore[attr-defined]
+    raw = json.loads(client.get_object(Bucket=machines.bucket, Key=key)["Body"].read())
     raw["data"]["scenes"][0]["t2i_variations"][0]["t2i_prompt"] = "edited in the bucket"
-    client.put_object(Bucket=machines.bucket, Key=key, Body=json.dumps(raw).encode())  # type: ignore[attr-defined]
+    client.put_object(Bucket=machines.bucket, Key=key, Body=json.dumps(raw).encode())
 
     other = machines()
     decision = other.judge("scene_detail")
@@ -137,9 +141,7 @@ def test_an_envelope_overwritten_in_the_bucket_blocks_naming_the_object(
     assert other.ledger.get(other.key("scene_detail")) == before
 
 
-def test_home_is_scratch_a_lost_scratch_costs_no_call(
-    machines: Callable[[], Env], tmp_path: Path
-) -> None:
+def test_home_is_scratch_a_lost_scratch_costs_no_call(machines: Machines, tmp_path: Path) -> None:
     first = machines()
     assert first.materialize().result.success
     for scratch in (first.home / SCRATCH_DIR).iterdir():
@@ -147,7 +149,7 @@ def test_home_is_scratch_a_lost_scratch_costs_no_call(
     assert first.materialize().total_calls == 0
 
 
-def test_gc_deletes_only_old_attempts_that_no_row_names(machines: Callable[[], Env]) -> None:
+def test_gc_deletes_only_old_attempts_that_no_row_names(machines: Machines) -> None:
     from datetime import UTC, datetime, timedelta
 
     from pipeline_defs.definitions import defs
@@ -156,8 +158,8 @@ def test_gc_deletes_only_old_attempts_that_no_row_names(machines: Callable[[], E
 
     first = machines()
     assert first.materialize().result.success
-    client = machines.client  # type: ignore[attr-defined]
-    bucket = machines.bucket  # type: ignore[attr-defined]
+    client = machines.client
+    bucket = machines.bucket
     step = f"{PREFIX}/checkpoints/demo/ep01/ref_image_gen"
     orphan = f"{step}/a20200101T000000Z-00000000000000aa"  # a dead, unnamed attempt
     client.put_object(Bucket=bucket, Key=f"{orphan}/refs/C01.png", Body=b"dead")
@@ -181,7 +183,7 @@ def test_gc_deletes_only_old_attempts_that_no_row_names(machines: Callable[[], E
 
 
 def test_a_foreign_key_under_an_episode_is_skipped_by_judge_run_and_gc(
-    machines: Callable[[], Env], caplog: pytest.LogCaptureFixture
+    machines: Machines, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Keys obstore cannot parse, planted by another tool under the episode's checkpoints
     and inputs: every machine still judges, runs (nothing to redo) and collects; the keys
@@ -195,8 +197,8 @@ def test_a_foreign_key_under_an_episode_is_skipped_by_judge_run_and_gc(
 
     first = machines()
     assert first.materialize().result.success
-    client = machines.client  # type: ignore[attr-defined]
-    bucket = machines.bucket  # type: ignore[attr-defined]
+    client = machines.client
+    bucket = machines.bucket
     planted = [
         f"{PREFIX}/checkpoints/demo/ep01/../stray.png",
         f"{PREFIX}/checkpoints/demo/ep01/ref_image_gen/./x",
@@ -218,7 +220,7 @@ def test_a_foreign_key_under_an_episode_is_skipped_by_judge_run_and_gc(
 
 
 def test_status_says_where_checkpoints_go_and_that_sqlite_serves_one_machine(
-    machines: Callable[[], Env],
+    machines: Machines,
 ) -> None:
     from pipeline_defs.cli import _storage_line
     from pipeline_defs.definitions import defs
@@ -226,13 +228,13 @@ def test_status_says_where_checkpoints_go_and_that_sqlite_serves_one_machine(
 
     env = machines()
     line = _storage_line(Workspace(defs=defs, steps=steps_of(defs), pipeline=env.pipeline))
-    assert f"published to s3://{machines.bucket}/{PREFIX}" in line  # type: ignore[attr-defined]
+    assert f"published to s3://{machines.bucket}/{PREFIX}" in line
     assert "serves one machine only" in line
     assert "test-secret" not in line and "SeCrEt" not in line
 
 
 def test_storage_migrate_moves_a_home_into_the_bucket_verified_and_resumable(
-    machines: Callable[[], Env],
+    machines: Machines,
 ) -> None:
     from pipeline_defs.definitions import defs
     from pipeline_defs.operations.storage_migrate import migrate_to
@@ -275,7 +277,7 @@ def test_storage_migrate_moves_a_home_into_the_bucket_verified_and_resumable(
 
 
 def test_inputs_added_on_one_machine_are_read_by_an_empty_one(
-    machines: Callable[..., Env], tmp_path: Path
+    machines: Machines, tmp_path: Path
 ) -> None:
     """add-episode publishes the story and project.yaml; a machine with an empty home runs
     the whole episode from the bucket, and a third pays nothing."""
@@ -300,8 +302,8 @@ def test_inputs_added_on_one_machine_are_read_by_an_empty_one(
         },
     )  # fmt: skip
     assert result.exit_code == 0, result.output
-    client = machines.client  # type: ignore[attr-defined]
-    listed = client.list_objects_v2(Bucket=machines.bucket, Prefix=f"{PREFIX}/projects")  # type: ignore[attr-defined]
+    client = machines.client
+    listed = client.list_objects_v2(Bucket=machines.bucket, Prefix=f"{PREFIX}/projects")
     assert {o["Key"] for o in listed["Contents"]} == {
         f"{PREFIX}/projects/demo/project.yaml",
         f"{PREFIX}/projects/demo/episodes/ep01/story.md",
@@ -322,7 +324,7 @@ def test_inputs_added_on_one_machine_are_read_by_an_empty_one(
 
 
 def test_the_sensors_judgement_on_an_empty_home_reads_the_bucket(
-    machines: Callable[..., Env],
+    machines: Machines,
 ) -> None:
     """What the resume sensor decides, from a machine that holds nothing: every step clean;
     a picture deleted from the bucket launches that one step (self-only)."""
@@ -346,15 +348,15 @@ def test_the_sensors_judgement_on_an_empty_home_reads_the_bucket(
 
     assert set(verdicts().values()) == {"skip"}
     ref = sorted(manifest(first, "ref_image_gen").artifacts.values(), key=lambda r: r.key)[0]
-    client = machines.client  # type: ignore[attr-defined]
-    client.delete_object(Bucket=machines.bucket, Key=f"{PREFIX}/{ref.key}")  # type: ignore[attr-defined]
+    client = machines.client
+    client.delete_object(Bucket=machines.bucket, Key=f"{PREFIX}/{ref.key}")
     after = verdicts()
     assert after["ref_image_gen"] == "launch"
     assert {s for s, v in after.items() if v not in ("skip", "waiting")} == {"ref_image_gen"}
 
 
 def test_the_shared_sheet_reads_the_bucket_from_an_empty_home(
-    machines: Callable[..., Env],
+    machines: Machines,
 ) -> None:
     from storyboard_support import PARTITION
 
@@ -378,7 +380,7 @@ def test_the_shared_sheet_reads_the_bucket_from_an_empty_home(
 
 
 # ---------------------------------------------------------------------------- seals on a bucket
-def published_machine(machines: Callable[..., Env]) -> Env:
+def published_machine(machines: Machines) -> Env:
     """A machine whose inputs are in the bucket before it runs the episode: its rows sealed."""
     first = machines()
     first.checkpoints.publish_inputs("demo", "ep01")
@@ -399,7 +401,7 @@ def sensor_verdicts(env: Env) -> dict[str, str]:
 
 
 def test_an_unchanged_episode_is_judged_from_the_ledger_with_no_request_per_step(
-    machines: Callable[..., Env],
+    machines: Machines,
 ) -> None:
     """Every completed row carries a seal any machine can check; a machine that holds
     nothing judges the whole episode SKIP with no request for any step (the project
@@ -424,7 +426,7 @@ def test_an_unchanged_episode_is_judged_from_the_ledger_with_no_request_per_step
 
 
 def test_a_picture_deleted_behind_the_ledger_is_found_by_the_scrub_and_redrawn_self_only(
-    machines: Callable[..., Env],
+    machines: Machines,
 ) -> None:
     """A seal is trusted until the scrub compares the bucket: one LIST of the episode's
     checkpoints and one of its inputs find the deleted picture, clear that one seal in the
@@ -439,8 +441,8 @@ def test_a_picture_deleted_behind_the_ledger_is_found_by_the_scrub_and_redrawn_s
     sensor = machines(inputs=False)
     assert set(sensor_verdicts(sensor).values()) == {"skip"}
     ref = sorted(manifest(first, "ref_image_gen").artifacts.values(), key=lambda r: r.key)[0]
-    client = machines.client  # type: ignore[attr-defined]
-    client.delete_object(Bucket=machines.bucket, Key=f"{PREFIX}/{ref.key}")  # type: ignore[attr-defined]
+    client = machines.client
+    client.delete_object(Bucket=machines.bucket, Key=f"{PREFIX}/{ref.key}")
     # Until the scrub comes round, the seal stands (the latency the period bounds).
     assert set(sensor_verdicts(sensor).values()) == {"skip"}
 
@@ -452,7 +454,7 @@ def test_a_picture_deleted_behind_the_ledger_is_found_by_the_scrub_and_redrawn_s
          f"{ref.key.rsplit('/', 1)[-1]}")
     ] or [d.step.step_id for d in report.drifts] == ["ref_image_gen"]  # fmt: skip
     assert report.cleared == 1
-    assert first.ledger.get(first.key("ref_image_gen")).checkpoint_seal is None  # type: ignore[union-attr]
+    assert first.row_of("ref_image_gen").checkpoint_seal is None
     for judge in (sensor, machines(inputs=False)):
         after = sensor_verdicts(judge)
         assert after["ref_image_gen"] == "launch"
@@ -463,7 +465,7 @@ def test_a_picture_deleted_behind_the_ledger_is_found_by_the_scrub_and_redrawn_s
 
 
 def test_decide_compares_the_episode_with_the_bucket_before_trusting_seals(
-    machines: Callable[..., Env],
+    machines: Machines,
 ) -> None:
     """``decide``/``status`` of a few episodes scrub them first (no ledger write): an
     overwritten envelope is a block at once, whatever the seal says."""
@@ -475,8 +477,8 @@ def test_decide_compares_the_episode_with_the_bucket_before_trusting_seals(
 
     first = published_machine(machines)
     envelope = manifest(first, "entity_canon").envelope
-    client = machines.client  # type: ignore[attr-defined]
-    client.put_object(Bucket=machines.bucket, Key=f"{PREFIX}/{envelope.key}", Body=b"{}")  # type: ignore[attr-defined]
+    client = machines.client
+    client.put_object(Bucket=machines.bucket, Key=f"{PREFIX}/{envelope.key}", Body=b"{}")
     reader = machines(inputs=False)
     assert set(sensor_verdicts(reader).values()) == {"skip"}  # the seal, unscrubbed
     ws = Workspace(defs=dg.Definitions(), steps=STORYBOARD_STEPS, pipeline=reader.pipeline)
@@ -484,11 +486,11 @@ def test_decide_compares_the_episode_with_the_bucket_before_trusting_seals(
     by_step = {i["step"]: i for i in items}
     assert by_step["entity_canon"]["verdict"] == "blocked", by_step["entity_canon"]
     assert envelope.key in by_step["entity_canon"]["reason"], by_step["entity_canon"]
-    assert reader.ledger.get(reader.key("entity_canon")).checkpoint_seal is not None  # type: ignore[union-attr]
+    assert reader.row_of("entity_canon").checkpoint_seal is not None
 
 
 def test_a_story_replaced_on_one_machine_voids_the_seals_everywhere_at_once(
-    machines: Callable[..., Env], tmp_path: Path
+    machines: Machines, tmp_path: Path
 ) -> None:
     """add-episode --replace clears the episode's seals with the new story's publish: a
     machine that trusted them judges the long way and blocks story_source (an edited story
@@ -524,7 +526,7 @@ def test_a_story_replaced_on_one_machine_voids_the_seals_everywhere_at_once(
 
 
 def test_the_sensor_scrubs_its_share_each_tick_and_relaunches_a_deleted_picture_self_only(
-    machines: Callable[..., Env], monkeypatch: pytest.MonkeyPatch
+    machines: Machines, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The real sensor on a machine that holds nothing: ticks trust the seals (no request
     per step); its scrub (here a period short enough to cover the episode every tick)
@@ -574,8 +576,8 @@ def test_the_sensor_scrubs_its_share_each_tick_and_relaunches_a_deleted_picture_
         # tick after a cold one judges nothing (the scratch is not scanned on a bucket).
         assert "resume tick [unchanged]" in str(skipped[-1]), skipped[-1]
         ref = sorted(manifest(first, "ref_image_gen").artifacts.values(), key=lambda r: r.key)[0]
-        client = machines.client  # type: ignore[attr-defined]
-        client.delete_object(Bucket=machines.bucket, Key=f"{PREFIX}/{ref.key}")  # type: ignore[attr-defined]
+        client = machines.client
+        client.delete_object(Bucket=machines.bucket, Key=f"{PREFIX}/{ref.key}")
         (request,) = tick()
         assert [a.to_user_string() for a in request.asset_selection or ()] == ["ref_image_gen"]
         # The judgement fetched into this process's scratch; that is no change of the
@@ -589,7 +591,7 @@ def test_the_sensor_scrubs_its_share_each_tick_and_relaunches_a_deleted_picture_
 
 
 def test_a_hand_edit_of_an_envelope_object_is_accepted_from_any_machine(
-    machines: Callable[..., Env], tmp_path: Path
+    machines: Machines, tmp_path: Path
 ) -> None:
     """An editor downloads ``scene_detail``'s envelope, fixes a prompt and puts it back.
     Every machine sees a hand edit (the block offers ``storyboard accept``); an accept from
@@ -607,11 +609,11 @@ def test_a_hand_edit_of_an_envelope_object_is_accepted_from_any_machine(
 
     first = published_machine(machines)
     before = manifest(first, "scene_detail")
-    client = machines.client  # type: ignore[attr-defined]
+    client = machines.client
     key = f"{PREFIX}/{before.envelope.key}"
-    raw = json.loads(client.get_object(Bucket=machines.bucket, Key=key)["Body"].read())  # type: ignore[attr-defined]
+    raw = json.loads(client.get_object(Bucket=machines.bucket, Key=key)["Body"].read())
     raw["data"]["scenes"][0]["t2i_variations"][0]["t2i_prompt"] = "a lighthouse, edited by hand"
-    client.put_object(Bucket=machines.bucket, Key=key, Body=json.dumps(raw).encode())  # type: ignore[attr-defined]
+    client.put_object(Bucket=machines.bucket, Key=key, Body=json.dumps(raw).encode())
 
     reader = machines(inputs=False)
     ws = Workspace(defs=dg.Definitions(), steps=STORYBOARD_STEPS, pipeline=reader.pipeline)
@@ -647,7 +649,7 @@ def test_a_hand_edit_of_an_envelope_object_is_accepted_from_any_machine(
     after = manifest(first, "scene_detail")
     assert after.envelope.key != before.envelope.key  # a new attempt; nothing overwritten
     assert before.encode() in first.ledger.archived_pointers(first.key("scene_detail"))
-    assert client.get_object(Bucket=machines.bucket, Key=key)["Body"].read()  # type: ignore[attr-defined]
+    assert client.get_object(Bucket=machines.bucket, Key=key)["Body"].read()
     assert len(first.ledger.provider_calls()) == calls
 
     runner = machines(inputs=False)
@@ -661,7 +663,7 @@ def test_a_hand_edit_of_an_envelope_object_is_accepted_from_any_machine(
 
 
 def test_the_storage_gc_job_collects_as_the_command_does_and_ships_stopped(
-    machines: Callable[[], Env],
+    machines: Machines,
 ) -> None:
     """The daily schedule (stopped by default) runs the ``storage_gc`` job, one core with
     ``storyboard gc``: a young unnamed attempt stays, everything a row names stays, a grace
@@ -674,8 +676,8 @@ def test_the_storage_gc_job_collects_as_the_command_does_and_ships_stopped(
     assert schedule.default_status == dg.DefaultScheduleStatus.STOPPED
     first = machines()
     assert first.materialize().result.success
-    client = machines.client  # type: ignore[attr-defined]
-    bucket = machines.bucket  # type: ignore[attr-defined]
+    client = machines.client
+    bucket = machines.bucket
     orphan = f"{PREFIX}/checkpoints/demo/ep01/ref_image_gen/a20200101T000000Z-00000000000000ab"
     client.put_object(Bucket=bucket, Key=f"{orphan}/refs/C01.png", Body=b"dead")
     job = defs.resolve_job_def(GC_JOB)
@@ -705,7 +707,7 @@ def test_the_storage_gc_job_collects_as_the_command_does_and_ships_stopped(
 
 
 def test_redraw_and_force_work_on_a_bucket_from_an_empty_home(
-    machines: Callable[..., Env],
+    machines: Machines,
 ) -> None:
     """A redraw of one picture from a machine that holds nothing draws that one picture
     (one call) into a new attempt, names the other pictures where they are, and archives
@@ -736,7 +738,7 @@ def test_redraw_and_force_work_on_a_bucket_from_an_empty_home(
     assert machines(inputs=False).materialize().total_calls == 0
 
 
-def test_a_lost_attempt_is_paid_for_once_then_skipped(machines: Callable[[], Env]) -> None:
+def test_a_lost_attempt_is_paid_for_once_then_skipped(machines: Machines) -> None:
     """Every object of a step's published attempt gone (deleted by hand, a bucket restored
     without it): the next run redraws the step's pictures once and publishes them; it used
     to bring its working copy to the lost manifest while publishing, deleting what it had
@@ -744,9 +746,9 @@ def test_a_lost_attempt_is_paid_for_once_then_skipped(machines: Callable[[], Env
     first = machines()
     assert first.materialize().result.success
     lost = manifest(first, "ref_image_gen")
-    client = machines.client  # type: ignore[attr-defined]
+    client = machines.client
     for ref in (lost.envelope, *lost.artifacts.values()):
-        client.delete_object(Bucket=machines.bucket, Key=f"{PREFIX}/{ref.key}")  # type: ignore[attr-defined]
+        client.delete_object(Bucket=machines.bucket, Key=f"{PREFIX}/{ref.key}")
 
     second = machines()
     outcome = second.materialize(raise_on_error=False)
@@ -758,14 +760,14 @@ def test_a_lost_attempt_is_paid_for_once_then_skipped(machines: Callable[[], Env
     assert again.result.success and again.total_calls == 0
 
 
-def _edit_prompt_in_the_bucket(machines: Callable[..., Env], env: Env, prompt: str) -> None:
+def _edit_prompt_in_the_bucket(machines: Machines, env: Env, prompt: str) -> None:
     """An editor downloads ``scene_detail``'s published envelope, sets the first prompt and
     puts it back under the same key (a hand edit, as an operator makes it)."""
-    client = machines.client  # type: ignore[attr-defined]
+    client = machines.client
     key = f"{PREFIX}/{manifest(env, 'scene_detail').envelope.key}"
-    raw = json.loads(client.get_object(Bucket=machines.bucket, Key=key)["Body"].read())  # type: ignore[attr-defined]
+    raw = json.loads(client.get_object(Bucket=machines.bucket, Key=key)["Body"].read())
     raw["data"]["scenes"][0]["t2i_variations"][0]["t2i_prompt"] = prompt
-    client.put_object(Bucket=machines.bucket, Key=key, Body=json.dumps(raw).encode())  # type: ignore[attr-defined]
+    client.put_object(Bucket=machines.bucket, Key=key, Body=json.dumps(raw).encode())
 
 
 def _accept(env: Env, dagster_home: Path) -> dict[str, object]:
@@ -789,7 +791,7 @@ def _accept(env: Env, dagster_home: Path) -> dict[str, object]:
 
 
 def test_every_accept_publishes_even_back_to_content_published_before(
-    machines: Callable[..., Env], tmp_path: Path
+    machines: Machines, tmp_path: Path
 ) -> None:
     """Edit -> accept -> edit back to the original words -> accept -> edit again
     -> accept. Each accept publishes a new attempt of its own (the attempt id is unique per
@@ -826,7 +828,7 @@ def test_every_accept_publishes_even_back_to_content_published_before(
 
 @pytest.mark.parametrize("scrubbed_by", ["this process", "another process"])
 def test_a_long_lived_reader_sees_a_replaced_picture_once_its_seal_is_cleared(
-    machines: Callable[..., Env], scrubbed_by: str
+    machines: Machines, scrubbed_by: str
 ) -> None:
     """A process that read a step (its scratch copy made, verified) keeps judging
     it clean only while the bucket still holds the objects the manifest names. A picture
@@ -846,8 +848,8 @@ def test_a_long_lived_reader_sees_a_replaced_picture_once_its_seal_is_cleared(
     assert sensor.checkpoint("ref_image_gen") is not None  # read: a scratch copy, marked
     relative, ref = sorted(published.artifacts.items())[0]
     assert sensor.checkpoints.artifact_path(sensor.key("ref_image_gen"), relative).is_file()
-    client = machines.client  # type: ignore[attr-defined]
-    client.put_object(Bucket=machines.bucket, Key=f"{PREFIX}/{ref.key}", Body=b"not the picture")  # type: ignore[attr-defined]
+    client = machines.client
+    client.put_object(Bucket=machines.bucket, Key=f"{PREFIX}/{ref.key}", Body=b"not the picture")
 
     scrubber = sensor if scrubbed_by == "this process" else machines(inputs=False)
     report = scrub_episodes(Stores.of(scrubber.pipeline), [Episode.parse(PARTITION)], clear=True)
@@ -863,7 +865,7 @@ def test_a_long_lived_reader_sees_a_replaced_picture_once_its_seal_is_cleared(
 
 
 def test_gc_reads_the_rows_after_listing_so_a_publication_meanwhile_survives(
-    machines: Callable[[], Env], monkeypatch: pytest.MonkeyPatch
+    machines: Machines, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """gc lists the whole bucket (seconds on a big one) while runs go on. A step published
     while the listing runs must not lose its objects: the rows are read after the listing,
@@ -895,13 +897,13 @@ def test_gc_reads_the_rows_after_listing_so_a_publication_meanwhile_survives(
     later = datetime.now(UTC) + timedelta(hours=2)
     collect_garbage(ws, grace=timedelta(hours=1), now=later)
     published = manifest(first, "ref_image_gen")
-    client = machines.client  # type: ignore[attr-defined]
+    client = machines.client
     for ref in (published.envelope, *published.artifacts.values()):
-        found = client.list_objects_v2(Bucket=machines.bucket, Prefix=f"{PREFIX}/{ref.key}")  # type: ignore[attr-defined]
+        found = client.list_objects_v2(Bucket=machines.bucket, Prefix=f"{PREFIX}/{ref.key}")
         assert found["KeyCount"] == 1, f"gc deleted {ref.key}, which the row names"
 
 
-def test_gc_refuses_a_grace_below_an_hour(machines: Callable[[], Env]) -> None:
+def test_gc_refuses_a_grace_below_an_hour(machines: Machines) -> None:
     """An attempt's objects are uploaded before its commit names them: a grace of minutes
     could delete them in between. Below the floor gc refuses, saying why."""
     from datetime import timedelta

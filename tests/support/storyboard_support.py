@@ -201,6 +201,12 @@ class Env:
     def checkpoint(self, step_id: str, episode: str = EPISODE_ID) -> Checkpoint | None:
         return self.checkpoints.load(self.key(step_id, episode))
 
+    def checkpoint_of(self, step_id: str, episode: str = EPISODE_ID) -> Checkpoint:
+        """The step's published checkpoint, which the test expects to be there."""
+        found = self.checkpoint(step_id, episode)
+        assert found is not None, f"{step_id} has no published checkpoint"
+        return found
+
     def checkpoint_path(self, step_id: str) -> Path:
         return self.checkpoints.path_for(self.key(step_id))
 
@@ -209,6 +215,12 @@ class Env:
 
     def row(self, step_id: str) -> LedgerRow | None:
         return self.ledger.get(self.key(step_id))
+
+    def row_of(self, step_id: str) -> LedgerRow:
+        """The step's ledger row, which the test expects to be there."""
+        found = self.row(step_id)
+        assert found is not None, f"{step_id} has no ledger row"
+        return found
 
     def rows(self) -> dict[str, LedgerRow]:
         return {k.step_id: r for k, r in self.ledger.get_many(episodes=[EPISODE]).items()}

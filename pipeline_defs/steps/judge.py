@@ -36,7 +36,7 @@ from pipeline_defs.resume.decision import (
     decide,
 )
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
-from pipeline_defs.resume.files import SYMLINK_CODE, file_sha256
+from pipeline_defs.resume.files import SYMLINK_CODE
 from pipeline_defs.resume.partition import Episode, StepKey
 from pipeline_defs.resume.settings import ResumeSettings
 from pipeline_defs.resume.status import LedgerRow, StepStatus
@@ -302,10 +302,7 @@ class StepJudge:
         edit of an unrelated key must not void every seal of the project.
         """
         inputs = ctx.episode_dir
-        try:
-            files = sorted(p for p in inputs.iterdir() if p.is_file())
-        except OSError:
-            files = []
+        files = self.checkpoints.episode_input_files(ctx.key)
         victims = [
             self.checkpoints.path_for(StepKey(ctx.key.project_id, ctx.key.episode_id, v))
             for v in self.step.modifies_checkpoints
@@ -357,11 +354,10 @@ class StepJudge:
             copies = archived.get(posixpath.basename(artifact.path))
             if not copies:
                 continue
-            path = self.checkpoints.artifact_path(key, artifact.path)
-            try:
-                found = file_sha256(path)
-            except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            found = self.checkpoints.artifact_sha256(key, artifact.path)
+            if found is None:
                 continue  # absent: re-drawn; not a file: ``not_a_file`` reports it
+            path = self.checkpoints.artifact_path(key, artifact.path)
             if found != artifact.sha256 and found[:16] in copies:
                 return PipelineError(
                     INTEGRITY_CODE,

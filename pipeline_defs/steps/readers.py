@@ -84,6 +84,16 @@ class CheckpointReader(Protocol):
 
     def not_regular(self, key: StepKey, relatives: Iterable[str]) -> tuple[Path, int] | None: ...
 
+    def artifact_sha256(self, key: StepKey, relative: str) -> str | None:
+        """The sha256 of an artifact's bytes as they are now; None when it is absent or
+        not a file."""
+        ...
+
+    def episode_input_files(self, key: StepKey) -> list[Path]:
+        """The regular files directly in ``key``'s episode input directory
+        (``projects/<p>/episodes/<e>/``), sorted; [] when it cannot be listed."""
+        ...
+
     def load(self, key: StepKey) -> Checkpoint | None: ...
 
     def artifact_problems(self, checkpoint: Checkpoint) -> tuple[list[str], list[str]]: ...

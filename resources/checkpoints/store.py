@@ -203,6 +203,15 @@ class CheckpointStore:
         """The first of ``relatives`` that exists and is not a regular file, with its mode."""
         return self.tree.not_regular(key, relatives)
 
+    def artifact_sha256(self, key: StepKey, relative: str) -> str | None:
+        """The sha256 of an artifact's bytes now; None when absent or not a file."""
+        return self.tree.artifact_sha256(key, relative)
+
+    def episode_input_files(self, key: StepKey) -> list[Path]:
+        """The regular files directly in ``key``'s episode input directory, sorted; [] when
+        it cannot be listed."""
+        return self.tree.episode_input_files(key)
+
     # ------------------------------------------------------------------ reads
     def judging_scope(self) -> contextlib.AbstractContextManager[None]:
         """Read-only judging of many keys: what does not change within one judgement is

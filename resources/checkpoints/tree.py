@@ -18,6 +18,7 @@ import stat as stat_module
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from pipeline_defs.resume.files import file_sha256
 from pipeline_defs.resume.layout import DataLayout
 from pipeline_defs.resume.partition import StepKey
 from resources.checkpoints.archives import Archives
@@ -75,6 +76,28 @@ class CheckpointTree:
             if not stat_module.S_ISREG(mode):
                 return path, mode
         return None
+
+    def artifact_sha256(self, key: StepKey, relative: str) -> str | None:
+        """The sha256 of an artifact's bytes as they are now in ``key``'s step directory;
+        None when it is absent or not a file (``not_regular`` reports that). Reached
+        through ``artifact_path``: a link on the way raises ``checkpoint.symlink``."""
+        try:
+            return file_sha256(self.links.artifact_path(key, relative))
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return None
+
+    def episode_input_files(self, key: StepKey) -> list[Path]:
+        """The regular files directly in ``key``'s episode input directory
+        (``projects/<p>/episodes/<e>/``), sorted; [] when it cannot be listed (absent, not
+        a directory, unreadable). What a verdict depends on besides the step's own files.
+
+        ``is_file`` follows links: a linked input counts as the file it points to.
+        """
+        inputs = Path(self.paths.layout.episode_dir(key.project_id, key.episode_id))
+        try:
+            return sorted(p for p in inputs.iterdir() if p.is_file())
+        except OSError:
+            return []
 
     def iter_keys(self) -> Iterator[StepKey]:
         """Every step directory holding a checkpoint (for adoption and audits).

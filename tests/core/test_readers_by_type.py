@@ -39,6 +39,8 @@ CHECKPOINT_READS = {
     "with_companions",
     "archived_artifacts",
     "not_regular",
+    "episode_input_files",
+    "artifact_sha256",
     "load",
     "artifact_problems",
     "sealed",

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from checkpoint_support import KEY, checkpoint
+from checkpoint_support import KEY, checkpoint, loaded
 from judge_steps import make_data
 from must_run import skip_or_fail
 from sensor_steps import seed, stores_for
@@ -139,7 +139,7 @@ def test_a_failed_fsync_leaves_no_temp_file(
         store.stage(checkpoint("b"))
     assert caught.value.errno == code
     assert temp_files(store.root) == []
-    assert store.load(KEY).data == make_data(["a"])  # type: ignore[union-attr]
+    assert loaded(store, KEY).data == make_data(["a"])
 
 
 def _errnos(exc: BaseException | None) -> list[int | None]:

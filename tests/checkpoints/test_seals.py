@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from checkpoint_support import stored_row
 from sensor_steps import (
     SENSOR_STEPS,
     VERIFY_CALLS,
@@ -109,7 +110,7 @@ def test_only_a_clean_completed_publish_leaves_a_seal(stores: Stores) -> None:
     key2 = _key("p/e1", "mid")
     assert ledger.claim(key2, "r2:0")
     set_row(stores, key2, checkpoint_seal=_seal_text(stores, _key("p/e1", "end")))
-    assert ledger.reset_running(key2, ledger.get(key2).started_at, "dead")  # type: ignore[union-attr]
+    assert ledger.reset_running(key2, stored_row(ledger, key2).started_at, "dead")
     assert _seal_text(stores, key2) is None
 
 

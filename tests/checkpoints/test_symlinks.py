@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from checkpoint_support import KEY, checkpoint
+from checkpoint_support import KEY, checkpoint, loaded
 from judge_steps import make_data
 from storyboard_support import (
     PARTITION,
@@ -339,7 +339,7 @@ def test_a_linked_archive_entry_is_never_pruned(store: CheckpointStore, tmp_path
         store.save(checkpoint("d"))
     check(caught, link)
     assert tree(outside) == before and link.is_symlink()
-    assert store.load(KEY).data == make_data(["c"])  # type: ignore[union-attr]
+    assert loaded(store, KEY).data == make_data(["c"])
     assert temp_files(store) == []
 
 

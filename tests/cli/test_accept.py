@@ -46,7 +46,7 @@ def dagster_home(request: pytest.FixtureRequest, tmp_path: Path) -> None:
     (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
     instance = dg.DagsterInstance.from_config(str(home))
     instance.add_dynamic_partitions(PARTITIONS_NAME, [PARTITION])
-    env.dagster_home = home  # type: ignore[attr-defined]
+    env.dagster_home = home
 
 
 def storyboard(env: Env, *args: str) -> tuple[int, dict[str, Any] | str]:
@@ -57,7 +57,7 @@ def storyboard(env: Env, *args: str) -> tuple[int, dict[str, Any] | str]:
             "PIPELINE_HOME": str(env.home),
             "PIPELINE_DB_URL": env.db_url,
             "PIPELINE_STORAGE_URL": env.storage_url,
-            "DAGSTER_HOME": str(env.dagster_home),  # type: ignore[attr-defined]
+            "DAGSTER_HOME": str(env.dagster_home),
         },
     )
     if "--json" in args:
@@ -209,7 +209,7 @@ def test_materialize_launches_no_step_that_can_only_wait_on_a_blocked_one(env: E
     for step_id in waits:
         assert "waits on blocked upstream" in outcomes[step_id]["error"]
     # Dagster recorded no failure for the steps that were never going to run.
-    instance = dg.DagsterInstance.from_config(str(env.dagster_home))  # type: ignore[attr-defined]
+    instance = dg.DagsterInstance.from_config(str(env.dagster_home))
     run = instance.get_run_by_id(payload["run_id"])
     assert run is not None
     planned = {key.path[-1] for key in run.asset_selection or ()}

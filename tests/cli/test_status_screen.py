@@ -55,7 +55,7 @@ def planted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
             instance = dg.DagsterInstance.from_config(str(dagster_home))
             instance.add_dynamic_partitions(PARTITIONS_NAME, [PARTITION])
             instance.dispose()
-            env.dagster_home = dagster_home  # type: ignore[attr-defined]
+            env.dagster_home = dagster_home
             plant(env, datetime.now(UTC))
             yield env
         finally:
@@ -151,7 +151,7 @@ def storyboard(env: Env, *args: str) -> str:
         env={
             "PIPELINE_HOME": str(env.home),
             "PIPELINE_DB_URL": env.db_url,
-            "DAGSTER_HOME": str(env.dagster_home),  # type: ignore[attr-defined]
+            "DAGSTER_HOME": str(env.dagster_home),
             "PIPELINE_LEASE_SECONDS": LEASE_SECONDS,
             "COLUMNS": str(WIDTH),
         },

@@ -35,6 +35,7 @@ from typing import Any
 import psycopg
 import pytest
 import sqlalchemy as sa
+from checkpoint_support import stored_row
 from cli_helpers import CliEnv, make_env
 from pg_throwaway import ThrowawayPostgres, wait_until
 
@@ -180,7 +181,7 @@ def test_sessions_dropped_between_operations_cost_nothing(
     assert blip.drop() >= 1
     assert store.transition(KEY, RUN, "completed", completed_count=2)
     assert blip.drop() >= 1
-    assert store.get(KEY).status == "completed"  # type: ignore[union-attr]
+    assert stored_row(store, KEY).status == "completed"
 
     calls = blip.rows(provider_call)
     assert [(c["id"], c["units"]) for c in calls] == [(call, 7), (second, 5)]
@@ -229,7 +230,7 @@ def test_a_publish_whose_row_was_taken_while_the_session_was_down_publishes_noth
         .render_as_string(hide_password=False)
     )
     try:
-        started = store.get(KEY).started_at  # type: ignore[union-attr]
+        started = stored_row(store, KEY).started_at
         assert other.reset_running(KEY, started, "operator reset")
         assert other.claim(KEY, "run-2:attempt-a")  # the row has another owner now
     finally:

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from checkpoint_support import stored_row
 
 from pipeline_defs.resume.clock import parse_timestamp
 from pipeline_defs.resume.errors import PipelineError
@@ -276,7 +277,7 @@ def test_recovery_count_only_moves_with_auto_recovery(store: LedgerStore) -> Non
     assert store.claim(KEY, "run-a", now=T0)
     # Refused attempts never count.
     assert not _steal(store, "run-x", T1, "run-a", auto_recovery=True, reason="nope")
-    assert store.get(KEY).recovery_count == 0  # type: ignore[union-attr]
+    assert stored_row(store, KEY).recovery_count == 0
 
     assert _steal(store, "run-b", T0, "run-a", auto_recovery=True, reason="stale lease", now=T1)
     row = store.get(KEY)
@@ -305,7 +306,7 @@ def test_recovery_count_only_moves_with_auto_recovery(store: LedgerStore) -> Non
 
     # The owner's reset_recovery clears it; a non-owner's does not.
     assert store.reset_recovery(KEY, "run-a") is False
-    assert store.get(KEY).recovery_count == 3  # type: ignore[union-attr]
+    assert stored_row(store, KEY).recovery_count == 3
     assert store.reset_recovery(KEY, "run-f") is True
     row = store.get(KEY)
     assert row is not None
@@ -366,7 +367,7 @@ def test_stale_steal_of_unparseable_started_at_needs_the_exact_text(
 ) -> None:
     _insert(store, KEY, status="running", run_id="run-a", started_at=bad)
     assert _steal(store, "run-b", bad, "run-a", now=T1) is True
-    assert store.get(KEY).started_at == T1  # type: ignore[union-attr]
+    assert stored_row(store, KEY).started_at == T1
 
 
 def test_unparseable_updated_at_does_not_break_cursor(store: LedgerStore) -> None:
@@ -513,7 +514,7 @@ def test_after_a_steal_old_owner_cannot_publish_over_new_owner(
 
     assert store.transition(KEY, "run-b", "completed", publish=lambda: _write_checkpoint(out, "B2"))
     assert final.read_text() == "B2"
-    assert store.get(KEY).status == "completed"  # type: ignore[union-attr]
+    assert stored_row(store, KEY).status == "completed"
 
 
 # ------------------------------------------------------------- publish holds the row lock
@@ -810,7 +811,7 @@ def test_cursor_changes_after_each_kind_of_write(store: LedgerStore) -> None:
     store.claim(OTHER, "run-c")
     changed()
     time.sleep(0.002)
-    started = store.get(OTHER).started_at  # type: ignore[union-attr]
+    started = stored_row(store, OTHER).started_at
     store.reset_running(OTHER, started, "op")
     changed()
 
@@ -890,7 +891,7 @@ def test_a_claim_for_a_judged_absent_row_only_inserts(store: LedgerStore) -> Non
     assert store.transition(KEY, "run-a", "completed")
     # judged "no row" before run-a claimed, finished and completed: nothing to win
     assert not store.claim(KEY, "run-b", seen=None)
-    assert store.get(KEY).run_id == "run-a"  # type: ignore[union-attr]
+    assert stored_row(store, KEY).run_id == "run-a"
 
 
 def test_a_claim_is_a_compare_and_set_on_the_judged_row(store: LedgerStore) -> None:

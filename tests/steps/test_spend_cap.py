@@ -10,6 +10,7 @@ pays the 3 missing calls and nothing else.
 from collections import Counter
 from collections.abc import Iterator
 
+import dagster as dg
 import pytest
 from storyboard_support import (
     EPISODE,
@@ -76,7 +77,7 @@ def env(request: pytest.FixtureRequest) -> Iterator[Env]:
         made.destroy()
 
 
-def _run(env: Env) -> tuple[object, dict[str, int], int]:
+def _run(env: Env) -> tuple[dg.ExecuteInProcessResult, dict[str, int], int]:
     """A real Dagster run of every step: (result, recorded calls per step, calls sent)."""
     SENT.clear()
     outcome = env.materialize(
@@ -98,7 +99,7 @@ def test_the_cap_refuses_before_sending_and_a_raised_cap_pays_only_what_is_missi
     )
 
     result, first, sent = _run(env)
-    assert not result.success  # type: ignore[attr-defined]
+    assert not result.success
     assert sum(first.values()) == 20 and sent == 20  # the 21st call was never sent
     assert env.ledger.episode_calls("demo", "ep01") == 20
     failures = step_failure_messages(result)
@@ -121,14 +122,14 @@ def test_the_cap_refuses_before_sending_and_a_raised_cap_pays_only_what_is_missi
 
     # A resume at the cap sends nothing and records nothing.
     result, again, sent = _run(env)
-    assert not result.success  # type: ignore[attr-defined]
+    assert not result.success
     assert again == {} and sent == 0
     assert "[budget.exhausted]" in step_failure_messages(result)["scene_image_pipeline"]
 
     # Raised: the resume pays the 3 missing pictures, nothing drawn before is paid again.
     edit_config(env.home, "budget.max_calls_per_episode", 40)
     result, resumed, sent = _run(env)
-    assert result.success  # type: ignore[attr-defined]
+    assert result.success
     assert resumed == {"scene_image_pipeline": 3} and sent == 3
     total = Counter(c["step_id"] for c in env.ledger.provider_calls(episode=EPISODE))
     assert dict(total) == FULL
@@ -141,7 +142,7 @@ def test_a_force_at_the_cap_is_blocked_before_it_cleans_anything(env: Env) -> No
     call before)."""
     write_episode(env.home)
     result, first, _sent = _run(env)
-    assert result.success and sum(first.values()) == 23  # type: ignore[attr-defined]
+    assert result.success and sum(first.values()) == 23
     edit_config(env.home, "budget.max_calls_per_episode", 23)
     before = env.snapshot()
     SENT.clear()

@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import dagster as dg
 import sqlalchemy as sa
@@ -145,7 +145,7 @@ def _assets_of(defs: dg.Definitions) -> list[dg.AssetsDefinition | dg.AssetSpec 
 class RunOutcome:
     """What one launch did, read back from the ledger (decisions) and the cost table."""
 
-    result: Any
+    result: dg.ExecuteInProcessResult
     decisions: dict[str, str]
     calls: dict[str, Counter[str]]
 
@@ -170,6 +170,8 @@ class Env:
     storage_url: str | None = None
     # The S3 server behind ``storage_url`` (a clone copies the bucket there).
     s3: Any = field(default=None, repr=False)
+    # The DAGSTER_HOME of a test that runs the CLI against a Dagster instance of its own.
+    dagster_home: Path | None = None
 
     @classmethod
     def sqlite(cls, root: Path) -> "Env":
@@ -375,8 +377,8 @@ class Env:
             ledger=self.ledger,
             checkpoints=self.checkpoints,
             models={
-                "text": text_model or resources["text_model"],  # type: ignore[dict-item]
-                "image": image_model or resources["image_model"],  # type: ignore[dict-item]
+                "text": text_model or cast(TextModel, resources["text_model"]),
+                "image": image_model or cast(ImageModel, resources["image_model"]),
             },
         )
 

@@ -108,3 +108,16 @@ def test_the_scan_finds_sql_written_in_a_part(tmp_path: Path) -> None:
         "reads.py:3 where",
         "reads.py:4 exec_driver_sql",
     ]
+
+
+def test_the_named_statements_run_nothing() -> None:
+    """``statements`` only builds: when and in which transaction is the parts' business."""
+    tree = parse_source((LEDGER / "statements.py").read_text(), "statements.py")
+    runs = [
+        f"statements.py:{node.lineno} {node.func.attr}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in RUNNERS | {"begin", "connect", "commit"}
+    ]
+    assert not runs, runs

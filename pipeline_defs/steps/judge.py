@@ -357,8 +357,8 @@ class StepJudge:
             found = self.checkpoints.artifact_sha256(key, artifact.path)
             if found is None:
                 continue  # absent: re-drawn; not a file: ``not_a_file`` reports it
-            path = self.checkpoints.artifact_path(key, artifact.path)
             if found != artifact.sha256 and found[:16] in copies:
+                path = self.checkpoints.artifact_path(key, artifact.path)
                 return PipelineError(
                     INTEGRITY_CODE,
                     f"{path} holds an older copy of it (sha256 {found[:16]}…, as archived in "

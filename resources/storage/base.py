@@ -195,3 +195,34 @@ def error_details(storage: str, key: str | None, cause: str | None) -> Mapping[s
     if cause is not None:
         out["cause"] = cause
     return out
+
+
+def object_missing(storage: str, key: str, cause: str) -> PipelineError:
+    """``storage.object_missing``: nothing under ``key``."""
+    return PipelineError(
+        ErrorCode.STORAGE_OBJECT_MISSING,
+        f"no object {key!r} in storage {storage} ({cause})",
+        details=error_details(storage, key, cause),
+    )
+
+
+def object_exists(storage: str, key: str, cause: str) -> PipelineError:
+    """``storage.object_exists``: a create-only put found an object under ``key``."""
+    return PipelineError(
+        ErrorCode.STORAGE_OBJECT_EXISTS,
+        f"object {key!r} already exists in storage {storage} ({cause}): it was left as it is",
+        details=error_details(storage, key, cause),
+    )
+
+
+def not_the_version(
+    storage: str, key: str, cause: str, versions: Mapping[str, Any]
+) -> PipelineError:
+    """``storage.precondition_failed``: a conditional put found another version under
+    ``key``; ``versions`` (expected and current e-tags, …) join the details."""
+    return PipelineError(
+        ErrorCode.STORAGE_PRECONDITION_FAILED,
+        f"object {key!r} in storage {storage} is not the version expected ({cause}): "
+        "nothing was written",
+        details={**error_details(storage, key, cause), **versions},
+    )

@@ -30,7 +30,15 @@ from pathlib import Path
 from pipeline_defs.resume.causes import storage_fault
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.files import O_NOFOLLOW, removed_on_error, symlink_error
-from resources.storage.base import TEMP_PREFIX, ObjectMeta, error_details, validate_key
+from resources.storage.base import (
+    TEMP_PREFIX,
+    ObjectMeta,
+    error_details,
+    not_the_version,
+    object_exists,
+    object_missing,
+    validate_key,
+)
 
 _O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 _O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
@@ -386,20 +394,10 @@ class LocalStorage:
         )
 
     def _missing(self, key: str) -> PipelineError:
-        cause = "no such file"
-        return PipelineError(
-            ErrorCode.STORAGE_OBJECT_MISSING,
-            f"no object {key!r} in storage {self.url} ({cause})",
-            details=error_details(self.url, key, cause),
-        )
+        return object_missing(self.url, key, "no such file")
 
     def _exists(self, key: str) -> PipelineError:
-        cause = "a file is already there and objects are create-only"
-        return PipelineError(
-            ErrorCode.STORAGE_OBJECT_EXISTS,
-            f"object {key!r} already exists in storage {self.url} ({cause}): it was left as it is",
-            details=error_details(self.url, key, cause),
-        )
+        return object_exists(self.url, key, "a file is already there and objects are create-only")
 
     def _precondition(
         self, key: str, expected: ObjectMeta, current: ObjectMeta | None
@@ -409,16 +407,11 @@ class LocalStorage:
             cause = f"the expected version is of key {expected.key!r}"
         else:
             cause = f"expected e_tag {expected.e_tag}, found {found}"
-        return PipelineError(
-            ErrorCode.STORAGE_PRECONDITION_FAILED,
-            f"object {key!r} in storage {self.url} is not the version expected ({cause}): "
-            "nothing was written",
-            details={
-                **error_details(self.url, key, cause),
-                "expected_e_tag": expected.e_tag,
-                "current_e_tag": None if current is None else current.e_tag,
-            },
-        )
+        versions = {
+            "expected_e_tag": expected.e_tag,
+            "current_e_tag": None if current is None else current.e_tag,
+        }
+        return not_the_version(self.url, key, cause, versions)
 
     def _not_an_object(
         self, key: str, parts: tuple[str, ...], mode: int, what: str

@@ -27,8 +27,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from pipeline_defs.resume.errors import ErrorCode, PipelineError
-from resources.storage.base import ObjectMeta, error_details, validate_key
+from pipeline_defs.resume.errors import PipelineError
+from resources.storage.base import (
+    ObjectMeta,
+    not_the_version,
+    object_exists,
+    object_missing,
+    validate_key,
+)
 
 
 @dataclass(frozen=True)
@@ -152,32 +158,18 @@ class MemoryStorage:
     # -- errors ------------------------------------------------------------------------
 
     def _missing(self, key: str) -> PipelineError:
-        cause = "no object under this key"
-        return PipelineError(
-            ErrorCode.STORAGE_OBJECT_MISSING,
-            f"no object {key!r} in storage {self.url} ({cause})",
-            details=error_details(self.url, key, cause),
-        )
+        return object_missing(self.url, key, "no object under this key")
 
     def _exists(self, key: str) -> PipelineError:
         cause = "an object is already there and objects are create-only"
-        return PipelineError(
-            ErrorCode.STORAGE_OBJECT_EXISTS,
-            f"object {key!r} already exists in storage {self.url} ({cause}): it was left as it is",
-            details=error_details(self.url, key, cause),
-        )
+        return object_exists(self.url, key, cause)
 
     def _precondition(
         self, key: str, expected: ObjectMeta, current: ObjectMeta | None, cause: str
     ) -> PipelineError:
-        return PipelineError(
-            ErrorCode.STORAGE_PRECONDITION_FAILED,
-            f"object {key!r} in storage {self.url} is not the version expected ({cause}): "
-            "nothing was written",
-            details={
-                **error_details(self.url, key, cause),
-                "expected_e_tag": expected.e_tag,
-                "expected_version": expected.version,
-                "current_e_tag": None if current is None else current.e_tag,
-            },
-        )
+        versions = {
+            "expected_e_tag": expected.e_tag,
+            "expected_version": expected.version,
+            "current_e_tag": None if current is None else current.e_tag,
+        }
+        return not_the_version(self.url, key, cause, versions)

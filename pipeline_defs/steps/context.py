@@ -58,12 +58,17 @@ class ProviderMeter:
     # The episode's spend cap (docs/DESIGN.md#spend-cap): a call that would take the
     # episode's recorded calls past it is refused before it is sent, ``budget.exhausted``.
     cap: CallCap | None = None
+    # ``run_id`` is the fencing token of the claim the calls are made under: each call is
+    # recorded only while that claim holds the row (docs/DESIGN.md#claim-tokens).
+    claimed: bool = False
 
     def _start(self, kind: str) -> int:
         """Record the call about to be sent, within the cap (reserved in the ledger)."""
         limit = None if self.cap is None else self.cap.limit
         try:
-            return self.ledger.start_provider_call(self.key, self.run_id, kind=kind, cap=limit)
+            return self.ledger.start_provider_call(
+                self.key, self.run_id, kind=kind, cap=limit, claimed=self.claimed
+            )
         except PipelineError as exc:
             if exc.code != ErrorCode.BUDGET_EXHAUSTED or self.cap is None:
                 raise

@@ -21,6 +21,7 @@ it lost.
 import logging
 import threading
 import time
+from collections.abc import Callable
 from types import TracebackType
 
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
@@ -39,7 +40,10 @@ class Lease:
         *,
         interval_seconds: float,
         log: logging.Logger | logging.LoggerAdapter,  # type: ignore[type-arg]
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        # ``run_id``: the claim's fencing token (docs/DESIGN.md#claim-tokens), not the run's.
+        # ``clock``: monotonic seconds (a test's own clock makes "the thread is behind" exact).
         self.ledger = ledger
         self.key = key
         self.run_id = run_id
@@ -49,7 +53,8 @@ class Lease:
         # Renewals that failed with an error (not "lost"): an outage past the store's retry.
         self.failures = 0
         self._lost = threading.Event()
-        self._renewed_at = time.monotonic()  # the claim itself set the heartbeat
+        self.clock = clock
+        self._renewed_at = clock()  # the claim itself set the heartbeat
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name=f"lease-{key.step_id}", daemon=True)
 
@@ -63,7 +68,7 @@ class Lease:
         starved), the row is asked now rather than trusting the last renewal: a worker
         resumed after a SIGSTOP past its lease would otherwise pay for the next call before
         its thread noticed."""
-        if not self._lost.is_set() and time.monotonic() - self._renewed_at > 2 * self.interval:
+        if not self._lost.is_set() and self.clock() - self._renewed_at > 2 * self.interval:
             self._renew_now()
         if self._lost.is_set():
             raise PipelineError(
@@ -83,7 +88,7 @@ class Lease:
             self._lost.set()
             self.log.warning("%s: lease of run %s lost", self.key, self.run_id)
             return
-        self._renewed_at = time.monotonic()
+        self._renewed_at = self.clock()
 
     def _beat(self) -> None:
         while not self._stop.wait(self.interval):
@@ -98,7 +103,7 @@ class Lease:
                 self.log.warning("%s: lease of run %s lost", self.key, self.run_id)
                 return
             self.renewals += 1
-            self._renewed_at = time.monotonic()
+            self._renewed_at = self.clock()
 
     def __enter__(self) -> "Lease":
         self._thread.start()

@@ -39,6 +39,19 @@ def _count_call(conn: Connection, key: StepKey, cap: int | None, *, sqlite: bool
     )
 
 
+def _still_claimed(conn: Connection, key: StepKey, owner: str | None) -> None:
+    """Lock ``key``'s row while ``owner``'s claim holds it (first: the claim before the
+    episode's count, the order every writer takes them in); ``step.ownership_lost`` when it
+    does not. ``owner`` None: a call made under no claim, not checked."""
+    if owner is None or conn.execute(statements.lock_claim(key, owner)).first() is not None:
+        return
+    raise PipelineError(
+        ErrorCode.STEP_OWNERSHIP_LOST,
+        f"{key}: claim {owner} no longer holds the step (taken over or settled); the "
+        "provider call was not sent",
+    )
+
+
 class AuditAndCost:
     """Audit appends and provider-call (cost) rows."""
 
@@ -74,9 +87,22 @@ class AuditAndCost:
         return self.session.retry("append transition", body)
 
     def start_provider_call(
-        self, key: StepKey, run_id: str | None, *, kind: str, cap: int | None = None
+        self,
+        key: StepKey,
+        run_id: str | None,
+        *,
+        kind: str,
+        cap: int | None = None,
+        claimed: bool = False,
     ) -> int:
         """Record a call before it is sent (a kill during it leaves it unfinished).
+
+        ``claimed``: the call is made under the claim whose fencing token is ``run_id``
+        (docs/DESIGN.md#claim-tokens). It is recorded only while the step's row is running
+        under that claim, checked under the row's lock in the transaction that records it;
+        a claim taken over (by another run, or by a redelivery of the same task) is refused
+        with ``step.ownership_lost``, recording and counting nothing, so its holder never
+        sends the call.
 
         ``cap``: the episode's spend cap (docs/DESIGN.md#spend-cap). The call is counted in
         its episode's ``episode_calls`` row by a conditional UPDATE in the transaction that
@@ -99,8 +125,10 @@ class AuditAndCost:
             "units": 0,
             "at": now_text(),
         }
+        owner = run_id if claimed else None
         if self.session.is_sqlite:  # never retried (see _retry): the id comes back with the insert
             with self.session.write() as conn:  # BEGIN IMMEDIATE: the write lock, first
+                _still_claimed(conn, key, owner)
                 _count_call(conn, key, cap, sqlite=True)
                 inserted = conn.execute(statements.record_call(values)).scalar_one()
             return int(inserted)
@@ -116,6 +144,7 @@ class AuditAndCost:
             with self.session.write() as conn:
                 # A retry after a commit whose answer was lost finds its own row: done.
                 if conn.execute(statements.call_by_id(allocated[0])).first() is None:
+                    _still_claimed(conn, key, owner)
                     _count_call(conn, key, cap, sqlite=False)
                     conn.execute(statements.record_call({"id": allocated[0], **values}))
             return allocated[0]

@@ -230,6 +230,16 @@ def lock_row(owned: bool) -> Any:
     return sa.select(step_run.c.id).where(_OWNED_WHERE if owned else _KEY_WHERE).with_for_update()
 
 
+def lock_claim(key: StepKey, run_id: str) -> sa.Select[Any]:
+    """Lock ``key``'s row while it is running under the claim ``run_id`` (a claim's fencing
+    token): its id, or nothing once the claim was taken over or settled."""
+    return (
+        sa.select(step_run.c.id)
+        .where(owned_row(key, run_id), step_run.c.status == _RUNNING)
+        .with_for_update()
+    )
+
+
 def lock_status(key: StepKey, *columns: str) -> sa.Select[Any]:
     """Lock ``key``'s row and read ``status`` (and ``columns``) under the lock."""
     wanted = [step_run.c.status, *(step_run.c[name] for name in columns)]

@@ -22,6 +22,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -50,6 +51,7 @@ from dagster_dev import (
 from fleet_support import delete_queue
 from s3_server import SECRET, running_s3_server
 from storyboard_support import create_pg_database, drop_pg_database
+from tcp_proxy import TcpProxy
 
 from pipeline_defs.resume.fleet_settings import FLEET_ENV_NAMES
 from pipeline_defs.resume.partition import Episode
@@ -160,10 +162,12 @@ class Fleet:
     def calls(self, episode: Episode) -> list[dict[str, Any]]:
         return self.ledger.provider_calls(episode=episode)
 
-    def start_worker(self, name: str) -> Worker:
+    def start_worker(self, name: str, **env: str) -> Worker:
+        """A worker of its own home; ``env``: variables of this worker only (its broker URL
+        through a proxy the test cuts)."""
         root = self.root / f"worker-{name}"
         (root / "home").mkdir(parents=True)
-        home = Home(name, root, {**self.base, "PIPELINE_HOME": str(root / "home")})
+        home = Home(name, root, {**self.base, "PIPELINE_HOME": str(root / "home"), **env})
         log = self.logs / f"worker-{name}.log"
         worker = Worker(home, home.spawn("worker", "--concurrency", "1", log=log), log)
         self.workers.append(worker)
@@ -471,3 +475,126 @@ def _json_of(log: Path) -> str:
     text = log.read_text()
     start = text.index("{")
     return text[start : text.rindex("}") + 1]
+
+
+PAUSED = Episode.parse("demo/ep03")
+
+
+def _pid(owner: str | None) -> int:
+    assert owner is not None
+    return int(owner.rsplit(":", 1)[1])
+
+
+def test_a_worker_paused_past_its_lease_and_delivered_again_spends_and_writes_nothing(
+    fleet: Fleet, tmp_path: Path, celery_broker: str
+) -> None:
+    """A claim is owned by its delivery (docs/DESIGN.md#claim-tokens), on real processes.
+
+    A worker reaches the broker through a proxy. While one of its steps waits on a model call
+    with more calls to come, it is SIGSTOPped; once its lease has lapsed the proxy is cut, so
+    the broker delivers the task again, in the same run, to a second worker, which takes the
+    row over. The first worker is then resumed: before, its claim token (``<run>:<retry>``)
+    was the redelivery's too, so its lease and call records still matched and it paid for
+    the rest of the step again and wrote a second ``finish``. Now it makes no call and no
+    ledger write, and the episode costs at most a clean run plus the call in flight.
+    """
+    story = sample_stories()["ep01"]
+    reference = in_one_process(tmp_path, story)
+    launcher = fleet.launcher
+    launcher.storyboard("migrate")
+    launcher.storyboard(
+        "add-episode", "--project", PAUSED.project_id, "--episode", PAUSED.episode_id,
+        "--story", str(story),
+    )  # fmt: skip
+    fleet.base["PIPELINE_OFFLINE_LATENCY_MS"] = str(LATENCY_MS)
+    broker_port = int(celery_broker.rsplit(":", 1)[1].split("/", 1)[0])
+    proxy = TcpProxy(broker_port).start()
+    try:
+        proxied = celery_broker.replace(f":{broker_port}/", f":{proxy.port}/")
+        paused = fleet.start_worker("paused", PIPELINE_CELERY_BROKER_URL=proxied)
+        run_log = fleet.logs / "paused-run.log"
+        launch = launcher.spawn(
+            "materialize", "--partition", PAUSED.partition_key, "--json", log=run_log
+        )
+
+        def in_flight_with_more_to_come() -> tuple[str, LedgerRow] | None:
+            rows, calls = fleet.rows(PAUSED), fleet.calls(PAUSED)
+            for call in calls:
+                step = call["step_id"]
+                row = rows.get(step)
+                if call["finished_at"] is not None or row is None:
+                    continue
+                made = sum(1 for c in calls if c["step_id"] == step)
+                if row.status is StepStatus.RUNNING and made < reference.get(step, 0):
+                    return step, row
+            return None
+
+        step_id, held = wait_for(
+            "a step waiting on a call, with more to come", in_flight_with_more_to_come, 300,
+            run_log,
+        )  # fmt: skip
+        assert paused.owns(_pid(held.lock_owner))
+        os.killpg(paused.process.pid, signal.SIGSTOP)
+        try:
+            rescuer = fleet.start_worker("rescuer")  # straight to the broker
+            lapsed_at = time.monotonic() + LEASE_SECONDS + HEARTBEAT_SECONDS
+            while time.monotonic() < lapsed_at:
+                time.sleep(0.5)
+            row = fleet.rows(PAUSED)[step_id]
+            assert row.run_id == held.run_id and row.heartbeat_at == held.heartbeat_at, row
+            paid_at_pause = [c["id"] for c in fleet.calls(PAUSED) if c["run_id"] == held.run_id]
+            written_at_pause = [
+                t.transition_seq
+                for t in fleet.ledger.transitions(PAUSED.step(step_id))
+                if t.run_id == held.run_id
+            ]
+            assert proxy.cut() > 0, "the paused worker held no connection to the broker"
+
+            def taken_over() -> LedgerRow | None:
+                now = fleet.rows(PAUSED)[step_id]
+                moved = now.run_id != held.run_id or now.status is not StepStatus.RUNNING
+                return now if moved else None
+
+            taken = wait_for("the task delivered again and claimed", taken_over, 240, run_log)
+            assert rescuer.owns(_pid(taken.lock_owner)), taken
+        finally:
+            seen = paused.log.stat().st_size
+            os.killpg(paused.process.pid, signal.SIGCONT)
+
+        def ended_after_resume() -> bool:
+            with paused.log.open("rb") as log:
+                log.seek(seen)
+                ended = rb"Task execute_plan\[[^]]+\] (succeeded|raised)"
+                return re.search(ended, log.read()) is not None
+
+        wait_for("the resumed worker's delivery to end", ended_after_resume, 240, paused.log)
+        code = launch.wait(timeout=600)
+    finally:
+        proxy.close()
+    # The run goes on with the step its redelivery completed: the fenced delivery's result
+    # is that checkpoint (a SKIP of its own), not a failure of a step that succeeded.
+    assert code == 0, log_tail(run_log)
+    report = json.loads(_json_of(run_log))
+    assert report["success"], report
+
+    claim = held.run_id
+    assert taken.run_id is not None and claim is not None
+    paid = [c["id"] for c in fleet.calls(PAUSED) if c["run_id"] == claim]
+    assert paid == paid_at_pause, "the resumed worker paid for another call"
+    written = [
+        t.transition_seq
+        for t in fleet.ledger.transitions(PAUSED.step(step_id))
+        if t.run_id == claim
+    ]
+    assert written == written_at_pause, "the resumed worker wrote to the ledger"
+    finishes = [
+        t for t in fleet.ledger.transitions(PAUSED.step(step_id)) if str(t.action) == "finish"
+    ]
+    assert len(finishes) == 1 and finishes[0].run_id == taken.run_id, finishes
+    rows = fleet.rows(PAUSED)
+    assert all(r.status is StepStatus.COMPLETED for r in rows.values()), rows
+    in_flight = 1
+    total = len(fleet.calls(PAUSED))
+    assert total <= sum(reference.values()) + in_flight, (total, reference)
+    assert taken.run_id.split(":")[:2] == claim.split(":")[:2], "the same run, another delivery"
+    assert taken.run_id != claim, "the redelivery claimed with the paused delivery's token"

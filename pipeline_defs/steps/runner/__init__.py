@@ -17,6 +17,7 @@ and the fenced publish); each other concern is a module of this package:
 - ``redraw_scope``: a redraw's targets for this step, and their dependents afterwards;
 - ``recorded_verdicts``: SKIP / adopt, BLOCK, not applicable (no claim, nothing executed);
 - ``claim``: the attempt a claim counts as, and why a refused one lost;
+- ``redelivery``: a delivery fenced out by a redelivery of its own task takes its outcome;
 - ``force``: an explicit force's cleanup and downstream invalidation;
 - ``execute`` (+ ``envelope``, ``exit_verify``): the step body, up to a verified result;
 - ``settlement``: a mutator's written-ahead edits settled with no provider call;
@@ -45,6 +46,7 @@ from pipeline_defs.steps.runner.execute import execute
 from pipeline_defs.steps.runner.force import force_cleanup, invalidate_downstream
 from pipeline_defs.steps.runner.gate import check_upstream
 from pipeline_defs.steps.runner.outcome import OutcomeStatus, Published, StepOutcome
+from pipeline_defs.steps.runner.redelivery import redelivered_outcome
 from pipeline_defs.steps.runner.redraw_scope import report_dependents, resolve_redraw
 from pipeline_defs.steps.runner.run_info import RunInfo, audit_line
 from pipeline_defs.steps.runner.settlement import settle_written_ahead
@@ -154,7 +156,12 @@ class StepRunner:
         # no key or a bad provider fails here, before the claim and any call,
         # and only for a step that will run (a SKIP or a BLOCK calls no model).
         self.models(self.judge.project(key))
-        outcome = self._claim_and_finalize(key, run, decision, row, inputs)
+        try:
+            outcome = self._claim_and_finalize(key, run, decision, row, inputs)
+        except PipelineError as error:
+            if error.code != ErrorCode.STEP_OWNERSHIP_LOST:
+                raise
+            outcome = redelivered_outcome(self.judge, key, run, error)
         if run.redraw_items:
             outcome = report_dependents(self.judge, key, run, outcome)
         return outcome
@@ -168,6 +175,10 @@ class StepRunner:
         inputs: Mapping[str, Checkpoint | None],
     ) -> StepOutcome:
         stale = decision.action is ResumeAction.STALE_RUNNING_RECOVERY
+        # The claim's own fencing token (docs/DESIGN.md#claim-tokens): from here on every
+        # owner check (lease, call records, transitions, publish) compares this one, so a
+        # redelivery of this very task that takes the row over fences this delivery out.
+        run = run.claiming()
         # Row 12 counts automatic recoveries: the sensor's. An operator's launch of the same
         # decision takes the row over uncounted, leaving the count and last reason as the
         # sensor's recoveries left them (visible in ``status``).

@@ -61,6 +61,7 @@ def execute(
         models,
         guard=lease.check,
         cap=judge.call_cap(key, judge.project(key)),
+        claimed=True,
     )
     ctx = writers.context(judge, key, run_id=run.run_id, meter=meter, redraw=run.redraw_items)
     started = clock()

@@ -2,6 +2,7 @@
 ledger from before seals left unsealed, ``sheet`` (an episode as one HTML page), ``gc`` of
 unreferenced attempts, ``storage migrate`` to object storage."""
 
+import math
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -92,10 +93,24 @@ def sheet(*, partition_key: str, out: Path | None, as_json: bool) -> dict[str, A
     return None
 
 
+MAX_GRACE_HOURS = 24 * 365 * 100
+
+
+def _finite_hours(_ctx: click.Context, _param: click.Parameter, value: float) -> float:
+    """A grace period is a real span of hours: ``nan``, ``inf`` and anything past
+    ``MAX_GRACE_HOURS`` (a century; ``timedelta`` ends at 2.7 million years) are refused."""
+    if not math.isfinite(value) or value > MAX_GRACE_HOURS:
+        raise click.BadParameter(
+            f"{value!r} is no grace period: give a number of hours from 0 to {MAX_GRACE_HOURS}"
+        )
+    return value
+
+
 @main.command("gc")
 @click.option(
     "--grace-hours",
     type=click.FloatRange(min=0),
+    callback=_finite_hours,
     default=garbage.DEFAULT_GRACE.total_seconds() / 3600,
     show_default=True,
     help="Keep any attempt with an object younger than this (at least 1: an attempt is "

@@ -10,7 +10,7 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
 
@@ -35,15 +35,18 @@ QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,99}$")
 
 
 def masked(url: str) -> str:
-    """``url`` with its password replaced: a broker URL is a secret's holder."""
-    parts = urlsplit(url)
-    if parts.password is None:
+    """``url`` with its password replaced: a broker URL is a secret's holder.
+
+    The user part ends at the *last* ``@``: a password holding ``#``, ``/`` or ``?``
+    unencoded would otherwise be read as the start of a fragment, a path or a query and
+    printed whole (``urlsplit`` stops the authority at the first of them).
+    """
+    scheme, sep, rest = url.partition("://")
+    if not sep or "@" not in rest:
         return url
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    user = parts.username or ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+    userinfo, host = rest.rsplit("@", 1)
+    user, colon, _password = userinfo.partition(":")
+    return f"{scheme}://{user}:***@{host}" if colon else f"{scheme}://***@{host}"
 
 
 def _invalid(variable: str, value: str, why: str) -> PipelineError:
@@ -58,6 +61,23 @@ def _url(variable: str, value: str, schemes: tuple[str, ...]) -> str:
     scheme = value.split("://", 1)[0].lower() if "://" in value else ""
     if scheme not in schemes:
         raise _invalid(variable, value, f"expected a URL with a scheme of {', '.join(schemes)}")
+    authority = value.split("://", 1)[1]
+    cut = min((authority.find(c) for c in "/?#" if c in authority), default=len(authority))
+    if "@" in authority[cut:] and "@" not in authority[:cut]:
+        raise _invalid(
+            variable,
+            value,
+            "its password holds '/', '?' or '#' unencoded (percent-encode it: %2F, %3F, %23)",
+        )
+    try:
+        parts = urlsplit(value)
+        port = parts.port  # raises for a port that is no number in 0-65535
+    except ValueError as exc:
+        raise _invalid(variable, value, f"the URL does not parse ({exc})") from None
+    if scheme != "rpc" and not parts.hostname:
+        raise _invalid(variable, value, "the URL names no host")
+    if port == 0:
+        raise _invalid(variable, value, "port 0 is no port")
     return value
 
 
@@ -91,6 +111,8 @@ class FleetSettings:
             source.get(BACKEND_ENV, "").strip() or DEFAULT_BACKEND_URL,
             BACKEND_SCHEMES,
         )
+        if queue is not None and not queue.strip():
+            raise _invalid("--queue", queue, "a queue name is 1-100 letters, digits, '_' or '-'")
         name = queue if queue is not None else source.get(QUEUE_ENV, "").strip()
         name = name or DEFAULT_QUEUE
         if not QUEUE_NAME.match(name):

@@ -335,6 +335,12 @@ def validate_ledger_values(values: Mapping[str, str]) -> dict[str, str]:
                 f"{key!r} is no ledger setting; the ledger holds: {', '.join(LEDGER_KEYS)}",
                 details={"setting": key},
             )
+        if not str(values[key]).strip():  # ``build`` reads "" as unset: the default
+            raise PipelineError(
+                ErrorCode.SETTINGS_INVALID,
+                f"ledger setting {key}: an empty value is no value (a number is expected)",
+                details={"setting": key},
+            )
     sources = dict.fromkeys(values, SOURCE_LEDGER)
     settings = ResumeSettings.build(_sources=sources, **values)
     return {key: format_value(getattr(settings, key)) for key in values}

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from cli_helpers import make_env
+from cli_helpers import CliEnv, make_env
 
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.fleet_settings import (
@@ -67,6 +67,46 @@ def test_passwords_are_masked() -> None:
     assert masked("pyamqp://u:pw@h:5672//") == "pyamqp://u:***@h:5672//"
     assert masked("redis://:pw@h/0") == "redis://:***@h/0"
     assert masked("redis://h:6379/0") == "redis://h:6379/0"
+
+
+@pytest.mark.parametrize("password", ["s3#cret", "s3/cret", "s3?cret", "s#3/c?ret"])
+def test_a_password_with_unencoded_url_characters_is_masked_whole(password: str) -> None:
+    """Before, ``urlsplit`` ended the user part at the first '#', '/' or '?', and the rest of
+    the password was printed as a fragment, a path or a query."""
+    url = f"pyamqp://fleet:{password}@127.0.0.1:5672//"
+    assert masked(url) == "pyamqp://fleet:***@127.0.0.1:5672//"
+    with pytest.raises(PipelineError) as raised:
+        FleetSettings.from_env({"PIPELINE_CELERY_BROKER_URL": url})
+    assert raised.value.code == ErrorCode.SETTINGS_INVALID
+    assert "percent-encode" in raised.value.message
+    assert password not in raised.value.message and "cret" not in raised.value.message
+
+
+@pytest.mark.parametrize(
+    ("variable", "url", "why"),
+    [
+        ("PIPELINE_CELERY_BROKER_URL", "pyamqp://fleet:s3cret@127.0.0.1:99999//", "parse"),
+        ("PIPELINE_CELERY_BROKER_URL", "pyamqp://fleet:s3cret@127.0.0.1:ab//", "parse"),
+        ("PIPELINE_CELERY_BROKER_URL", "pyamqp://fleet:s3cret@127.0.0.1:0//", "port 0"),
+        ("PIPELINE_CELERY_BACKEND_URL", "redis://:s3cret@127.0.0.1:-1/0", "parse"),
+        ("PIPELINE_CELERY_BACKEND_URL", "redis://:s3cret@:6379/0", "no host"),
+    ],
+)
+def test_a_bad_port_or_host_is_a_typed_refusal(variable: str, url: str, why: str) -> None:
+    """Before: a 52-line traceback from kombu at the worker's first connection."""
+    with pytest.raises(PipelineError) as raised:
+        FleetSettings.from_env({variable: url})
+    assert raised.value.code == ErrorCode.SETTINGS_INVALID
+    assert variable in raised.value.message and why in raised.value.message
+    assert "s3cret" not in raised.value.message
+
+
+@pytest.mark.parametrize("queue", ["", "  "])
+def test_an_empty_queue_option_is_refused_not_taken_for_the_default(queue: str) -> None:
+    """``storyboard worker --queue ''`` served the default queue ``dagster``."""
+    with pytest.raises(PipelineError) as raised:
+        FleetSettings.from_env({}, queue=queue)
+    assert raised.value.code == ErrorCode.SETTINGS_INVALID and "--queue" in raised.value.message
 
 
 def _worker(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
@@ -140,3 +180,12 @@ def test_every_job_of_the_location_runs_its_steps_on_the_fleet(
     monkeypatch.delenv("PIPELINE_EXECUTOR")
     local = build_defs()
     assert local.resolve_job_def(STEPS_JOB).executor_def.name != "celery"
+
+
+@pytest.mark.parametrize("hours", ["nan", "inf", "1e99"])
+def test_gc_refuses_a_grace_period_that_is_no_span_of_hours(cli: CliEnv, hours: str) -> None:
+    """Before: ``[internal]`` (timedelta's OverflowError or ValueError)."""
+    result = cli.invoke("gc", "--grace-hours", hours, "--dry-run")
+    assert result.exit_code == 2, result.output
+    assert "--grace-hours" in result.output and "no grace period" in result.output
+    assert "internal" not in result.output

@@ -95,6 +95,8 @@ def test_set_is_validated_audited_and_shown(cli_db: CliEnv) -> None:
         ("running_timeout_seconds", str(30 * 24 * 3600 + 1)),
         ("max_recovery_attempts", "0"),
         ("heartbeat_seconds", "40"),  # twice 40 is more than the default lease (60)
+        ("max_calls_per_episode", ""),  # was written as the default (200)
+        ("lease_seconds", "   "),
     ],
 )
 def test_a_bad_value_is_refused_naming_the_key_and_nothing_is_written(

@@ -47,8 +47,8 @@ def _still_claimed(conn: Connection, key: StepKey, owner: str | None) -> None:
         return
     raise PipelineError(
         ErrorCode.STEP_OWNERSHIP_LOST,
-        f"{key}: claim {owner} no longer holds the step (taken over or settled); the "
-        "provider call was not sent",
+        f"{key}: run {owner} lost its claim (taken over or settled); the provider call was "
+        "not sent, nothing published",
     )
 
 

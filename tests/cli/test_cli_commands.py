@@ -18,6 +18,7 @@ from pipeline_defs.operations.workspace import ledger_head
 from pipeline_defs.project import ProjectConfig
 from pipeline_defs.resume.clock import format_timestamp
 from pipeline_defs.resume.partition import StepKey
+from pipeline_defs.steps.runner.run_info import run_token_of
 from resources.ledger.tables import step_run
 
 
@@ -402,7 +403,9 @@ def test_force_runs_one_step_with_the_force_tag_and_invalidates_downstream(cli: 
     ledger = cli.ledger
     sketch = ledger.get(StepKey("p1", "e1", "sketch"))
     assert sketch is not None and sketch.status == "stale"
-    audit = [t for t in ledger.transitions() if t.run_id == f"{payload['run_id']}:0"]
+    audit = [
+        t for t in ledger.transitions() if run_token_of(str(t.run_id)) == f"{payload['run_id']}:0"
+    ]
     assert {t.action for t in audit} >= {"force_explicit", "invalidate", "finish"}
     assert {t.launch_path for t in audit} == {"cli"}
 

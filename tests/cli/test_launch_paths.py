@@ -41,6 +41,7 @@ from pipeline_defs.resume.status import LedgerRow
 from pipeline_defs.steps.graph import StepGraph
 from pipeline_defs.steps.judge import StepJudge
 from pipeline_defs.steps.runner import RunInfo, StepRunner
+from pipeline_defs.steps.runner.run_info import run_token_of
 from pipeline_defs.storyboard import STORYBOARD_STEPS, sample_stories
 from resources.ledger.audit import Transition
 from resources.pipeline import PipelineResource
@@ -626,13 +627,13 @@ def test_ui_launch_and_sensor_launch_race_for_one_claim(deployment: Deployment) 
     assert d.failure_code(loser) == "step.already_running"
     assert len(ledger.provider_calls(key)) == 1
     audit = [t for t in ledger.transitions(key) if t.action in DECISION_ACTIONS]
-    assert sorted((t.action, t.run_id) for t in audit) == sorted(
+    assert sorted((t.action, run_token_of(str(t.run_id))) for t in audit) == sorted(
         [("rerun_self", f"{winner}:0"), ("claim_rejected", f"{loser}:0")]
     )
     assert {t.launch_path for t in audit} == {"ui", "sensor"}
     row = ledger.get(key)
     assert row is not None
-    assert row.status == "completed" and row.run_id == f"{winner}:0"
+    assert row.status == "completed" and run_token_of(str(row.run_id)) == f"{winner}:0"
 
 
 def test_cli_force_through_the_webserver(deployment: Deployment) -> None:

@@ -15,6 +15,8 @@ import pytest
 from audit_faults import refusing_audit
 from judge_steps import Harness, failure, open_harness, step_key
 
+from pipeline_defs.steps.runner.run_info import run_token_of
+
 
 @pytest.fixture
 def h(db_url: str, pipeline_home: Path) -> Iterator[Harness]:
@@ -64,7 +66,7 @@ def test_an_edit_refused_because_the_victim_is_running_is_recorded(h: Harness) -
     new = h.audit("alpha")[lines_before:]
     assert [a.action for a in new] == ["edit_refused"]
     (line,) = new
-    assert line.run_id == f"{result.run_id}:0"
+    assert run_token_of(str(line.run_id)) == f"{result.run_id}:0"
     assert (line.from_status, line.to_status) == ("running", "running")
     assert line.reason is not None
     assert "edit by gamma refused" in line.reason and "running" in line.reason
@@ -84,6 +86,6 @@ def test_an_edit_of_a_victim_rebuilt_since_it_was_read_is_refused_and_recorded(
     assert h.row("alpha") == alpha_row  # no seal of the edit
     refused = [a for a in h.audit("alpha") if a.action == "edit_refused"]
     assert len(refused) == 1
-    assert refused[0].run_id == f"{result.run_id}:0"
+    assert run_token_of(str(refused[0].run_id)) == f"{result.run_id}:0"
     assert "no longer the checkpoint gamma read" in (refused[0].reason or "")
     assert "mutated" not in actions(h, "alpha")

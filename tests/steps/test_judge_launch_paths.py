@@ -5,6 +5,8 @@ import pytest
 import yaml
 from judge_steps import Harness, failure, mat_metadata
 
+from pipeline_defs.steps.runner.run_info import run_token_of
+
 LAUNCHES = [
     ({}, "api"),
     ({"dagster/from_ui": "true"}, "ui"),
@@ -24,12 +26,15 @@ def test_every_launch_path_reaches_the_same_decision_and_claim(h: Harness) -> No
         first_runs.add((meta["resume/decision"], meta["resume/reason"], meta["resume/origin"]))
         owner = f"{result.run_id}:0"
         audit = h.audit("alpha", partition)
-        assert [(a.action, a.launch_path, a.run_id) for a in audit] == [
+        assert [(a.action, a.launch_path, run_token_of(str(a.run_id))) for a in audit] == [
             ("rerun_self", path, owner),
             ("finish", path, owner),
         ]
         row = h.row("alpha", partition)
-        assert row is not None and (row.status, row.run_id) == ("completed", owner)
+        assert row is not None and (row.status, run_token_of(str(row.run_id))) == (
+            "completed",
+            owner,
+        )
         assert h.envelope("alpha", partition)["produced_by"]["launch_path"] == path
     assert first_runs == {("first_run", "first run", "none")}
 

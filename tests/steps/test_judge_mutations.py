@@ -13,6 +13,7 @@ import pytest
 from judge_steps import Harness, failure, mat_metadata, open_harness, step_key
 
 from pipeline_defs.resume.layout import ARCHIVE_DIR
+from pipeline_defs.steps.runner.run_info import run_token_of
 from resources.checkpoints.store import CheckpointStore
 
 
@@ -39,7 +40,7 @@ def test_an_accepted_edit_is_archived_recorded_and_never_cascades(h: Harness) ->
     run = f"{result.run_id}:0"
     envelope = h.envelope("alpha")
     assert envelope["data"]["items"][-1] == "reviewed-by-gamma"
-    assert envelope["mutations"] == [
+    assert [{**m, "run_id": run_token_of(m["run_id"])} for m in envelope["mutations"]] == [
         {
             "by_step": "gamma",
             "run_id": run,
@@ -58,7 +59,7 @@ def test_an_accepted_edit_is_archived_recorded_and_never_cascades(h: Harness) ->
     assert f"|{alpha_row.run_id}|1" in (row.checkpoint_seal or "")  # version: one mutation
     assert (h.snapshot("beta"), h.row("beta")) == beta  # nothing downstream invalidated
     audit = h.audit("alpha")[-1]
-    assert (audit.action, audit.run_id) == ("mutated", run)
+    assert (audit.action, run_token_of(str(audit.run_id))) == ("mutated", run)
     assert "fields ['items']" in (audit.reason or "")
 
     # the edited victim still verifies clean: the next run skips it and serves the edit

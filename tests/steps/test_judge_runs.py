@@ -27,6 +27,7 @@ from judge_steps import (
 from pipeline_defs.resume.clock import parse_timestamp
 from pipeline_defs.resume.files import file_sha256
 from pipeline_defs.resume.layout import ARCHIVE_DIR, FORCE_MARKER
+from pipeline_defs.steps.runner.run_info import run_token_of
 from resources.ledger.tables import step_run
 
 FORCE = {"resume/mode": "force"}
@@ -72,12 +73,12 @@ def test_first_run_records_row_checkpoint_audit_and_cost(h: Harness) -> None:
         row = h.row(step_id)
         assert row is not None
         assert row.status == "completed"
-        assert row.run_id == run
+        assert run_token_of(str(row.run_id)) == run
         assert (row.applicable_count, row.completed_count, row.failed_count) == (2, 2, 0)
         assert row.recovery_count == 0 and row.error_message is None
         envelope = h.envelope(step_id)
         assert envelope["status"] == "completed"
-        assert envelope["produced_by"]["run_id"] == run
+        assert run_token_of(envelope["produced_by"]["run_id"]) == run
         assert envelope["schema_version"] == 1
         assert envelope["content_hash"] == data_version(result, step_id)
         meta = mat_metadata(result, step_id)
@@ -89,7 +90,7 @@ def test_first_run_records_row_checkpoint_audit_and_cost(h: Harness) -> None:
             ("rerun_self", None, "running"),
             ("finish", "running", "completed"),
         ]
-        assert [c["run_id"] for c in h.provider_calls(step_id)] == [run]
+        assert [run_token_of(c["run_id"]) for c in h.provider_calls(step_id)] == [run]
         assert len(h.calls(step_id)) == 1
     (artifact,) = h.envelope("alpha")["artifacts"]
     path = h.path("alpha").parent / artifact["path"]
@@ -149,7 +150,7 @@ def test_artifact_missing_reruns_self_and_leaves_downstream_untouched(h: Harness
     assert file_sha256(artifact_path) == artifact["sha256"]
     row = h.row("alpha")
     assert row is not None
-    assert row.status == "completed" and row.run_id == owner(result)
+    assert row.status == "completed" and run_token_of(str(row.run_id)) == owner(result)
     assert row.recovery_count == 0  # counted as a recovery, reset on success
     audit = h.audit("alpha")[-2]
     assert (audit.action, audit.origin, audit.from_status) == (
@@ -193,7 +194,7 @@ def test_a_verified_orphan_checkpoint_is_adopted_not_rerun(h: Harness) -> None:
     assert "adopts the verified checkpoint" in meta["resume/reason"]
     row = h.row("alpha")
     assert row is not None
-    assert (row.status, row.run_id) == ("completed", owner(result))
+    assert (row.status, run_token_of(str(row.run_id))) == ("completed", owner(result))
     last = h.audit("alpha")[-1]
     assert (last.action, last.from_status, last.to_status) == (
         "adopt",
@@ -453,7 +454,7 @@ def test_not_applicable_is_recorded_in_ledger_and_checkpoint(h: Harness) -> None
     assert mat_metadata(result, "alpha")["resume/decision"] == "not_applicable"
     row = h.row("alpha")
     assert row is not None and row.status == "not_applicable"
-    assert row.run_id == owner(result)
+    assert run_token_of(str(row.run_id)) == owner(result)
     envelope = h.envelope("alpha")
     assert (envelope["status"], envelope["data"]) == ("not_applicable", {})
     assert h.calls("alpha") == [] and h.provider_calls("alpha") == []
@@ -477,7 +478,7 @@ def test_force_cleans_invalidates_downstream_and_marks_it(h: Harness) -> None:
         "force_explicit",
         "explicit force requested",
     )
-    assert [c["run_id"] for c in h.calls("alpha", "cleanup")] == [run]
+    assert [run_token_of(c["run_id"]) for c in h.calls("alpha", "cleanup")] == [run]
     assert len(h.calls("alpha")) == 2
     for step_id in ("beta", "gamma"):
         row = h.row(step_id)
@@ -487,7 +488,12 @@ def test_force_cleans_invalidates_downstream_and_marks_it(h: Harness) -> None:
         assert (h.path(step_id).parent / FORCE_MARKER).exists()
         assert old[step_id] in [p.read_bytes() for p in archives(h, step_id)]
         audit = h.audit(step_id)[-1]
-        assert (audit.action, audit.from_status, audit.to_status, audit.run_id) == (
+        assert (
+            audit.action,
+            audit.from_status,
+            audit.to_status,
+            run_token_of(str(audit.run_id)),
+        ) == (
             "invalidate",
             "completed",
             "stale",
@@ -537,19 +543,28 @@ def test_both_finalize_paths_perform_all_seven_stages(h: Harness, path: str) -> 
     run = owner(result)
     assert mat_metadata(result, "gamma")["resume/decision"] == path
     # (1) the body ran once in this run
-    assert [c["run_id"] for c in h.calls("gamma")][-1] == run
+    assert [run_token_of(c["run_id"]) for c in h.calls("gamma")][-1] == run
     assert len(h.calls("gamma")) == 3
     # (3) exit verification of what was published
-    assert [(c["phase"], c["run_id"]) for c in h.calls("gamma", "verify")] == [("exit", run)]
+    assert [(c["phase"], run_token_of(c["run_id"])) for c in h.calls("gamma", "verify")] == [
+        ("exit", run)
+    ]
     # (2)+(4) final status written by the owner
     row = h.row("gamma")
     assert row is not None
-    assert (row.status, row.run_id, row.error_message) == ("completed", run, None)
+    assert (row.status, run_token_of(str(row.run_id)), row.error_message) == (
+        "completed",
+        run,
+        None,
+    )
     assert (row.applicable_count, row.completed_count, row.failed_count) == (2, 2, 0)
     assert row.completed_at is not None
     # (5) the checkpoint published is this run's
     envelope = h.envelope("gamma")
-    assert (envelope["status"], envelope["produced_by"]["run_id"]) == ("completed", run)
+    assert (envelope["status"], run_token_of(envelope["produced_by"]["run_id"])) == (
+        "completed",
+        run,
+    )
     assert envelope["content_hash"] == data_version(result, "gamma")
     # (6) recovery bookkeeping reset on success
     assert (row.recovery_count, row.retry_not_before, row.last_recovery_reason) == (
@@ -561,21 +576,24 @@ def test_both_finalize_paths_perform_all_seven_stages(h: Harness, path: str) -> 
     alpha = h.envelope("alpha")
     assert "reviewed-by-gamma" in alpha["data"]["items"]
     (mutation,) = alpha["mutations"]
-    assert (mutation["by_step"], mutation["run_id"], mutation["fields"]) == (
+    assert (mutation["by_step"], run_token_of(mutation["run_id"]), mutation["fields"]) == (
         "gamma",
         run,
         ["items"],
     )
     assert alpha_before in [p.read_bytes() for p in archives(h, "alpha")]
     alpha_audit = h.audit("alpha")[-1]
-    assert (alpha_audit.action, alpha_audit.run_id) == ("mutated", run)
+    assert (alpha_audit.action, run_token_of(str(alpha_audit.run_id))) == ("mutated", run)
     alpha_row = h.row("alpha")
     assert alpha_row is not None and alpha_row.status == "completed"
     assert (h.snapshot("beta"), h.row("beta")) == beta_before
     observed = [e.asset_key for e in result.get_asset_observation_events()]
     assert dg.AssetKey("alpha") in observed
     # the audit trail of gamma's finalize
-    tail = [(a.action, a.from_status, a.to_status, a.run_id) for a in h.audit("gamma")]
+    tail = [
+        (a.action, a.from_status, a.to_status, run_token_of(str(a.run_id)))
+        for a in h.audit("gamma")
+    ]
     assert tail[-2:] == [(path, "failed", "running", run), ("finish", "running", "completed", run)]
-    cleanups = [c["run_id"] for c in h.calls("gamma", "cleanup")]
+    cleanups = [run_token_of(c["run_id"]) for c in h.calls("gamma", "cleanup")]
     assert cleanups == ([run] if path == "force_explicit" else [])

@@ -44,8 +44,10 @@ def build_defs(
     and per run).
     """
     check_environment()
-    # PIPELINE_EXECUTOR=celery: every launch path's steps run on the fleet (docs/DESIGN.md#fleet).
-    executor = build_executor(FleetSettings.from_env())
+    pipeline = pipeline or PipelineResource()
+    # PIPELINE_EXECUTOR=celery: every launch path's steps run on the fleet (docs/DESIGN.md#fleet);
+    # either way a run's coordinator holds its run lease (docs/DESIGN.md#run-leases).
+    executor = build_executor(FleetSettings.from_env(), pipeline)
     assets = build_step_assets(steps)
     return dg.Definitions(
         assets=assets,

@@ -344,7 +344,9 @@ def build_resume_sensor(
         running = stores.ledger.running_rows()
         # A run whose claims all stopped heartbeating long ago holds its episode's queue for
         # good (a killed CLI run, a lost host): ended first, so the recovery can start.
-        for abandoned in end_abandoned_runs(context.instance, running, stores.settings, now):
+        for abandoned in end_abandoned_runs(
+            context.instance, running, stores.settings, now, stores.ledger
+        ):
             context.log.warning(f"run {abandoned.run_id} marked failed: {abandoned.message}")
         ticker = ticker_for(name, ordered, stores, config)
         in_flight = runs_in_flight(context.instance, step_keys)

@@ -25,7 +25,7 @@ from pipeline_defs.operations.status_report import StepState, status_report
 from pipeline_defs.operations.status_summary import QueueHolder, StatusSummary
 from pipeline_defs.operations.workspace import Workspace
 from pipeline_defs.resume.settings import EffectiveSettings, format_value
-from sensors.abandoned_runs import abandoned_after_seconds
+from pipeline_defs.steps.lease import abandoned_after_seconds
 
 
 @main.command()

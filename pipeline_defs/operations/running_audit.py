@@ -10,7 +10,7 @@ from pipeline_defs.operations.operator_words import LEASE_EXPIRED, utc_now
 from pipeline_defs.operations.workspace import Workspace
 from pipeline_defs.resume.clock import MAX_CLOCK_SKEW, beyond_clock_skew, parse_timestamp
 from pipeline_defs.resume.partition import StepKey
-from sensors.abandoned_runs import abandoned_after_seconds
+from pipeline_defs.steps.lease import abandoned_after_seconds
 
 # "future": started_at (or, the owner run not ended, heartbeat_at) lies beyond the allowed
 # clock skew ahead of now. The judge blocks such a row like an unparseable one (it would

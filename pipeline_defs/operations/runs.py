@@ -84,7 +84,9 @@ def run_assets(
             )
         run_id, success = fleet_result.run_id, fleet_result.success
     else:
-        with watcher:
+        # In one process no executor runs: this process is the coordinator, and holds the
+        # run's lease itself (docs/DESIGN.md#run-leases).
+        with watcher, ws.run_lease(run_id):
             result = ws.job().execute_in_process(
                 partition_key=partition_key,
                 instance=instance,

@@ -25,9 +25,11 @@ from pipeline_defs.resume.partition import Episode, validate_id
 from pipeline_defs.resume.settings import ENV_NAMES, EffectiveSettings, ResumeSettings
 from pipeline_defs.steps.graph import StepGraph, order_steps
 from pipeline_defs.steps.judge import StepJudge
+from pipeline_defs.steps.lease import RunLease
 from pipeline_defs.steps.spec import Step, load_step
 from pipeline_defs.wiring.assets import episodes
 from pipeline_defs.wiring.io_manager import STEP_METADATA_KEY
+from pipeline_defs.wiring.run_lease import run_lease
 from resources.checkpoints.store import CheckpointStore
 from resources.ledger.store import MIGRATIONS_DIR, LedgerStore
 from resources.pipeline import PipelineResource
@@ -177,6 +179,10 @@ class Workspace:
     @property
     def home(self) -> Path:
         return Path(self.pipeline.location().home)
+
+    def run_lease(self, run_id: str) -> RunLease:
+        """The lease this process holds while it coordinates ``run_id`` in process."""
+        return run_lease(self.pipeline, run_id)
 
     @property
     def catalog(self) -> dict[str, Step]:

@@ -22,10 +22,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from datetime import datetime
 from types import TracebackType
 
+from pipeline_defs.resume.clock import parse_timestamp
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.partition import StepKey
+from pipeline_defs.resume.settings import ResumeSettings
 from resources.ledger.store import LedgerStore
 
 OWNERSHIP_LOST = ErrorCode.STEP_OWNERSHIP_LOST
@@ -117,3 +120,93 @@ class Lease:
     ) -> None:
         self._stop.set()
         self._thread.join(timeout=max(5.0, self.interval))
+
+
+class RunLease:
+    """The lease of a run's coordinator (docs/DESIGN.md#run-leases): taken when the process
+    that hands the run's steps out starts, renewed every ``interval_seconds`` by a daemon
+    thread, ended when it finishes. The resume sensor ends a run whose lease stopped being
+    renewed (its coordinator died: the run would hold its episode's queue slot for ever) and
+    never a run whose lease is fresh, however long its steps wait for a worker.
+
+    Fail-soft: a ledger that cannot be reached at the start leaves the run without a lease
+    (judged by its claims' heartbeats, as before), never fails the run; a renewal error is
+    retried at the next beat.
+    """
+
+    def __init__(
+        self,
+        ledger: LedgerStore,
+        run_id: str,
+        *,
+        interval_seconds: float,
+        log: logging.Logger | logging.LoggerAdapter,  # type: ignore[type-arg]
+    ) -> None:
+        self.ledger = ledger
+        self.run_id = run_id
+        self.interval = interval_seconds
+        self.log = log
+        self.held = False
+        self.renewals = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="run-lease", daemon=True)
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                if not self.ledger.renew_run(self.run_id):
+                    self.log.warning("run %s: its run lease was ended elsewhere", self.run_id)
+                    return
+            except Exception as exc:  # an outage past the store's retry: the next beat tries
+                self.log.warning("run %s: run lease renewal failed (%s)", self.run_id, exc)
+                continue
+            self.renewals += 1
+
+    def __enter__(self) -> "RunLease":
+        try:
+            self.ledger.begin_run(self.run_id)
+        except Exception as exc:
+            self.log.warning("run %s: no run lease (%s); judged by its claims", self.run_id, exc)
+            return self
+        self.held = True
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        if not self.held:
+            return
+        self._stop.set()
+        self._thread.join(timeout=max(5.0, self.interval))
+        try:
+            self.ledger.end_run(self.run_id)
+        except Exception as exc:  # it lapses on its own; the sensor finds the run ended
+            self.log.warning("run %s: could not end its run lease (%s)", self.run_id, exc)
+
+
+def abandoned_after_seconds(lease_seconds: float, heartbeat_seconds: float) -> float:
+    """How long a run's proof of life (its run lease, else its claims) must be silent before
+    the sensor ends it: the lease plus one heartbeat interval, so a beat that is merely late
+    is never taken for a dead process. A live owner renews every heartbeat interval."""
+    return lease_seconds + heartbeat_seconds
+
+
+def silence(seen: datetime | None, now: datetime) -> float | None:
+    """Seconds since ``seen`` (a heartbeat, a start); None when it is unknown."""
+    return None if seen is None else (now - seen).total_seconds()
+
+
+def coordinator_alive(
+    heartbeat_at: str | None, ended_at: str | None, settings: ResumeSettings, now: datetime
+) -> bool:
+    """A run lease (``run_lease`` row) proves its coordinator alive: not ended, and renewed
+    within :func:`abandoned_after_seconds` (an unreadable heartbeat proves nothing)."""
+    if ended_at is not None:
+        return False
+    quiet = silence(parse_timestamp(heartbeat_at), now)
+    limit = abandoned_after_seconds(settings.lease_seconds, settings.heartbeat_seconds)
+    return quiet is not None and quiet <= limit

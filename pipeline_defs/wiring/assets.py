@@ -3,6 +3,7 @@
 import uuid
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 import dagster as dg
@@ -11,9 +12,11 @@ from pipeline_defs.resume.causes import root_cause
 from pipeline_defs.resume.decision import LaunchMode
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.partition import StepKey
+from pipeline_defs.resume.settings import ResumeSettings
 from pipeline_defs.steps.accept import ACCEPTED, MANUAL, Accepted, accept_hand_edit, hand_edited
 from pipeline_defs.steps.graph import StepGraph
 from pipeline_defs.steps.judge import StepJudge
+from pipeline_defs.steps.lease import coordinator_alive
 from pipeline_defs.steps.redraw import REDRAW_TAG, parse_redraw
 from pipeline_defs.steps.runner import RunInfo, StepOutcome, StepRunner
 from pipeline_defs.steps.spec import Markdown, Step, step_import_path
@@ -116,7 +119,13 @@ def owner_ended_in(instance: dg.DagsterInstance) -> Callable[[str], str | None]:
 
 
 def end_taken_over_run(
-    instance: dg.DagsterInstance, owner: str, reason: str, *, current_run_id: str
+    instance: dg.DagsterInstance,
+    owner: str,
+    reason: str,
+    *,
+    current_run_id: str,
+    ledger: LedgerStore | None = None,
+    settings: ResumeSettings | None = None,
 ) -> str | None:
     """Mark the Dagster run of an owner whose lapsed lease was just taken over as failed.
 
@@ -130,6 +139,14 @@ def end_taken_over_run(
     run_id = owner_run_id(owner)
     if run_id is None or run_id == current_run_id:
         return None
+    if ledger is not None and settings is not None:
+        lease = ledger.run_leases([run_id]).get(run_id)
+        now = datetime.now(UTC)
+        alive = lease is not None and coordinator_alive(
+            lease.heartbeat_at, lease.ended_at, settings, now
+        )
+        if alive:  # its coordinator lives: only its step was lost (docs/DESIGN.md#run-leases)
+            return None
     found = instance.get_run_by_id(run_id)
     if found is None or found.status in ENDED_RUN_STATUSES:
         return None
@@ -312,6 +329,7 @@ def build_step_asset(step: Step, graph: StepGraph) -> dg.AssetsDefinition:
                         f"accept ({accepted.note}); nothing was changed",
                     )
             else:
+                fleet = (context.instance, ledger, judge.settings)  # who may end a lost run
                 runner = StepRunner(
                     judge,
                     ledger=ledger,
@@ -323,7 +341,12 @@ def build_step_asset(step: Step, graph: StepGraph) -> dg.AssetsDefinition:
                     on_takeover=lambda owner, reason: _log_ended(
                         context,
                         end_taken_over_run(
-                            context.instance, owner, reason, current_run_id=context.run.run_id
+                            fleet[0],
+                            owner,
+                            reason,
+                            current_run_id=context.run.run_id,
+                            ledger=fleet[1],
+                            settings=fleet[2],
                         ),
                         reason,
                     ),

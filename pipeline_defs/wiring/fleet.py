@@ -33,6 +33,8 @@ from pipeline_defs.resume.fleet_settings import (
     FleetSettings,
     masked,
 )
+from pipeline_defs.wiring.run_lease import leased
+from resources.pipeline import PipelineResource
 
 # A step's task: acknowledged when it ends (see above); one task at a time per process.
 WORKER_CONFIG: Mapping[str, Any] = {
@@ -122,10 +124,16 @@ def check_shared_instance(instance: dg.DagsterInstance) -> None:
         )
 
 
-def build_executor(settings: FleetSettings) -> dg.ExecutorDefinition | None:
-    """The Definitions' executor: None keeps Dagster's default (a process per step)."""
-    if not settings.celery:
-        return None
+def build_executor(
+    settings: FleetSettings, pipeline: PipelineResource | None = None
+) -> dg.ExecutorDefinition:
+    """The Definitions' executor, its coordinator holding the run's lease (``run_lease``):
+    Dagster's default (a process per step) or, under ``PIPELINE_EXECUTOR=celery``, the fleet's."""
+    inner = _celery_executor(settings) if settings.celery else dg.multi_or_in_process_executor
+    return leased(inner, pipeline or PipelineResource())
+
+
+def _celery_executor(settings: FleetSettings) -> dg.ExecutorDefinition:
 
     @dg.executor(
         name="celery",

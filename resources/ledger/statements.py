@@ -34,6 +34,7 @@ from resources.ledger.tables import (
     checkpoint_archive,
     episode_calls,
     provider_call,
+    run_lease,
     setting_change,
     settings,
     step_run,
@@ -656,3 +657,42 @@ def record_setting_change(
 
 def setting_changes() -> sa.Select[Any]:
     return sa.select(setting_change).order_by(setting_change.c.id)
+
+
+# ---------------------------------------------------------------------- run leases
+def begin_run_lease(on_sqlite: bool, run_id: str, *, now: str, worker: str) -> Any:
+    """A run's lease, taken (or taken again: a resumed run's new coordinator) at ``now``."""
+    values = {"run_id": run_id, "started_at": now, "heartbeat_at": now, "worker": worker}
+    insert = _upsert(on_sqlite)(run_lease).values(values)
+    return insert.on_conflict_do_update(
+        index_elements=[run_lease.c.run_id],
+        set_={"heartbeat_at": now, "ended_at": None, "worker": worker},
+    )
+
+
+def renew_run_lease(run_id: str, *, now: str) -> sa.Update:
+    """Renew a run's lease while it is not ended (the coordinator's heartbeat)."""
+    return (
+        sa.update(run_lease)
+        .where(run_lease.c.run_id == run_id, run_lease.c.ended_at.is_(None))
+        .values(heartbeat_at=now)
+    )
+
+
+def end_run_lease(run_id: str, *, now: str) -> sa.Update:
+    """The coordinator finished (or the run was ended): its lease proves nothing more."""
+    return (
+        sa.update(run_lease)
+        .where(run_lease.c.run_id == run_id, run_lease.c.ended_at.is_(None))
+        .values(ended_at=now)
+    )
+
+
+def run_leases(run_ids: Sequence[str] | None, *, open_only: bool) -> sa.Select[Any]:
+    """Run leases (of some runs, or all; only those not ended with ``open_only``)."""
+    query = sa.select(run_lease)
+    if run_ids is not None:
+        query = query.where(run_lease.c.run_id.in_(list(run_ids)))
+    if open_only:
+        query = query.where(run_lease.c.ended_at.is_(None))
+    return query.order_by(run_lease.c.run_id)

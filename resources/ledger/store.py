@@ -15,7 +15,8 @@ concern holding it, each in a module of its own; the store names their operation
 - :mod:`~resources.ledger.claims`: claims, adoptions, not-applicable rows;
 - :mod:`~resources.ledger.status_writes`: the owner's transition, leases, force, reset;
 - :mod:`~resources.ledger.publishing`: work under the row lock, commit pointers, seals;
-- :mod:`~resources.ledger.audit_and_cost`: audit appends and provider-call rows.
+- :mod:`~resources.ledger.audit_and_cost`: audit appends and provider-call rows;
+- :mod:`~resources.ledger.run_leases`: each run's coordinator lease.
 """
 
 from sqlalchemy.engine import Engine, make_url
@@ -26,6 +27,7 @@ from resources.ledger.claims import NOT_JUDGED, Claims
 from resources.ledger.engine import APPLICATION_NAME, CONNECT_TIMEOUT_SECONDS, engine_for
 from resources.ledger.publishing import Publishing
 from resources.ledger.reads import Reads
+from resources.ledger.run_leases import RunLeases
 from resources.ledger.schema import MIGRATIONS_DIR
 from resources.ledger.session import LedgerSession
 from resources.ledger.settings_cache import SETTINGS_MAX_AGE_SECONDS, SettingsCache
@@ -55,6 +57,7 @@ class LedgerStore:
         status = StatusWrites(self.session)
         publishing = Publishing(self.session)
         audit = AuditAndCost(self.session)
+        runs = RunLeases(self.session)
         # The schema
         self.migrate = self.session.migrate
         self.ensure_schema = self.session.ensure_schema
@@ -98,6 +101,11 @@ class LedgerStore:
         self.start_provider_call = audit.start_provider_call
         self.finish_provider_call = audit.finish_provider_call
         self.record_provider_call = audit.record_provider_call
+        # Run leases: each run's coordinator proves it is alive
+        self.begin_run = runs.begin_run
+        self.renew_run = runs.renew_run
+        self.end_run = runs.end_run
+        self.run_leases = runs.run_leases
 
     @property
     def url(self) -> str:

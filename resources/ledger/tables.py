@@ -185,3 +185,17 @@ sa.Index(
     checkpoint_archive.c.episode_id,
     checkpoint_archive.c.step_id,
 )
+
+# Run leases (docs/DESIGN.md#run-leases): the coordinator of a run (the process that hands
+# its steps out: a run worker, ``storyboard materialize``) renews its row while it lives and
+# ends it when it finishes, so a run whose coordinator died is told from one whose steps
+# merely wait, whatever rows it holds.
+run_lease = sa.Table(
+    "run_lease",
+    metadata,
+    sa.Column("run_id", sa.String(64), primary_key=True),  # the Dagster run id
+    sa.Column("started_at", sa.Text, nullable=False),
+    sa.Column("heartbeat_at", sa.Text, nullable=False),
+    sa.Column("ended_at", sa.Text),  # NULL: the coordinator has not said it finished
+    sa.Column("worker", sa.String(160), nullable=False),  # host:pid of the coordinator
+)

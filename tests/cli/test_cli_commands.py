@@ -146,6 +146,18 @@ def test_add_episode_refuses_a_missing_or_binary_story(cli: CliEnv) -> None:
 
 
 # --------------------------------------------------------------------------- runs and status
+def test_a_materialize_in_process_holds_its_run_lease_and_ends_it(cli_db: CliEnv) -> None:
+    """Run leases (docs/DESIGN.md#run-leases): the CLI is the coordinator of its in-process
+    run; it takes the run's lease, renews it, and ends it when the run ends."""
+    add(cli_db, "p1", "e1")
+    done = cli_db.json("materialize", "--partition", "p1/e1")
+    assert done["ok"]
+    leases = cli_db.ledger.run_leases([done["run_id"]])
+    lease = leases[done["run_id"]]
+    assert lease.ended_at is not None and lease.ended_at >= lease.heartbeat_at, lease
+    assert done["run_id"] not in cli_db.ledger.run_leases(open_only=True)
+
+
 def test_materialize_then_resume_then_status(cli: CliEnv) -> None:
     add(cli, "p1", "e1")
     first = cli.json("materialize", "--partition", "p1/e1")

@@ -57,7 +57,7 @@ from pipeline_defs.resume.fleet_settings import FLEET_ENV_NAMES
 from pipeline_defs.resume.partition import Episode
 from pipeline_defs.resume.settings import ENV_NAMES
 from pipeline_defs.resume.status import LedgerRow, StepStatus
-from pipeline_defs.storyboard import sample_stories
+from pipeline_defs.storyboard import STORYBOARD_STEPS, sample_stories
 from resources.ledger.store import LedgerStore, engine_for
 from resources.pipeline import ledger_for
 
@@ -598,3 +598,76 @@ def test_a_worker_paused_past_its_lease_and_delivered_again_spends_and_writes_no
     assert total <= sum(reference.values()) + in_flight, (total, reference)
     assert taken.run_id.split(":")[:2] == claim.split(":")[:2], "the same run, another delivery"
     assert taken.run_id != claim, "the redelivery claimed with the paused delivery's token"
+
+
+ORPHANED = Episode.parse("demo/ep04")
+
+
+def test_a_killed_coordinator_never_holds_its_episode(fleet: Fleet, tmp_path: Path) -> None:
+    """Run leases (docs/DESIGN.md#run-leases), on real processes. ``storyboard materialize``
+    (the run's coordinator) is SIGKILLed while a worker runs one of its steps; the worker
+    finishes that step after the kill, so the dead run holds no running row. Before, nothing
+    ended it: it stayed STARTED and the sensor's recovery run waited behind it in the queue
+    for good. Its run lease lapses, the sensor (through ``dagster dev``'s daemon) ends it,
+    and the episode completes at most a clean run's calls plus the call in flight."""
+    story = sample_stories()["ep01"]
+    reference = in_one_process(tmp_path, story)
+    launcher = fleet.launcher
+    launcher.storyboard("migrate")
+    launcher.storyboard(
+        "add-episode", "--project", ORPHANED.project_id, "--episode", ORPHANED.episode_id,
+        "--story", str(story),
+    )  # fmt: skip
+    fleet.base["PIPELINE_OFFLINE_LATENCY_MS"] = str(LATENCY_MS)
+    for name in ("w1", "w2"):
+        fleet.start_worker(name)
+    run_log = fleet.logs / "orphaned-run.log"
+    launch = launcher.spawn(
+        "materialize", "--partition", ORPHANED.partition_key, "--json", log=run_log
+    )
+
+    def working_on_a_worker() -> tuple[str, str] | None:
+        for step, row in fleet.rows(ORPHANED).items():
+            if row.status is StepStatus.RUNNING:
+                return step, str(row.run_id or "").split(":", 1)[0]
+        return None
+
+    step_id, run_id = wait_for("a step of the run on a worker", working_on_a_worker, 300, run_log)
+    os.killpg(launch.pid, signal.SIGKILL)
+    launch.wait(timeout=30)
+    killed_at = time.monotonic()
+    wait_for(
+        "the worker to finish the step after the coordinator died",
+        lambda: fleet.rows(ORPHANED)[step_id].status is not StepStatus.RUNNING,
+        240,
+    )
+    assert not [r for r in fleet.rows(ORPHANED).values() if r.status is StepStatus.RUNNING]
+    dead = fleet.instance.get_run_by_id(run_id)
+    assert dead is not None and dead.status is dg.DagsterRunStatus.STARTED  # nobody ended it
+    assert run_id in fleet.ledger.run_leases(open_only=True)  # its lease, left open
+
+    wait_until_loaded(fleet.url, fleet.dagster_dev, fleet.logs / "dagster-dev.log")
+    start_sensor(fleet.url, LOCATION)
+
+    settled = (StepStatus.COMPLETED, StepStatus.NOT_APPLICABLE)
+
+    def done() -> bool:
+        rows = fleet.rows(ORPHANED)
+        return len(rows) == len(STORYBOARD_STEPS) and all(
+            r.status in settled for r in rows.values()
+        )
+
+    daemon_log = fleet.logs / "dagster-dev.log"
+    wait_for("the episode completed by the sensor's runs", done, 600, daemon_log)
+    took = time.monotonic() - killed_at
+    ended = fleet.instance.get_run_by_id(run_id)
+    assert ended is not None and ended.status is dg.DagsterRunStatus.FAILURE, ended
+    failure = [
+        e
+        for e in fleet.instance.all_logs(run_id)
+        if e.dagster_event is not None and e.dagster_event.event_type_value == "PIPELINE_FAILURE"
+    ]
+    assert failure and "stopped renewing its run lease" in failure[-1].message, failure
+    total = len(fleet.calls(ORPHANED))
+    assert total <= sum(reference.values()) + 1, (total, reference)
+    print(f"killed coordinator: episode complete {took:.0f}s after the kill")

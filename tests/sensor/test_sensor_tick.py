@@ -719,3 +719,69 @@ def test_a_run_with_a_live_claim_or_unknown_here_is_never_ended(sqlite_rig: Rig)
     rig.tick()
     found = rig.instance.get_run_by_id(working.run_id)
     assert found is not None and found.status is dg.DagsterRunStatus.STARTED
+
+
+def _run_status(rig: Rig, run_id: str) -> dg.DagsterRunStatus:
+    found = rig.instance.get_run_by_id(run_id)
+    assert found is not None
+    return found.status
+
+
+def test_a_run_whose_coordinator_stopped_renewing_is_ended_even_without_a_running_row(
+    rig: Rig,
+) -> None:
+    """Run leases (docs/DESIGN.md#run-leases). ``storyboard materialize`` killed while a
+    worker runs its step; the step finishes on the worker after the kill: the run holds no
+    running row, and the claims rule alone never ended it (its recovery run then waited in
+    the queue behind it for good). Its coordinator's run lease stopped being renewed: the
+    sensor ends it within one beat past the lease, and not before."""
+    seed(rig.stores, "p/e1", "src")
+    rig.add("p/e1")
+    settings = rig.stores.settings
+    dead = _started_run(rig.instance, "p/e1")
+    taken = datetime.now(UTC)
+    rig.stores.ledger.begin_run(dead.run_id, now=format_timestamp(taken))
+    assert not [
+        r for r in rig.stores.ledger.running_rows() if str(r.run_id).startswith(dead.run_id)
+    ]
+
+    rig.now = taken + timedelta(seconds=settings.lease_seconds)  # lapsed, one beat may be late
+    rig.tick()
+    assert _run_status(rig, dead.run_id) is dg.DagsterRunStatus.STARTED
+    rig.now = taken + timedelta(seconds=settings.lease_seconds + settings.heartbeat_seconds + 1)
+    rig.tick()
+    assert _run_status(rig, dead.run_id) is dg.DagsterRunStatus.FAILURE
+    failure = [
+        e
+        for e in rig.instance.all_logs(dead.run_id)
+        if e.dagster_event is not None and e.dagster_event.event_type_value == "PIPELINE_FAILURE"
+    ]
+    assert failure and "stopped renewing its run lease" in failure[-1].message, failure
+    rig.tick()  # the lease of the ended run is closed: the open leases stay the live ones
+    assert dead.run_id not in rig.stores.ledger.run_leases(open_only=True)
+
+
+def test_a_run_whose_coordinator_renews_is_never_ended_whatever_its_claims_say(
+    rig: Rig,
+) -> None:
+    """A live coordinator whose steps wait in a queue (one worker, many episodes): its claim
+    rows may look silent for a long time; the run lease it renews keeps it alive. Before,
+    the claims rule ended such runs, and they went on claiming steps under a FAILED run."""
+    seed(rig.stores, "p/e1", "src")
+    rig.add("p/e1")
+    settings = rig.stores.settings
+    live = _started_run(rig.instance, "p/e1")
+    key = rig.key("p/e1", "mid")
+    assert rig.stores.ledger.claim(key, f"{live.run_id}:0:{'a' * 12}")
+    old = format_timestamp(datetime.now(UTC) - timedelta(seconds=10 * settings.lease_seconds))
+    set_row(rig.stores, key, heartbeat_at=old, started_at=old)  # a silent claim
+    rig.now = datetime.now(UTC)
+    rig.stores.ledger.begin_run(live.run_id, now=format_timestamp(rig.now))
+    rig.tick()
+    assert _run_status(rig, live.run_id) is dg.DagsterRunStatus.STARTED
+    # Once its coordinator stops (its lease ended, then silent past the limit, as a
+    # coordinator killed right after its end would leave it) the run is ended: the rule holds.
+    rig.stores.ledger.end_run(live.run_id, now=old)
+    rig.now += timedelta(seconds=settings.lease_seconds + settings.heartbeat_seconds + 1)
+    rig.tick()
+    assert _run_status(rig, live.run_id) is dg.DagsterRunStatus.FAILURE

@@ -12,7 +12,7 @@ from pipeline_defs.wiring.fleet import build_executor
 from sensors.resume_sensor import build_resume_sensor
 
 _shipped = build_defs(STORYBOARD_STEPS, sensor_interval_seconds=1)
-_executor = build_executor(FleetSettings.from_env())
+_executor = build_executor(FleetSettings.from_env())  # its coordinators hold run leases
 
 defs = dg.Definitions(
     assets=_shipped.assets,

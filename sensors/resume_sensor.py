@@ -43,11 +43,13 @@ from pipeline_defs.judging.step_evaluation import LAUNCH_ACTIONS, StepEvaluation
 from pipeline_defs.judging.stores import Stores
 from pipeline_defs.judging.tick import InFlight
 from pipeline_defs.judging.tick_result import TickConfig, TickResult
+from pipeline_defs.resume.clock import parse_timestamp
 from pipeline_defs.resume.decision import ResumeAction
 from pipeline_defs.resume.status import LedgerRow
 from pipeline_defs.steps.graph import order_steps
 from pipeline_defs.steps.spec import Step
 from pipeline_defs.wiring.assets import episodes, owner_ended_in
+from resources.ledger.store import LedgerStore
 from resources.pipeline import PipelineResource
 from sensors.abandoned_runs import end_abandoned_runs
 from sensors.report import report_requests, resume_report
@@ -118,11 +120,17 @@ IN_FLIGHT = (
 )
 
 
-def runs_in_flight(instance: dg.DagsterInstance, steps: Collection[dg.AssetKey]) -> InFlight:
+def runs_in_flight(
+    instance: dg.DagsterInstance,
+    steps: Collection[dg.AssetKey],
+    ledger: LedgerStore | None = None,
+) -> InFlight:
     """Of some partitions, those with a run of their steps not ended (any launch path: the
     sensor's, the UI's, a backfill, the CLI), with its last sign of life: when it started,
-    or last changed status on its way there; None while it waits in the queue (the queue
-    starts it). One query of those partitions' runs not ended, and only when asked."""
+    or last changed status on its way there, or its coordinator last renewed its run lease
+    (docs/DESIGN.md#run-leases: a live coordinator whose steps wait for a worker keeps its
+    partition held); None while it waits in the queue (the queue starts it). One query of
+    those partitions' runs not ended (and one of their run leases), only when asked."""
 
     def ask(partitions: Collection[str]) -> dict[str, float | None]:
         found: dict[str, float | None] = {}
@@ -131,7 +139,15 @@ def runs_in_flight(instance: dg.DagsterInstance, steps: Collection[dg.AssetKey])
         wanted = dg.RunsFilter(
             statuses=list(IN_FLIGHT), tags={"dagster/partition": sorted(partitions)}
         )
-        for record in instance.get_run_records(wanted):
+        records = list(instance.get_run_records(wanted))
+        beats: dict[str, float] = {}
+        if ledger is not None and records:
+            leases = ledger.run_leases([r.dagster_run.run_id for r in records])
+            for run_id, lease in leases.items():
+                beat = parse_timestamp(lease.heartbeat_at)
+                if lease.ended_at is None and beat is not None:
+                    beats[run_id] = beat.timestamp()
+        for record in records:
             run = record.dagster_run
             pk = run.tags.get("dagster/partition")
             selection = run.asset_selection
@@ -143,6 +159,8 @@ def runs_in_flight(instance: dg.DagsterInstance, steps: Collection[dg.AssetKey])
                 alive = record.start_time
             else:  # dequeued, starting, canceling: a worker that never comes is dead too
                 alive = record.update_timestamp.timestamp()
+            if alive is not None and run.run_id in beats:
+                alive = max(alive, beats[run.run_id])
             earlier = found.get(pk, 0.0)
             found[pk] = None if alive is None or earlier is None else max(earlier, alive)
         return found
@@ -349,7 +367,7 @@ def build_resume_sensor(
         ):
             context.log.warning(f"run {abandoned.run_id} marked failed: {abandoned.message}")
         ticker = ticker_for(name, ordered, stores, config)
-        in_flight = runs_in_flight(context.instance, step_keys)
+        in_flight = runs_in_flight(context.instance, step_keys, stores.ledger)
         result = ticker.tick(partition_keys, now, context.cursor, in_flight)
         if result.changed:
             _log(context, result)

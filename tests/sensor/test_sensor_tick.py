@@ -8,6 +8,7 @@ Ticks are evaluated with ``build_sensor_context`` against a test instance whose
 
 import json
 import logging
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -785,3 +786,30 @@ def test_a_run_whose_coordinator_renews_is_never_ended_whatever_its_claims_say(
     rig.now += timedelta(seconds=settings.lease_seconds + settings.heartbeat_seconds + 1)
     rig.tick()
     assert _run_status(rig, live.run_id) is dg.DagsterRunStatus.FAILURE
+
+
+def test_a_run_whose_coordinator_renews_keeps_its_partition_held(sqlite_rig: Rig) -> None:
+    """docs/DESIGN.md#run-leases: a started run that has left no trace in its partition's
+    rows for a whole lease was taken for dead, and a second run of its steps requested
+    beside it (its steps merely waited for a worker). Its coordinator's run lease is its
+    sign of life now: while it renews, the partition waits; a run without one is judged as
+    before."""
+    rig = sqlite_rig
+    seed(rig.stores, "p/e1", "src")
+    seed(rig.stores, "p/e2", "src")
+    rig.add("p/e1", "p/e2")
+    runs = {}
+    for pk in ("p/e1", "p/e2"):
+        runs[pk] = dg.DagsterRun(
+            job_name="__ASSET_JOB",
+            run_id=str(uuid.uuid4()),
+            status=dg.DagsterRunStatus.STARTED,
+            tags={"dagster/partition": pk},
+            asset_selection=frozenset({dg.AssetKey("mid"), dg.AssetKey("end")}),
+        )
+        rig.instance.add_run(runs[pk])
+    rig.now = datetime.now(UTC) + timedelta(seconds=5 * rig.stores.settings.lease_seconds)
+    rig.stores.ledger.begin_run(runs["p/e1"].run_id, now=format_timestamp(rig.now))
+    rig.tick()
+    assert set(rig.runs()) == {"p/e2"}, rig.runs()  # the leased run's partition is held
+    assert _run_status(rig, runs["p/e1"].run_id) is dg.DagsterRunStatus.STARTED

@@ -12,6 +12,7 @@ from pipeline_defs.storyboard.providers import model_routers
 from pipeline_defs.wiring.assets import build_step_assets
 from pipeline_defs.wiring.fleet import build_executor
 from pipeline_defs.wiring.io_manager import CheckpointIOManager
+from pipeline_defs.wiring.run_lease import leased
 from resources.pipeline import PipelineResource
 from resources.providers.base import MODEL_KINDS
 from sensors.resume_sensor import DEFAULT_INTERVAL_SECONDS, build_resume_sensor
@@ -34,6 +35,7 @@ def build_defs(
     pipeline: PipelineResource | None = None,
     *,
     sensor_interval_seconds: int = DEFAULT_INTERVAL_SECONDS,
+    executor: dg.ExecutorDefinition | None = None,
 ) -> dg.Definitions:
     """The code location. A bad ``PIPELINE_*`` variable refuses it here, naming the variable.
 
@@ -47,7 +49,12 @@ def build_defs(
     pipeline = pipeline or PipelineResource()
     # PIPELINE_EXECUTOR=celery: every launch path's steps run on the fleet (docs/DESIGN.md#fleet);
     # either way a run's coordinator holds its run lease (docs/DESIGN.md#run-leases).
-    executor = build_executor(FleetSettings.from_env(), pipeline)
+    # ``executor``: a test location's own (in one process), leased the same way.
+    executor = (
+        leased(executor, pipeline)
+        if executor is not None
+        else build_executor(FleetSettings.from_env(), pipeline)
+    )
     assets = build_step_assets(steps)
     return dg.Definitions(
         assets=assets,

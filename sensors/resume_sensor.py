@@ -53,6 +53,7 @@ from resources.ledger.store import LedgerStore
 from resources.pipeline import PipelineResource
 from sensors.abandoned_runs import end_abandoned_runs
 from sensors.report import report_requests, resume_report
+from sensors.stranded_runs import StrandedLaunches, failed_since_last_tick
 
 SENSOR_NAME = "resume_sensor"
 STEPS_JOB = "resume_steps"
@@ -89,15 +90,20 @@ def tag_value(text: str, limit: int = TAG_VALUE_LIMIT) -> str:
     return flat if len(flat) <= limit else flat[: limit - 3].rstrip() + "..."
 
 
-def run_request(run: Sequence[StepEvaluation], job_name: str = STEPS_JOB) -> dg.RunRequest:
-    """One materialization of a partition's steps (dependency order), deduped by run key."""
+def run_request(
+    run: Sequence[StepEvaluation],
+    job_name: str = STEPS_JOB,
+    stranded: StrandedLaunches | None = None,
+) -> dg.RunRequest:
+    """One materialization of a partition's steps (dependency order), deduped by run key
+    (a launch again of a stranded one: its attempt's key, ``sensors/stranded_runs.py``)."""
     first = run[0]
     # The run's cause: its first step launched for work of its own (a not-applicable step
     # recorded on the way is no cause).
     lead = next((ev for ev in run if ev.decision.action in LAUNCH_ACTIONS), first)
     decision = lead.decision
     return dg.RunRequest(
-        run_key=first.run_key,
+        run_key=stranded.key_for(first.run_key) if stranded is not None else first.run_key,
         job_name=job_name,
         asset_selection=[dg.AssetKey(ev.step_id) for ev in run],
         partition_key=first.partition_key,
@@ -368,10 +374,14 @@ def build_resume_sensor(
             context.log.warning(f"run {abandoned.run_id} marked failed: {abandoned.message}")
         ticker = ticker_for(name, ordered, stores, config)
         in_flight = runs_in_flight(context.instance, step_keys, stores.ledger)
-        result = ticker.tick(partition_keys, now, context.cursor, in_flight)
+        ticker.recheck(failed_since_last_tick(context.instance, name))
+        stranded = StrandedLaunches(context.instance, stores.settings, now.timestamp())
+        result = ticker.tick(partition_keys, now, context.cursor, in_flight, stranded.holds)
         if result.changed:
             _log(context, result)
-        requests = [run_request(run, steps_job_name) for run in result.runs]
+        for why in stranded.exhausted.values():
+            context.log.warning(why)
+        requests = [run_request(run, steps_job_name, stranded) for run in result.runs]
         launching = {(ev.step_id, ev.partition_key) for ev in result.launches}
         requests += dead_owner_requests(
             running,

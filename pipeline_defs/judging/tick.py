@@ -83,7 +83,7 @@ from pipeline_defs.judging.plan import (
     unchanged,
 )
 from pipeline_defs.judging.scan import PartitionScan, Scan, episode_of, scan_partitions, tree_digest
-from pipeline_defs.judging.step_evaluation import JUDGED_COLUMNS
+from pipeline_defs.judging.step_evaluation import JUDGED_COLUMNS, StepEvaluation
 from pipeline_defs.judging.stores import ReadStores
 from pipeline_defs.judging.tick_result import TickConfig, TickResult, TickStats
 from pipeline_defs.resume.clock import as_utc, format_timestamp, parse_timestamp
@@ -97,6 +97,9 @@ _COLLECT_FROM = 1000  # judged partitions after which a tick collects the young 
 # (epoch seconds), None while queued. Asked only about partitions with launches or held back
 # (a tick with nothing to launch asks nothing); the sensor answers from Dagster's runs.
 InFlight = Callable[[Collection[str]], Mapping[str, float | None]]
+# Of this tick's launches, the partitions whose launch must wait (docs/DESIGN.md#stranded-runs):
+# partition → when to look again (epoch seconds), or None until something changes.
+Relaunch = Callable[[Sequence[StepEvaluation]], Mapping[str, float | None]]
 
 
 def _none_in_flight(partitions: Collection[str]) -> Mapping[str, float | None]:
@@ -141,6 +144,7 @@ class ResumeTicker:
         # Partitions whose launches wait for a run of theirs in flight (judged again once
         # it has ended); process memory, like the memos.
         self._held: set[str] = set()
+        self._recheck: set[str] = set()
         self._pace: float | None = None  # seconds per partition judged, last measured
         # Partitions due this tick that its budget left for the next ones (a cold start or
         # a refresh spread over ticks): judged first, as "refresh" when they have a memo.
@@ -153,22 +157,31 @@ class ResumeTicker:
         self.last_stats: TickStats | None = None
 
     # ------------------------------------------------------------------ the tick
+    def recheck(self, partitions: Iterable[str]) -> None:
+        """Judge these partitions again at the next tick, a launch they had requested
+        included (their run has ended without a change the tick would see)."""
+        with self._lock:
+            self._recheck.update(partitions)
+
     def tick(
         self,
         partition_keys: Iterable[str],
         now: datetime,
         cursor: str | None,
         in_flight: InFlight = _none_in_flight,
+        relaunch: Relaunch | None = None,
     ) -> TickResult:
         """Judge what changed since ``cursor`` (everything without one); writes nothing.
 
         ``in_flight``: which partitions have a run of their steps not ended yet; their
         launches wait for it (:func:`~pipeline_defs.judging.plan.hold_back`).
+        ``relaunch``: of the launches left, the partitions that wait for another reason (a
+        launch of the same judgement failed before it changed anything: its backoff).
         """
         started = time.perf_counter()
         with self._lock:
             with gc_paused():
-                result = self._tick(partition_keys, as_utc(now), cursor, in_flight)
+                result = self._tick(partition_keys, as_utc(now), cursor, in_flight, relaunch)
             if result.stats.evaluated_partitions >= _COLLECT_FROM:
                 # Settle what this tick left alive (memos, cached envelopes) while the
                 # collector was paused, so the next, cheap ticks do not pay for it. Young
@@ -188,6 +201,7 @@ class ResumeTicker:
         now: datetime,
         cursor: str | None,
         in_flight: InFlight,
+        relaunch: Relaunch | None,
     ) -> TickResult:
         """plan → judge → memoise → hold back → block diff → next cursor."""
         started = time.perf_counter()
@@ -247,6 +261,10 @@ class ResumeTicker:
         lease = self.stores.settings.lease_seconds
         flights = in_flight({ev.partition_key for ev in launches}) if launches else {}
         launches, held = hold_back(launches, flights, plan.rows, plan.epoch, lease)
+        waits = relaunch(launches) if launches and relaunch is not None else {}
+        if waits:
+            launches = [ev for ev in launches if ev.partition_key not in waits]
+            held = {**held, **waits}
         for pk, wake in held.items():
             memo = memos[pk]
             memo.launched = frozenset()  # not requested: requested once the run has ended
@@ -330,6 +348,17 @@ class ResumeTicker:
         held = self._held if memory_ok else set()
         running = in_flight(held) if held else {}
         released = {pk for pk in held if pk not in running}
+        # And those whose launched run failed since (``recheck``): a run that failed before
+        # it changed anything left nothing else to notice (docs/DESIGN.md#stranded-runs).
+        released |= self._recheck & set(keys) if memory_ok else set()
+        self._recheck = set()
+        for pk in released:
+            # Its run has ended: what that run left is judged afresh, and a launch of the same
+            # judgement may be requested again (the relaunch rule decides: a run that failed
+            # before it changed anything, docs/DESIGN.md#stranded-runs).
+            memo = self._memos.get(pk)
+            if memo is not None:
+                memo.launched = frozenset()
         if not is_full_due and not released and unchanged(state, marker, parts, tree, epoch):
             return plan
 

@@ -813,3 +813,53 @@ def test_a_run_whose_coordinator_renews_keeps_its_partition_held(sqlite_rig: Rig
     rig.tick()
     assert set(rig.runs()) == {"p/e2"}, rig.runs()  # the leased run's partition is held
     assert _run_status(rig, runs["p/e1"].run_id) is dg.DagsterRunStatus.STARTED
+
+
+def test_a_launch_that_failed_before_changing_anything_is_launched_again_bounded(
+    sqlite_rig: Rig,
+) -> None:
+    """docs/DESIGN.md#stranded-runs: the broker down, the sensor's run fails before it claims
+    anything; the partition judges the same, to the same run key, which Dagster launches
+    once: before, it said "launch now" for ever with nothing launched. Now the same
+    judgement is launched again under a key of its own after a counted backoff, at most
+    ``max_recovery_attempts`` times, then waits for a change and says so."""
+    rig = sqlite_rig
+    seed(rig.stores, "p/e1", "src")
+    rig.add("p/e1")
+    settings = rig.stores.settings
+    rig.now = datetime.now(UTC)
+    rig.tick()
+    (request,) = rig.runs().values()
+    base = str(request.run_key)
+    assert ":again" not in base
+    keys = [base]
+    for attempt in range(1, settings.max_recovery_attempts + 2):
+        run = dg.DagsterRun(
+            job_name="__ASSET_JOB",
+            run_id=str(uuid.uuid4()),
+            status=dg.DagsterRunStatus.STARTED,
+            tags={
+                "dagster/partition": "p/e1",
+                "dagster/run_key": keys[-1],
+                "dagster/sensor_name": "resume_sensor",
+            },
+            asset_selection=frozenset(request.asset_selection or ()),
+        )
+        rig.instance.add_run(run)
+        rig.now = datetime.now(UTC)
+        rig.tick()
+        assert not rig.runs()  # in flight: held
+        rig.instance.report_run_failed(run, "kombu.exceptions.OperationalError: broker down")
+        rig.now = datetime.now(UTC)
+        rig.tick()
+        assert not rig.runs(), f"attempt {attempt}: launched again before its backoff"
+        rig.now += timedelta(seconds=settings.retry_backoff_seconds * attempt + 1)
+        rig.tick()
+        if attempt > settings.max_recovery_attempts:
+            assert not rig.runs()
+            assert any("storyboard materialize --partition p/e1" in line for line in rig.log.lines)
+            break
+        (again,) = rig.runs().values()
+        assert again.run_key == f"{base}:again{attempt}", again.run_key
+        keys.append(str(again.run_key))
+    assert len(keys) == settings.max_recovery_attempts + 1

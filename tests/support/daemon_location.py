@@ -13,12 +13,8 @@ from pipeline_defs.storyboard import STORYBOARD_STEPS
 
 STEPS = STORYBOARD_STEPS[:2]  # story_source, entity_canon
 
-defs = dg.Definitions.merge(
-    build_defs(STEPS, sensor_interval_seconds=1),
-    dg.Definitions(executor=dg.in_process_executor),
-)
+defs = build_defs(STEPS, sensor_interval_seconds=1, executor=dg.in_process_executor)
 
-storyboard_defs = dg.Definitions.merge(
-    build_defs(STORYBOARD_STEPS, sensor_interval_seconds=1),
-    dg.Definitions(executor=dg.in_process_executor),
+storyboard_defs = build_defs(
+    STORYBOARD_STEPS, sensor_interval_seconds=1, executor=dg.in_process_executor
 )

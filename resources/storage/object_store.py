@@ -115,6 +115,7 @@ _TRUE = ("1", "true", "yes", "on", "y")
 _ALLOW_HTTP = {"s3": "AWS_ALLOW_HTTP", "gs": "GOOGLE_ALLOW_HTTP", "az": "AZURE_ALLOW_HTTP"}
 _INIT_BACKOFF_S = 0.1
 _MAX_BACKOFF_S = 15.0
+_UNCOUNTED = 1_000_000  # "no count": the budget in seconds ends the retries first
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,10 @@ class RetryBudget:
     """How long a bucket storage keeps trying through transient failures."""
 
     timeout_s: float = 30.0
-    retries: int = 10
+    # No count of its own by default: an outage is waited out by time, within ``budget_s``
+    # (ten quick retries of a refused connection were spent in seconds, and a step that
+    # had paid failed in a one-minute outage). ``PIPELINE_STORAGE_RETRIES`` caps it.
+    retries: int | None = None
     budget_s: float = 120.0
 
     ENV = {
@@ -156,9 +160,15 @@ class RetryBudget:
             values[field] = value
         return cls(**values)  # type: ignore[arg-type]
 
+    @property
+    def max_retries(self) -> int:
+        """The count obstore and the put loop stop at: the cap, or none but the budget."""
+        return _UNCOUNTED if self.retries is None else self.retries
+
     def describe(self) -> str:
+        tries = "with no count limit" if self.retries is None else f"up to {self.retries} retries"
         return (
-            f"transient errors were retried up to {self.retries} retries within a budget "
+            f"transient errors were retried {tries} within a budget "
             f"of {_secs(self.budget_s)}, each request timing out after "
             f"{_secs(self.timeout_s)} ({self.ENV['retries']}, {self.ENV['budget_s']}, "
             f"{self.ENV['timeout_s']})"
@@ -175,7 +185,7 @@ class RetryBudget:
 
     def retry_config(self, retries: int | None = None) -> "RetryConfig":
         return {
-            "max_retries": self.retries if retries is None else retries,
+            "max_retries": self.max_retries if retries is None else retries,
             "retry_timeout": timedelta(seconds=self.budget_s),
             "backoff": {
                 "init_backoff": timedelta(seconds=_INIT_BACKOFF_S),
@@ -484,7 +494,7 @@ class ObjectStorage:
                     raise
                 delay = _backoff(attempt)
                 attempt += 1
-                if attempt > self.budget.retries or (
+                if attempt > self.budget.max_retries or (
                     time.monotonic() - started + delay > self.budget.budget_s
                 ):
                     raise

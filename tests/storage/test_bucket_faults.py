@@ -102,6 +102,30 @@ def test_a_refused_connection_is_retried_until_the_store_listens(
     assert storage.get("late/obj") == b"x"
 
 
+@pytest.mark.parametrize("call", ["get", "put"])
+def test_an_outage_is_waited_out_by_time_not_by_a_count_of_tries(
+    flaky: FlakyEndpoint,
+    s3_server: S3Server,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    call: str,
+) -> None:
+    """The retry budget is seconds, not tries: with no count set, a store refusing every
+    connection for 8 s is waited out (before: ten quick retries of a refused connection
+    were spent in about 5 s, and a step that had paid failed in a one-minute outage)."""
+    monkeypatch.delenv("PIPELINE_STORAGE_RETRIES")
+    monkeypatch.setenv("PIPELINE_STORAGE_RETRY_BUDGET_SECONDS", "40")
+    storage, bucket = _open(s3_server, tmp_path)
+    s3_server.client(SECRET).put_object(Bucket=bucket, Key=f"{PREFIX}/kept/obj", Body=b"x")
+    started = time.monotonic()
+    flaky.start(refuse_for_s=8.0)
+    if call == "get":
+        assert storage.get("kept/obj") == b"x"
+    else:
+        storage.put_create("late/obj", b"y")
+    assert time.monotonic() - started >= 8.0  # it did wait through the outage
+
+
 def test_a_dead_store_fails_after_the_budget_naming_endpoint_bucket_and_budget(
     flaky: FlakyEndpoint, s3_server: S3Server, tmp_path: Path
 ) -> None:

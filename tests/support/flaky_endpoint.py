@@ -89,6 +89,8 @@ class FlakyEndpoint:
         self._server.server_bind()
         self.port = self._server.server_address[1]
         self._thread: threading.Thread | None = None
+        self._serving = False
+        self._serving_lock = threading.Lock()
 
     @property
     def url(self) -> str:
@@ -110,6 +112,10 @@ class FlakyEndpoint:
         def serve() -> None:
             if refuse_for_s and self._stop.wait(refuse_for_s):
                 return
+            with self._serving_lock:
+                if self._stop.is_set():
+                    return
+                self._serving = True
             self._server.server_activate()
             self._server.serve_forever(poll_interval=0.05)
 
@@ -118,9 +124,14 @@ class FlakyEndpoint:
         return self
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None and self._thread.is_alive():
-            self._server.shutdown()
+        # Only a loop that started serving is shut down (``shutdown`` waits for it): stopped
+        # during its refusal period, the thread ends on its own.
+        with self._serving_lock:
+            self._stop.set()
+            serving = self._serving
+        if self._thread is not None:
+            if serving:
+                self._server.shutdown()
             self._thread.join(timeout=5)
         self._server.server_close()
 

@@ -28,6 +28,7 @@ LEDGER_TABLES = {
     "settings",
     "setting_change",
     "checkpoint_archive",
+    "run_lease",
 }
 
 
@@ -398,6 +399,7 @@ def test_episode_calls_migration_counts_the_calls_already_recorded(db_url: str) 
                 f"VALUES ('p', '{episode}', '{step}', 'text', 1, 't')"
             )
     _run(engine, command.upgrade, "0008_episode_calls")
+    _run(engine, command.upgrade, "head")  # the later migrations add only tables of their own
     assert _diff(engine) == []
     with engine.connect() as conn:
         counts = conn.exec_driver_sql(
@@ -408,3 +410,15 @@ def test_episode_calls_migration_counts_the_calls_already_recorded(db_url: str) 
     assert "episode_calls" not in sa.inspect(engine).get_table_names()
     with engine.connect() as conn:
         assert conn.exec_driver_sql("SELECT COUNT(*) FROM provider_call").scalar() == 3
+
+
+def test_the_run_lease_migration_adds_its_table_and_takes_it_back(db_url: str) -> None:
+    """0008 → 0009 adds ``run_lease`` (docs/DESIGN.md#run-leases): each run's coordinator
+    lease; the way back drops it and nothing else."""
+    engine = engine_for(db_url)
+    _run(engine, command.upgrade, "0008_episode_calls")
+    assert "run_lease" not in sa.inspect(engine).get_table_names()
+    _run(engine, command.upgrade, "0009_run_lease")
+    assert _diff(engine) == []
+    _run(engine, command.downgrade, "0008_episode_calls")
+    assert _user_tables(engine) == LEDGER_TABLES - {"run_lease"}

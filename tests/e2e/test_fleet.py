@@ -671,3 +671,54 @@ def test_a_killed_coordinator_never_holds_its_episode(fleet: Fleet, tmp_path: Pa
     total = len(fleet.calls(ORPHANED))
     assert total <= sum(reference.values()) + 1, (total, reference)
     print(f"killed coordinator: episode complete {took:.0f}s after the kill")
+
+
+QUEUED = [Episode.parse(f"demo/q{n}") for n in range(1, 4)]
+
+
+def test_runs_queued_behind_one_worker_past_a_lease_are_never_ended(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    """Never end a live run (docs/DESIGN.md#run-leases): one worker, three episodes launched at
+    once, so each run's steps wait in the Celery queue far longer than a lease, with the
+    sensor on. Before, the sensor ended runs whose coordinator was alive and took their
+    partitions for dead; now every run succeeds, no step is stolen, and each episode costs
+    exactly a clean run's calls."""
+    story = sample_stories()["ep01"]
+    reference = in_one_process(tmp_path, story)
+    launcher = fleet.launcher
+    launcher.storyboard("migrate")
+    for episode in QUEUED:
+        launcher.storyboard(
+            "add-episode", "--project", episode.project_id, "--episode", episode.episode_id,
+            "--story", str(story),
+        )  # fmt: skip
+    fleet.start_worker("only")
+    wait_until_loaded(fleet.url, fleet.dagster_dev, fleet.logs / "dagster-dev.log")
+    start_sensor(fleet.url, LOCATION)
+    launches = {
+        episode: launcher.spawn(
+            "materialize",
+            "--partition",
+            episode.partition_key,
+            "--json",
+            log=fleet.logs / f"{episode.episode_id}.log",
+        )
+        for episode in QUEUED
+    }
+    started = time.monotonic()
+    codes = {episode: process.wait(timeout=900) for episode, process in launches.items()}
+    took = time.monotonic() - started
+    assert took > 2 * LEASE_SECONDS, f"the runs never waited past a lease ({took:.0f}s)"
+    for episode, code in codes.items():
+        log = fleet.logs / f"{episode.episode_id}.log"
+        assert code == 0, log_tail(log)
+        assert json.loads(_json_of(log))["success"]
+        assert per_step(fleet.calls(episode)) == reference, episode
+        history = [t for t in fleet.ledger.transitions() if t.episode_id == episode.episode_id]
+        assert not [t for t in history if str(t.action) == "stale_running_recovery"], history
+    ended_by_sensor = [
+        r.run_id
+        for r in fleet.instance.get_runs(dg.RunsFilter(statuses=[dg.DagsterRunStatus.FAILURE]))
+    ]
+    assert not ended_by_sensor, ended_by_sensor

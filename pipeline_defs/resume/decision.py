@@ -23,7 +23,7 @@ from pipeline_defs.resume.clock import (
     parse_timestamp,
 )
 from pipeline_defs.resume.completion import CompletionReport, Origin, report_from_exception
-from pipeline_defs.resume.errors import PipelineError
+from pipeline_defs.resume.errors import PipelineError, is_outage
 from pipeline_defs.resume.files import SYMLINK_CODE
 from pipeline_defs.resume.settings import ResumeSettings
 from pipeline_defs.resume.status import LedgerRow, StepStatus
@@ -234,7 +234,9 @@ def _changed_keys(saved: Mapping[str, str], current: Mapping[str, str]) -> list[
 def _run_verify(verify: Callable[[], CompletionReport]) -> CompletionReport:
     try:
         report = verify()
-    except Exception as exc:  # the verifier's failure is itself a verdict
+    except Exception as exc:  # the verifier's failure is itself a verdict ...
+        if is_outage(exc):  # ... an outage is none (docs/DESIGN.md#stranded-runs)
+            raise
         return report_from_exception(exc)
     if not isinstance(report, CompletionReport):
         return report_from_exception(

@@ -167,3 +167,14 @@ class PipelineError(Exception):
         if self.origin:
             out["error/origin"] = self.origin
         return out
+
+
+# An outage of what the pipeline stands on (the storage, the ledger), its retries spent: not
+# a verdict on any checkpoint. The judge raises it as it is, never classifies it as drift or
+# tampering (a block only a force lifts); the run fails, the next tick or launch tries again.
+OUTAGES = frozenset({ErrorCode.STORAGE_UNAVAILABLE, ErrorCode.LEDGER_UNAVAILABLE})
+
+
+def is_outage(exc: BaseException) -> bool:
+    """``exc`` is an outage (:data:`OUTAGES`), not evidence about what was being read."""
+    return isinstance(exc, PipelineError) and exc.code in OUTAGES

@@ -35,7 +35,7 @@ from pipeline_defs.resume.decision import (
     ScopedConfig,
     decide,
 )
-from pipeline_defs.resume.errors import ErrorCode, PipelineError
+from pipeline_defs.resume.errors import ErrorCode, PipelineError, is_outage
 from pipeline_defs.resume.files import SYMLINK_CODE
 from pipeline_defs.resume.partition import Episode, StepKey
 from pipeline_defs.resume.settings import ResumeSettings
@@ -266,6 +266,8 @@ class StepJudge:
         try:
             return self.checkpoints.load(key), None
         except PipelineError as exc:
+            if is_outage(exc):  # the storage down says nothing of the checkpoint
+                raise
             return None, exc
 
     # ------------------------------------------------------------------ verifying

@@ -160,3 +160,27 @@ def test_the_in_memory_ledger_is_one_database_for_every_thread(
     assert errors == [] and len(won) == 1, (won, errors)
     row = memory_ledger.get(ALPHA)
     assert row is not None and row.run_id == won[0] and row.status is StepStatus.RUNNING
+
+
+class _Outage(MemoryStorage):
+    """The shared storage down: every read is ``storage.unavailable`` (the retries spent)."""
+
+    def get(self, key: str) -> bytes:
+        raise PipelineError(ErrorCode.STORAGE_UNAVAILABLE, f"storage {self.url}: down ({key})")
+
+
+def test_a_storage_outage_is_never_judged_as_drift(
+    tmp_path: Path, memory_ledger: LedgerStore
+) -> None:
+    """A published checkpoint judged by a new process while the storage is down: the outage
+    is raised as what it is (``storage.unavailable``: the run fails, the sensor's tick tries
+    again), never classified as the checkpoint's contract drift, a block only a force lifts."""
+    storage = MemoryStorage(tmp_path.name)
+    first = next(machines(tmp_path / "one", memory_ledger, storage))
+    first.run("alpha")
+    down = _Outage(tmp_path.name)
+    down._objects = storage._objects  # the same bucket, unreachable
+    second = next(machines(tmp_path / "two", memory_ledger, down))
+    with pytest.raises(PipelineError) as outage:
+        second.judge("alpha")
+    assert outage.value.code == ErrorCode.STORAGE_UNAVAILABLE

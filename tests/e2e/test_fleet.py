@@ -48,7 +48,7 @@ from dagster_dev import (
     wait_until_loaded,
     write_workspace,
 )
-from fleet_support import delete_queue
+from fleet_support import BACKEND_URL, delete_queue
 from s3_server import SECRET, running_s3_server
 from storyboard_support import create_pg_database, drop_pg_database
 from tcp_proxy import TcpProxy
@@ -151,6 +151,7 @@ class Fleet:
     url: str
     dagster_dev: subprocess.Popen[bytes]
     workers: list[Worker] = field(default_factory=list)
+    daemon_proxies: tuple[TcpProxy, ...] = ()  # the daemon's broker and result backend
 
     @property
     def ledger(self) -> LedgerStore:
@@ -191,6 +192,17 @@ class Fleet:
             node = str(metadata["Celery worker"].value)
             nodes.setdefault(str(entry.step_key), []).append(node)
         return nodes
+
+
+def _port(url: str) -> int:
+    """The port of a broker or backend URL (``scheme://…@host:port/…``)."""
+    return int(url.split("://", 1)[1].split("@")[-1].split("/", 1)[0].rsplit(":", 1)[1])
+
+
+def _via(url: str, proxy: TcpProxy) -> str:
+    """``url`` through ``proxy``: the same URL on the proxy's port."""
+    port = _port(url)
+    return url.replace(f":{port}/", f":{proxy.port}/", 1)
 
 
 def wait_for(
@@ -282,12 +294,23 @@ def fleet(
         workspace = write_workspace(
             tmp_path / "daemon" / "workspace.yaml", "fleet_location", "defs", LOCATION, TESTS_DIR
         )
-        daemon_env = {**base, "PIPELINE_HOME": str(tmp_path / "daemon" / "home")}
+        # The daemon's runs (their coordinators) reach the broker and the result backend
+        # through proxies a test may cut: an outage of both, as the sensor's runs see it.
+        broker_port = _port(celery_broker)
+        broker_proxy = stack.enter_context(TcpProxy(broker_port))
+        backend_proxy = stack.enter_context(TcpProxy(_port(BACKEND_URL)))
+        daemon_env = {
+            **base,
+            "PIPELINE_HOME": str(tmp_path / "daemon" / "home"),
+            "PIPELINE_CELERY_BROKER_URL": _via(celery_broker, broker_proxy),
+            "PIPELINE_CELERY_BACKEND_URL": _via(BACKEND_URL, backend_proxy),
+        }
         url, process = start_dagster_dev(
             workspace, daemon_env, tmp_path / "daemon", logs / "dagster-dev.log"
         )
         stack.callback(stop, process)
         fleet = Fleet(ledger_url, pg_url, instance, launcher, base, tmp_path, logs, url, process)
+        fleet.daemon_proxies = (broker_proxy, backend_proxy)
         try:
             yield fleet
         finally:
@@ -722,3 +745,75 @@ def test_runs_queued_behind_one_worker_past_a_lease_are_never_ended(
         for r in fleet.instance.get_runs(dg.RunsFilter(statuses=[dg.DagsterRunStatus.FAILURE]))
     ]
     assert not ended_by_sensor, ended_by_sensor
+
+
+OUTAGE = [Episode.parse(f"demo/o{n}") for n in range(1, 3)]
+OUTAGE_SECONDS = 15
+
+
+def test_a_broker_and_backend_outage_strands_no_episode(fleet: Fleet, tmp_path: Path) -> None:
+    """Nothing stranded by an infrastructure failure (docs/DESIGN.md#stranded-runs). The
+    sensor's runs reach RabbitMQ and Redis through proxies the test cuts for 15 s: the runs
+    it launches meanwhile fail before they change anything. Before, their partitions judged
+    the same, to the same run key, which Dagster launches once: "launch now" for ever with
+    nothing launched. Now each is launched again after its backoff, and every episode
+    completes with no operator, at a clean run's calls."""
+    story = sample_stories()["ep01"]
+    reference = in_one_process(tmp_path, story)
+    launcher = fleet.launcher
+    launcher.storyboard("migrate")
+    launcher.storyboard("settings", "set", "retry_backoff_seconds", "2")
+    for episode in OUTAGE:
+        launcher.storyboard(
+            "add-episode", "--project", episode.project_id, "--episode", episode.episode_id,
+            "--story", str(story),
+        )  # fmt: skip
+    for name in ("w1", "w2"):
+        fleet.start_worker(name)
+    wait_until_loaded(fleet.url, fleet.dagster_dev, fleet.logs / "dagster-dev.log")
+    for proxy in fleet.daemon_proxies:
+        proxy.cut()
+    cut_at = time.monotonic()
+    start_sensor(fleet.url, LOCATION)
+
+    def failed_runs() -> list[dg.DagsterRun]:
+        return [
+            r
+            for r in fleet.instance.get_runs(
+                dg.RunsFilter(
+                    statuses=[dg.DagsterRunStatus.FAILURE],
+                    tags={"dagster/sensor_name": "resume_sensor"},
+                )
+            )
+            if r.job_name != "resume_report"
+        ]
+
+    daemon_log = fleet.logs / "dagster-dev.log"
+    wait_for("a sensor run failed by the outage", failed_runs, 120, daemon_log)
+    assert not [r for r in fleet.ledger.get_many() if r.status is StepStatus.RUNNING]
+    while time.monotonic() - cut_at < OUTAGE_SECONDS:
+        time.sleep(0.5)
+    for proxy in fleet.daemon_proxies:
+        proxy.restore()
+    settled = (StepStatus.COMPLETED, StepStatus.NOT_APPLICABLE)
+
+    def done() -> bool:
+        for episode in OUTAGE:
+            rows = fleet.rows(episode)
+            if len(rows) < len(STORYBOARD_STEPS) or any(
+                r.status not in settled for r in rows.values()
+            ):
+                return False
+        return True
+
+    wait_for("every episode completed after the outage", done, 600, daemon_log)
+    again = [
+        r
+        for r in fleet.instance.get_runs(
+            dg.RunsFilter(tags={"dagster/sensor_name": "resume_sensor"})
+        )
+        if ":again" in r.tags.get("dagster/run_key", "")
+    ]
+    assert again, "no launch was made again under an attempt's key"
+    for episode in OUTAGE:
+        assert per_step(fleet.calls(episode)) == reference, episode

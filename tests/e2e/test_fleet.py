@@ -790,7 +790,7 @@ def test_a_broker_and_backend_outage_strands_no_episode(fleet: Fleet, tmp_path: 
 
     daemon_log = fleet.logs / "dagster-dev.log"
     wait_for("a sensor run failed by the outage", failed_runs, 120, daemon_log)
-    assert not [r for r in fleet.ledger.get_many() if r.status is StepStatus.RUNNING]
+    assert not [r for r in fleet.ledger.get_many().values() if r.status is StepStatus.RUNNING]
     while time.monotonic() - cut_at < OUTAGE_SECONDS:
         time.sleep(0.5)
     for proxy in fleet.daemon_proxies:

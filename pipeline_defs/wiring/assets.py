@@ -329,7 +329,7 @@ def build_step_asset(step: Step, graph: StepGraph) -> dg.AssetsDefinition:
                         f"accept ({accepted.note}); nothing was changed",
                     )
             else:
-                fleet = (context.instance, ledger, judge.settings)  # who may end a lost run
+                instance, settings = context.instance, judge.settings  # to end a lost run
                 runner = StepRunner(
                     judge,
                     ledger=ledger,
@@ -341,12 +341,12 @@ def build_step_asset(step: Step, graph: StepGraph) -> dg.AssetsDefinition:
                     on_takeover=lambda owner, reason: _log_ended(
                         context,
                         end_taken_over_run(
-                            fleet[0],
+                            instance,
                             owner,
                             reason,
                             current_run_id=context.run.run_id,
-                            ledger=fleet[1],
-                            settings=fleet[2],
+                            ledger=ledger,
+                            settings=settings,
                         ),
                         reason,
                     ),

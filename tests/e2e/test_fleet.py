@@ -163,6 +163,16 @@ class Fleet:
     def calls(self, episode: Episode) -> list[dict[str, Any]]:
         return self.ledger.provider_calls(episode=episode)
 
+    def add_episodes(self, story: Path, *episodes: Episode) -> None:
+        """Migrate the ledger and register ``episodes``, each with ``story``, from the
+        launcher's home."""
+        self.launcher.storyboard("migrate")
+        for episode in episodes:
+            self.launcher.storyboard(
+                "add-episode", "--project", episode.project_id, "--episode",
+                episode.episode_id, "--story", str(story),
+            )  # fmt: skip
+
     def start_worker(self, name: str, **env: str) -> Worker:
         """A worker of its own home; ``env``: variables of this worker only (its broker URL
         through a proxy the test cuts)."""
@@ -524,11 +534,7 @@ def test_a_worker_paused_past_its_lease_and_delivered_again_spends_and_writes_no
     story = sample_stories()["ep01"]
     reference = in_one_process(tmp_path, story)
     launcher = fleet.launcher
-    launcher.storyboard("migrate")
-    launcher.storyboard(
-        "add-episode", "--project", PAUSED.project_id, "--episode", PAUSED.episode_id,
-        "--story", str(story),
-    )  # fmt: skip
+    fleet.add_episodes(story, PAUSED)
     fleet.base["PIPELINE_OFFLINE_LATENCY_MS"] = str(LATENCY_MS)
     broker_port = int(celery_broker.rsplit(":", 1)[1].split("/", 1)[0])
     proxy = TcpProxy(broker_port).start()
@@ -636,11 +642,7 @@ def test_a_killed_coordinator_never_holds_its_episode(fleet: Fleet, tmp_path: Pa
     story = sample_stories()["ep01"]
     reference = in_one_process(tmp_path, story)
     launcher = fleet.launcher
-    launcher.storyboard("migrate")
-    launcher.storyboard(
-        "add-episode", "--project", ORPHANED.project_id, "--episode", ORPHANED.episode_id,
-        "--story", str(story),
-    )  # fmt: skip
+    fleet.add_episodes(story, ORPHANED)
     fleet.base["PIPELINE_OFFLINE_LATENCY_MS"] = str(LATENCY_MS)
     for name in ("w1", "w2"):
         fleet.start_worker(name)
@@ -710,12 +712,7 @@ def test_runs_queued_behind_one_worker_past_a_lease_are_never_ended(
     story = sample_stories()["ep01"]
     reference = in_one_process(tmp_path, story)
     launcher = fleet.launcher
-    launcher.storyboard("migrate")
-    for episode in QUEUED:
-        launcher.storyboard(
-            "add-episode", "--project", episode.project_id, "--episode", episode.episode_id,
-            "--story", str(story),
-        )  # fmt: skip
+    fleet.add_episodes(story, *QUEUED)
     fleet.start_worker("only")
     wait_until_loaded(fleet.url, fleet.dagster_dev, fleet.logs / "dagster-dev.log")
     start_sensor(fleet.url, LOCATION)
@@ -761,13 +758,8 @@ def test_a_broker_and_backend_outage_strands_no_episode(fleet: Fleet, tmp_path: 
     story = sample_stories()["ep01"]
     reference = in_one_process(tmp_path, story)
     launcher = fleet.launcher
-    launcher.storyboard("migrate")
+    fleet.add_episodes(story, *OUTAGE)
     launcher.storyboard("settings", "set", "retry_backoff_seconds", "2")
-    for episode in OUTAGE:
-        launcher.storyboard(
-            "add-episode", "--project", episode.project_id, "--episode", episode.episode_id,
-            "--story", str(story),
-        )  # fmt: skip
     for name in ("w1", "w2"):
         fleet.start_worker(name)
     wait_until_loaded(fleet.url, fleet.dagster_dev, fleet.logs / "dagster-dev.log")

@@ -426,6 +426,16 @@ CRASH_STAGES: tuple[str, ...] = (
     "mutation.victim_written",
     "finished",
 )
+# ``replied.<n>``: right after the n-th paid reply of the step's run came back and was kept
+# in the journal of paid replies, before the step uses it (a kill after k of n replies).
+REPLIED_STAGE = "replied."
+
+
+def _is_stage(stage: str) -> bool:
+    if stage in CRASH_STAGES:
+        return True
+    number = stage.removeprefix(REPLIED_STAGE)
+    return number != stage and number.isdigit() and number.isascii() and int(number) >= 1
 
 
 def check_crash_point(env: Mapping[str, str] | None = None) -> None:
@@ -435,11 +445,11 @@ def check_crash_point(env: Mapping[str, str] | None = None) -> None:
     if value == "":
         return
     step, colon, stage = value.rpartition(":")
-    if stage in CRASH_STAGES and (not colon or ID_PATTERN.fullmatch(step) is not None):
+    if _is_stage(stage) and (not colon or ID_PATTERN.fullmatch(step) is not None):
         return
     raise PipelineError(
         ErrorCode.SETTINGS_INVALID,
         f"invalid {CRASH_ENV}={value!r}: expected <step>:<stage> or <stage>, the stage one "
-        f"of {', '.join(CRASH_STAGES)}",
+        f"of {', '.join(CRASH_STAGES)} or {REPLIED_STAGE}<n>",
         details={"setting": CRASH_ENV},
     )

@@ -91,6 +91,7 @@ class LedgerRow:
     heartbeat_at: str | None = None
     checkpoint_seal: str | None = None
     checkpoint_pointer: str | None = None  # object storage: the published manifest
+    journal_lineage: str | None = None  # whose paid replies a claim takes back
 
     def __post_init__(self) -> None:
         # Built by hand (tests, a few callers): the same status and count the store's

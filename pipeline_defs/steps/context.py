@@ -17,8 +17,11 @@ from pipeline_defs.project import ProjectConfig
 from pipeline_defs.resume.budget import CallCap
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.partition import StepKey
+from pipeline_defs.resume.settings import REPLIED_STAGE
+from pipeline_defs.steps.faults import crash_point
 from pipeline_defs.steps.readers import CheckpointReader, LedgerReader
 from resources.checkpoints.envelope import Artifact, Checkpoint
+from resources.checkpoints.journal import KeptReply, ReplyJournal, request_digest
 from resources.checkpoints.store import CheckpointStore
 from resources.ledger.store import LedgerStore
 from resources.providers import ImageCall, ImageReply, TextCall, TextReply
@@ -61,6 +64,14 @@ class ProviderMeter:
     # ``run_id`` is the fencing token of the claim the calls are made under: each call is
     # recorded only while that claim holds the row (docs/DESIGN.md#claim-tokens).
     claimed: bool = False
+    # The journal of paid replies of the claim's lineage (docs/DESIGN.md#reply-journal):
+    # each reply is kept there the moment it arrives, before the step uses it, and a
+    # request the lineage paid for already is taken back from it instead of sent.
+    journal: ReplyJournal | None = None
+    # Replies taken back from the journal (no call sent), by kind name.
+    taken: Counter[str] = field(default_factory=Counter)
+    # How often this run asked each request (its digest): the n-th ask takes the n-th reply.
+    asked: Counter[str] = field(default_factory=Counter)
 
     def _start(self, kind: str) -> int:
         """Record the call about to be sent, within the cap (reserved in the ledger)."""
@@ -86,6 +97,14 @@ class ProviderMeter:
             raise PipelineError(
                 ErrorCode.PROVIDER_CONFIG, f"{self.key}: no {kind.name} model configured"
             )
+        request = request_digest(self.key.step_id, kind.name, _name(model), call)
+        self.asked[request] += 1
+        occurrence = self.asked[request]
+        if self.journal is not None:
+            kept = self.journal.take(request, occurrence)
+            if kept is not None:  # paid for by an earlier attempt of this work
+                self.taken[kind.name] += 1
+                return self._answered(kind.revive(kept.payload, kept.units, kept.model))
         call_id = self._start(kind.name)
         self.sent[kind.name] += 1
         try:
@@ -93,7 +112,14 @@ class ProviderMeter:
         except BaseException:  # failed, answered: still names the model asked
             self.ledger.finish_provider_call(call_id, units=0, model=_name(model))
             raise
+        if self.journal is not None and self.run_id is not None:
+            kept = KeptReply(kind.keep(reply), reply.units, reply.model)
+            self.journal.keep(request, occurrence, kept, claim=self.run_id, call_id=call_id)
         self.ledger.finish_provider_call(call_id, units=reply.units, model=reply.model)
+        crash_point(f"{REPLIED_STAGE}{self.calls}", self.key.step_id)
+        return self._answered(reply)
+
+    def _answered(self, reply: R) -> R:
         if reply.model and reply.model not in self.answered_by:
             self.answered_by.append(reply.model)
         return reply

@@ -5,7 +5,8 @@ SIGKILL itself when the run protocol of that step reaches that stage: no excepti
 handler, ``finally`` or atexit runs, exactly as when the machine or the OOM killer stops a
 worker. Read per call (never at import) and a no-op unless set. The stages, in order:
 ``claimed``, ``executed``, ``mutation.pending_written``, ``published``,
-``mutation.victim_written`` (after each victim edit), ``finished``.
+``mutation.victim_written`` (after each victim edit), ``finished``; and ``replied.<n>``,
+right after the n-th paid reply of the step's run came back and was kept.
 
 Any other value is refused when the code location loads and when the CLI starts
 (``check_environment``, naming the variable): a misspelt stage never fired, and a crash

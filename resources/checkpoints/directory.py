@@ -33,6 +33,7 @@ from resources.checkpoints.pending import PendingFiles
 from resources.checkpoints.seal import Seal, identity_of, make_seal
 from resources.checkpoints.staging import StagedCheckpoint
 from resources.checkpoints.tree import CheckpointTree
+from resources.storage.local import LocalStorage
 
 
 class HomeDirectory:
@@ -44,6 +45,8 @@ class HomeDirectory:
     def __init__(self, tree: CheckpointTree) -> None:
         self.tree = tree
         self.pending = PendingFiles(tree.paths, tree.links)
+        # The home is what every process shares here: the journal of paid replies too.
+        self.shared = LocalStorage(tree.paths.home)
 
     @property
     def location(self) -> str:

@@ -114,6 +114,11 @@ class ScratchCache:
         """The storage checkpoints are published in (the bucket's)."""
         return self.bucket.storage
 
+    @property
+    def shared(self) -> Storage:
+        """What every machine shares: the bucket (the journal of paid replies lives there)."""
+        return self.bucket.storage
+
     poolable = False  # worker processes would judge from a local tree that is not the truth
 
     @property

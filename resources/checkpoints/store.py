@@ -30,10 +30,12 @@ from pipeline_defs.resume.layout import DataLayout
 from pipeline_defs.resume.partition import StepKey
 from resources.checkpoints.directory import HomeDirectory
 from resources.checkpoints.envelope import Artifact, Checkpoint
+from resources.checkpoints.journal import ReplyJournal
 from resources.checkpoints.object_seal import SealDrift
 from resources.checkpoints.seal import Seal, identity_of
 from resources.checkpoints.staging import Fence, StagedCheckpoint
 from resources.checkpoints.tree import CheckpointTree
+from resources.storage import Storage
 
 
 class PendingEdits(Protocol):
@@ -57,6 +59,12 @@ class Publication(Protocol):
     @property
     def poolable(self) -> bool:
         """Whether worker processes may judge from their own store over the same home."""
+        ...
+
+    @property
+    def shared(self) -> Storage:
+        """The storage every machine of the deployment shares (the journal of paid replies
+        lives there): the bucket, or the home itself on one disk."""
         ...
 
     @property
@@ -166,6 +174,11 @@ class CheckpointStore:
         """What the sensor's tick ``lstat``s to see a partition change: the home itself; on
         object storage nothing of the checkpoint tree (each process's own cache)."""
         return self.published.scan_layout
+
+    def journal(self, key: StepKey, lineage: str) -> ReplyJournal:
+        """The paid replies kept for ``key``'s work of ``lineage``
+        (docs/DESIGN.md#reply-journal)."""
+        return ReplyJournal(self.published.shared, key, lineage)
 
     def step_dir(self, key: StepKey) -> Path:
         return self.tree.paths.step_dir(key)

@@ -39,6 +39,7 @@ class Claims:
         expected_run_id: str | None = None,
         expected_heartbeat_at: str | None = None,
         auto_recovery: bool = False,
+        fresh: bool = False,
         reason: str | None = None,
         now: str | None = None,
         seen: LedgerRow | Literal[_NotJudged.NOT_JUDGED] | None = NOT_JUDGED,
@@ -56,6 +57,8 @@ class Claims:
         read, or None for "no row") the claim is also a compare-and-set on that state: a
         run that judged a row which another run has since claimed, finished or failed
         wins nothing, so a step never executes twice for one judgement.
+        ``fresh``: the claim starts new work whatever the row's state (a force, a redraw):
+        it takes a new journal lineage, so no reply paid for earlier is taken back.
         Success = a row came back.
         """
         ts = now or now_text()
@@ -70,6 +73,7 @@ class Claims:
             "c_run_id": run_id,
             "c_ts": ts,
             "c_owner": worker(),
+            "c_fresh": fresh,
         }
         if auto_recovery:
             params["c_reason"] = reason
@@ -103,6 +107,27 @@ class Claims:
             return won
 
         return self.session.retry("claim", body)
+
+    def journal_lineage(self, key: StepKey, run_id: str) -> str | None:
+        """The journal lineage of ``key``'s row while claim ``run_id`` holds it (None: the
+        claim no longer holds the row)."""
+
+        def body(attempt: int) -> str | None:
+            with self.session.single() as conn:
+                value = conn.execute(statements.journal_lineage(key, run_id)).scalar()
+            return None if value is None else str(value)
+
+        return self.session.retry("journal_lineage", body)
+
+    def journal_lineages(self) -> dict[StepKey, tuple[str, str | None]]:
+        """Every row's (status, journal lineage), by key."""
+
+        def body(attempt: int) -> dict[StepKey, tuple[str, str | None]]:
+            with self.session.single() as conn:
+                rows = conn.execute(statements.journal_lineages()).all()
+            return {StepKey(p, e, s): (str(status), lineage) for p, e, s, status, lineage in rows}
+
+        return self.session.retry("journal_lineages", body)
 
     def adopt(
         self,

@@ -28,6 +28,7 @@ from typing import Any, Literal
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
+from pipeline_defs.resume.errors import ErrorCode
 from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.resume.status import StepStatus
 from resources.ledger.tables import (
@@ -88,6 +89,33 @@ def row_columns(key: StepKey, names: Iterable[str]) -> sa.Select[Any]:
 
 
 # ---------------------------------------------------------------------- claims
+# The statuses after which a claim starts new work: what was paid for is published (or
+# nothing applied, or the inputs changed), so no reply of the earlier work is taken back.
+_NEW_WORK_AFTER = tuple(
+    s.value
+    for s in (StepStatus.COMPLETED, StepStatus.PARTIAL, StepStatus.NOT_APPLICABLE, StepStatus.STALE)
+)
+# A failure that blames a reply: taking it back would fail the step the same way again.
+REFUSED_REPLY = f"[{ErrorCode.PROVIDER_BAD_RESPONSE}]%"
+
+
+def _new_work() -> sa.ColumnElement[bool]:
+    """Whether a claim starts new work, so takes a new journal lineage
+    (docs/DESIGN.md#reply-journal): asked to (``c_fresh``: a force, a redraw), or the row's
+    work ended (published, not applicable, stale), or its last run refused a reply, or the
+    row has none yet. A dead owner's recovery and a retry after any other failure go on with
+    the same work and take back the replies it paid for."""
+    return sa.or_(
+        B("c_fresh", type_=sa.Boolean),
+        step_run.c.journal_lineage.is_(None),
+        step_run.c.status.in_(_NEW_WORK_AFTER),
+        sa.and_(
+            step_run.c.status == StepStatus.FAILED.value,
+            step_run.c.error_message.like(REFUSED_REPLY),
+        ),
+    )
+
+
 @functools.cache
 def claim(on_sqlite: bool, seen: str, steal: bool, auto: bool, beat: bool) -> Any:
     """The claim upsert of docs/DESIGN.md#claims for one shape.
@@ -113,6 +141,7 @@ def claim(on_sqlite: bool, seen: str, steal: bool, auto: bool, beat: bool) -> An
         lock_owner=B("c_owner"),
         recovery_count=1 if auto else 0,
         last_recovery_reason=B("c_reason") if auto else None,
+        journal_lineage=B("c_id"),
     )
     may_take: sa.ColumnElement[bool] = status_guard("claim")  # docs/DESIGN.md#status-transitions
     if seen == "none":
@@ -146,6 +175,7 @@ def claim(on_sqlite: bool, seen: str, steal: bool, auto: bool, beat: bool) -> An
         "error_message": None,
         "checkpoint_seal": None,
         "recovery_count": step_run.c.recovery_count + (1 if auto else 0),
+        "journal_lineage": sa.case((_new_work(), B("c_id")), else_=step_run.c.journal_lineage),
     }
     if auto:
         update["last_recovery_reason"] = B("c_reason")
@@ -426,6 +456,24 @@ def current_pointers() -> sa.Select[Any]:
 
 def every_archived_pointer() -> sa.Select[Any]:
     return sa.select(checkpoint_archive.c.pointer)
+
+
+def journal_lineage(key: StepKey, run_id: str) -> sa.Select[Any]:
+    """The journal lineage of the row while ``run_id`` holds it."""
+    return sa.select(step_run.c.journal_lineage).where(
+        sa.and_(row_of(key), step_run.c.run_id == run_id)
+    )
+
+
+def journal_lineages() -> sa.Select[Any]:
+    """Every row's key, status and journal lineage (what the journal's collection keeps)."""
+    return sa.select(
+        step_run.c.project_id,
+        step_run.c.episode_id,
+        step_run.c.step_id,
+        step_run.c.status,
+        step_run.c.journal_lineage,
+    )
 
 
 def claims_held() -> sa.Select[Any]:

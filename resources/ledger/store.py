@@ -77,6 +77,8 @@ class LedgerStore:
         # Claims
         self.claim = claims.claim
         self.adopt = claims.adopt
+        self.journal_lineage = claims.journal_lineage
+        self.journal_lineages = claims.journal_lineages
         self.mark_not_applicable = claims.mark_not_applicable
         # The owner's status writes, leases, force and reset
         self.transition = status.transition

@@ -55,6 +55,10 @@ step_run = sa.Table(
     # status (a failed re-run leaves the last published checkpoint in place, as a local
     # file stays). NULL on a local directory, where the file itself is published.
     sa.Column("checkpoint_pointer", sa.Text),
+    # The lineage of the work the row's claims do: the journal of paid replies keeps each
+    # reply under it (docs/DESIGN.md#reply-journal). Kept by a claim that goes on with the
+    # same work, new at one that starts new work; NULL until the first claim.
+    sa.Column("journal_lineage", sa.String(36)),
     sa.UniqueConstraint("project_id", "episode_id", "step_id"),
     sa.CheckConstraint(status_check("status"), name="status"),
 )

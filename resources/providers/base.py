@@ -5,6 +5,7 @@ OpenAI-compatible endpoint are interchangeable, and every call yields ``units`` 
 can count (docs/DESIGN.md#reference-pipeline).
 """
 
+import json
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -175,6 +176,10 @@ class ModelKind(Generic[CallT, ReplyT]):
     resource_key: str  # the code location's Dagster resource for it
     config_keys: tuple[str, ...]  # what a step calling it lists in ``resume_config_keys``
     ask: Callable[[Any, CallT], ReplyT]  # how a model of this kind answers one call
+    # How the journal of paid replies keeps a reply as bytes, and revives it from them
+    # (bytes, units, model): a reply taken back is the reply that was paid for.
+    keep: Callable[[ReplyT], bytes]
+    revive: Callable[[bytes, int, str], ReplyT]
 
     def called_by(self, resume_config_keys: tuple[str, ...]) -> bool:
         """Whether a step calls this kind, as its ``resume_config_keys`` declare it."""
@@ -189,9 +194,27 @@ def _generate(model: ImageModel, call: ImageCall) -> ImageReply:
     return model.generate(call)
 
 
-TEXT: ModelKind[TextCall, TextReply] = ModelKind("text", "text_model", TEXT_MODEL_KEYS, _complete)
+def _keep_text(reply: TextReply) -> bytes:
+    return json.dumps(reply.data, sort_keys=True, ensure_ascii=False).encode("utf-8")
+
+
+def _revive_text(payload: bytes, units: int, model: str) -> TextReply:
+    return TextReply(json.loads(payload), units, model)
+
+
+def _keep_image(reply: ImageReply) -> bytes:
+    return reply.png
+
+
+def _revive_image(payload: bytes, units: int, model: str) -> ImageReply:
+    return ImageReply(payload, units, model)
+
+
+TEXT: ModelKind[TextCall, TextReply] = ModelKind(
+    "text", "text_model", TEXT_MODEL_KEYS, _complete, _keep_text, _revive_text
+)
 IMAGE: ModelKind[ImageCall, ImageReply] = ModelKind(
-    "image", "image_model", IMAGE_MODEL_KEYS, _generate
+    "image", "image_model", IMAGE_MODEL_KEYS, _generate, _keep_image, _revive_image
 )
 # Every kind of model the steps may call, by ``name``.
 MODEL_KINDS: tuple[ModelKind[Any, Any], ...] = (TEXT, IMAGE)

@@ -419,6 +419,33 @@ def test_the_run_lease_migration_adds_its_table_and_takes_it_back(db_url: str) -
     _run(engine, command.upgrade, "0008_episode_calls")
     assert "run_lease" not in sa.inspect(engine).get_table_names()
     _run(engine, command.upgrade, "0009_run_lease")
+    assert "run_lease" in sa.inspect(engine).get_table_names()
+    _run(engine, command.upgrade, "head")
     assert _diff(engine) == []
     _run(engine, command.downgrade, "0008_episode_calls")
     assert _user_tables(engine) == LEDGER_TABLES - {"run_lease"}
+
+
+def _step_run_columns(engine: sa.Engine) -> set[str]:
+    return {column["name"] for column in sa.inspect(engine).get_columns("step_run")}
+
+
+def test_the_journal_lineage_migration_adds_its_column_and_takes_it_back(db_url: str) -> None:
+    """0009 → 0010 adds ``step_run.journal_lineage`` (docs/DESIGN.md#reply-journal), NULL on
+    the rows there are (a lineage comes with their next claim); the way back drops it and
+    keeps the rows."""
+    engine = engine_for(db_url)
+    _run(engine, command.upgrade, "0009_run_lease")
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            "INSERT INTO step_run (id, project_id, episode_id, step_id, status, created_at,"
+            " updated_at, recovery_count) VALUES ('r1', 'p', 'e', 's', 'failed', 't', 't', 0)"
+        )
+    _run(engine, command.upgrade, "0010_journal_lineage")
+    assert _diff(engine) == []
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT journal_lineage FROM step_run").all() == [(None,)]
+    _run(engine, command.downgrade, "0009_run_lease")
+    assert "journal_lineage" not in _step_run_columns(engine)
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT id, status FROM step_run").all() == [("r1", "failed")]

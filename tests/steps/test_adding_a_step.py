@@ -16,7 +16,7 @@ from pipeline_defs.steps.context import ProviderMeter
 from pipeline_defs.steps.spec import Step
 from pipeline_defs.storyboard import STORYBOARD_STEPS
 from resources.providers import OfflineTextModel, TextCall, TextReply
-from resources.providers.base import ModelKind
+from resources.providers.base import TEXT, ModelKind
 
 
 def _location(env: Env) -> dg.Definitions:
@@ -78,8 +78,9 @@ def _answer(model: EchoModel, said: str) -> TextReply:
     return model.answer(said)
 
 
+# Its replies are JSON objects: the journal keeps them as the text kind does.
 ECHO: ModelKind[str, TextReply] = ModelKind(
-    "echo", "echo_model", ("provider.kind", "provider.echo_model"), _answer
+    "echo", "echo_model", ("provider.kind", "provider.echo_model"), _answer, TEXT.keep, TEXT.revive
 )
 
 

@@ -198,6 +198,8 @@ class StepRunner:
             expected_run_id=decision.expected_run_id,
             expected_heartbeat_at=decision.expected_heartbeat_at,
             auto_recovery=counted,
+            # A force or a redraw asks for new replies: none paid for earlier is taken back.
+            fresh=decision.action in (ResumeAction.FORCE_EXPLICIT, ResumeAction.REDRAW_EXPLICIT),
             reason=decision.reason,
             seen=row,
             audit=line,

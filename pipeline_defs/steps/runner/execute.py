@@ -54,6 +54,11 @@ def execute(
 ) -> Execution:
     step, clock = judge.step, judge.clock
     # (1) execute with metered providers: the models of the project, resolved now
+    lineage = writers.ledger.journal_lineage(key, run.run_id)
+    journal = None
+    if lineage is not None:  # None: the claim was lost already; the guard says so below
+        journal = writers.checkpoints.journal(key, lineage)
+        journal.log = judge.log
     meter = ProviderMeter(
         writers.ledger,
         key,
@@ -62,6 +67,7 @@ def execute(
         guard=lease.check,
         cap=judge.call_cap(key, judge.project(key)),
         claimed=True,
+        journal=journal,
     )
     ctx = writers.context(judge, key, run_id=run.run_id, meter=meter, redraw=run.redraw_items)
     started = clock()

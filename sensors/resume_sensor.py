@@ -22,7 +22,13 @@ Per tick (see :mod:`pipeline_defs.judging.tick` for what counts as a change and 
   partition leaves the block (passed), published by a ``resume_report`` run (never as
   run-less events, which Dagster's storage refuses twice for one asset partition: see
   :mod:`sensors.report`). A live lease of another run is not reported: its own run shows
-  the check in progress. Blocks are also logged.
+  the check in progress. Blocks are also logged. A launch stranded past its attempts
+  (docs/DESIGN.md#stranded-runs) is reported the same way on its steps, failed with the
+  failure and the command, passed once the partition launches again or changes.
+- an outage (the storage or the ledger out of reach, its retries spent) is no block: a
+  partition whose judging meets one is deferred (nothing launched or reported for it,
+  judged again next tick), and one met by the tick's own reads defers the whole tick; the
+  tick's line (its log and skip reason) names the partitions and the outage.
 
 The sensor writes nothing to the ledger or the checkpoint tree. In Dagster it marks failed a
 run of this instance that only the ledger shows dead (:mod:`sensors.abandoned_runs`), so
@@ -45,6 +51,7 @@ from pipeline_defs.judging.tick import InFlight
 from pipeline_defs.judging.tick_result import TickConfig, TickResult
 from pipeline_defs.resume.clock import parse_timestamp
 from pipeline_defs.resume.decision import ResumeAction
+from pipeline_defs.resume.errors import PipelineError, is_outage
 from pipeline_defs.resume.status import LedgerRow
 from pipeline_defs.steps.graph import order_steps
 from pipeline_defs.steps.spec import Step
@@ -53,13 +60,14 @@ from resources.ledger.store import LedgerStore
 from resources.pipeline import PipelineResource
 from sensors.abandoned_runs import end_abandoned_runs
 from sensors.report import report_requests, resume_report
-from sensors.stranded_runs import StrandedLaunches, failed_since_last_tick
+from sensors.stranded_runs import StrandedLaunches, failed_since_last_tick, stranded_reports
 
 SENSOR_NAME = "resume_sensor"
 STEPS_JOB = "resume_steps"
 DEFAULT_INTERVAL_SECONDS = 30
 TAG_VALUE_LIMIT = 63
 SCRUB_FIELD = "scrub"  # the scrub's round, kept in the cursor beside the tick's state
+STRANDED_FIELD = "stranded"  # the stranded launches reported, ``step|partition`` → signature
 LOGGED_CHANGES = 50
 
 
@@ -361,26 +369,46 @@ def build_resume_sensor(
         # On object storage, this tick's share of the scrub first: a seal it clears moves
         # its row, so the tick below re-judges that partition the long way.
         scrub = scrub_for(name)
-        scrubbed = scrub.step(stores, partition_keys, cursor_extra(context.cursor, SCRUB_FIELD))
-        for drift in scrubbed.drifts[:LOGGED_CHANGES]:
-            context.log.warning(f"scrub: {drift.step}: {drift.why}; judged again")
+        try:
+            scrubbed = scrub.step(stores, partition_keys, cursor_extra(context.cursor, SCRUB_FIELD))
+        except PipelineError as exc:
+            if not is_outage(exc):
+                raise
+            # No scrub this tick (its share waits for the next): the judging below still
+            # defers just the partitions the outage reaches.
+            context.log.warning(f"scrub: waits for {exc.code}: {exc.message}")
+        else:
+            for drift in scrubbed.drifts[:LOGGED_CHANGES]:
+                context.log.warning(f"scrub: {drift.step}: {drift.why}; judged again")
         now = clock()
-        running = stores.ledger.running_rows()
-        # A run whose claims all stopped heartbeating long ago holds its episode's queue for
-        # good (a killed CLI run, a lost host): ended first, so the recovery can start.
-        for abandoned in end_abandoned_runs(
-            context.instance, running, stores.settings, now, stores.ledger
-        ):
-            context.log.warning(f"run {abandoned.run_id} marked failed: {abandoned.message}")
-        ticker = ticker_for(name, ordered, stores, config)
-        in_flight = runs_in_flight(context.instance, step_keys, stores.ledger)
-        ticker.recheck(failed_since_last_tick(context.instance, name))
         stranded = StrandedLaunches(context.instance, stores.settings, now.timestamp())
-        result = ticker.tick(partition_keys, now, context.cursor, in_flight, stranded.holds)
+        try:
+            running = stores.ledger.running_rows()
+            # A run whose claims all stopped heartbeating long ago holds its episode's queue
+            # for good (a killed CLI run, a lost host): ended first, so the recovery can start.
+            for abandoned in end_abandoned_runs(
+                context.instance, running, stores.settings, now, stores.ledger
+            ):
+                context.log.warning(f"run {abandoned.run_id} marked failed: {abandoned.message}")
+            ticker = ticker_for(name, ordered, stores, config)
+            in_flight = runs_in_flight(context.instance, step_keys, stores.ledger)
+            ticker.recheck(failed_since_last_tick(context.instance, name))
+            result = ticker.tick(partition_keys, now, context.cursor, in_flight, stranded.holds)
+        except PipelineError as exc:
+            if not is_outage(exc):
+                raise
+            # Not a verdict on any partition: nothing is launched, reported or remembered
+            # (the cursor stays), and the next tick judges as if this one never ran.
+            why = (
+                f"resume tick deferred: every partition ({len(partition_keys)}) waits for "
+                f"{exc.code} ({exc.message}); judged again next tick"
+            )
+            context.log.warning(why)
+            return dg.SensorResult(skip_reason=why, cursor=context.cursor)
         if result.changed:
             _log(context, result)
-        for why in stranded.exhausted.values():
-            context.log.warning(why)
+        for stuck in stranded.exhausted.values():
+            context.log.warning(stuck.why)
         requests = [run_request(run, steps_job_name, stranded) for run in result.runs]
         launching = {(ev.step_id, ev.partition_key) for ev in result.launches}
         requests += dead_owner_requests(
@@ -392,10 +420,22 @@ def build_resume_sensor(
         )
         # A live lease is no fault: the owner's run shows the check in progress itself.
         reports = [check_report(c) for c in result.checks if not c.evaluation.running_healthy]
+        # A launch stranded past its attempts shows where blocks show, on its steps.
+        seen = cursor_extra(context.cursor, STRANDED_FIELD)
+        stranded_checks, still_stranded = stranded_reports(
+            {str(k): str(v) for k, v in seen.items()} if isinstance(seen, dict) else None,
+            stranded.exhausted,
+            judged=result.judged,
+            partitions=set(partition_keys),
+            launched={ev.partition_key for ev in result.launches},
+            blocked={c.evaluation.slot for c in result.checks if not c.passed},
+        )
+        reports += stranded_checks
         requests += report_requests(reports, context.cursor)
         _known_partitions(context, requests)
         # The scrub's place in its round rides in the cursor: a restarted code server goes on.
         cursor = with_cursor_extra(result.cursor, SCRUB_FIELD, scrub.state())
+        cursor = with_cursor_extra(cursor, STRANDED_FIELD, still_stranded)
         if requests:
             return dg.SensorResult(run_requests=requests, cursor=cursor)
         return dg.SensorResult(cursor=cursor, skip_reason=result.stats.line())

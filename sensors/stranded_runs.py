@@ -8,11 +8,15 @@ run key (and of its earlier attempts) ended FAILURE or CANCELED, the same judgem
 launched again under a key of its own (``<run key>:again<n>``) once its backoff has passed
 (``retry_backoff_seconds`` times n after the last one ended), at most ``max_recovery_attempts``
 times; past that the partition waits for a change (an operator's launch, an edit) and the
-sensor says so, naming the failure and the command. A failure that changed a row changes the
-judgement, hence the run key: that is a step's recovery, counted by the ledger, not here.
+sensor says so, naming the failure and the command: in its log, and as a failed
+``resume_integrity`` check on the steps of that launch (:func:`stranded_reports`), passed
+once the partition is judged again and launched or changed. A failure that changed a row
+changes the judgement, hence the run key: that is a step's recovery, counted by the ledger,
+not here.
 """
 
-from collections.abc import Mapping, Sequence
+import hashlib
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
@@ -26,6 +30,30 @@ AGAIN = ":again"
 _FAILED = (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED)
 
 
+@dataclass(frozen=True)
+class Exhausted:
+    """A launch whose attempts all failed before they changed anything: it waits for a change."""
+
+    partition: str
+    run_key: str  # the judgement's run key (its attempts add ``:again<n>``)
+    steps: tuple[str, ...]  # the steps of the launch, dependency order
+    failure: str  # how its runs ended
+    command: str  # what launches it now
+
+    @property
+    def why(self) -> str:
+        """The failure and the way out, as the sensor's log says it."""
+        return (
+            f"{self.partition}: {self.failure}; launched again once something changes, or "
+            f"now with: {self.command}"
+        )
+
+    @property
+    def signature(self) -> str:
+        """Which launch is stranded: reported again only for another one."""
+        return hashlib.sha256(self.run_key.encode("utf-8")).hexdigest()[:12]
+
+
 @dataclass
 class StrandedLaunches:
     """One tick's view of the launches whose earlier runs failed having changed nothing."""
@@ -34,7 +62,7 @@ class StrandedLaunches:
     settings: ResumeSettings
     now: float  # epoch seconds
     keys: dict[str, str] = field(default_factory=dict)  # run key → the key to request now
-    exhausted: dict[str, str] = field(default_factory=dict)  # partition → why, and what to do
+    exhausted: dict[str, Exhausted] = field(default_factory=dict)  # by partition
 
     def attempt_keys(self, run_key: str) -> list[str]:
         return [run_key] + [
@@ -44,14 +72,17 @@ class StrandedLaunches:
     def holds(self, launches: Sequence[StepEvaluation]) -> Mapping[str, float | None]:
         """The partitions whose launch waits: partition → when to look again, or None."""
         held: dict[str, float | None] = {}
-        judged = {(ev.run_key, ev.partition_key) for ev in launches if ev.run_key}
-        for run_key, pk in sorted(judged):
-            waits, until = self._judge(run_key, pk)
+        steps: dict[tuple[str, str], list[str]] = {}
+        for ev in launches:  # dependency order
+            if ev.run_key:
+                steps.setdefault((ev.run_key, ev.partition_key), []).append(ev.step_id)
+        for (run_key, pk), members in sorted(steps.items()):
+            waits, until = self._judge(run_key, pk, tuple(members))
             if waits:
                 held[pk] = until
         return held
 
-    def _judge(self, run_key: str, pk: str) -> tuple[bool, float | None]:
+    def _judge(self, run_key: str, pk: str, steps: tuple[str, ...]) -> tuple[bool, float | None]:
         """(whether the launch waits, until when: None for a change, attempts exhausted);
         a launch that does not wait is requested under ``keys[run_key]``."""
         records = list(
@@ -64,10 +95,15 @@ class StrandedLaunches:
         attempts = len(records)
         last = max(records, key=lambda r: r.update_timestamp)
         if attempts > self.settings.max_recovery_attempts:
-            self.exhausted[pk] = (
-                f"{pk}: its launch failed {attempts} times before it changed anything (last: "
-                f"run {last.dagster_run.run_id}, {last.dagster_run.status.value}); launched again "
-                f"once something changes, or now with: storyboard materialize --partition {pk}"
+            self.exhausted[pk] = Exhausted(
+                partition=pk,
+                run_key=run_key,
+                steps=steps,
+                failure=(
+                    f"its launch failed {attempts} times before it changed anything (last: run "
+                    f"{last.dagster_run.run_id}, {last.dagster_run.status.value})"
+                ),
+                command=f"storyboard materialize --partition {pk}",
             )
             return True, None
         self.keys[run_key] = f"{run_key}{AGAIN}{attempts}"
@@ -101,3 +137,79 @@ def failed_since_last_tick(instance: dg.DagsterInstance, sensor_name: str) -> se
         )
     )
     return {pk for r in ended if (pk := r.dagster_run.tags.get("dagster/partition"))}
+
+
+def _report(
+    step_id: str, pk: str, passed: bool, description: str, **metadata: str
+) -> dict[str, object]:
+    return {
+        "step_id": step_id,
+        "partition": pk,
+        "passed": passed,
+        "description": description[:1000],
+        "metadata": metadata,
+    }
+
+
+def stranded_reports(
+    reported: Mapping[str, str] | None,
+    exhausted: Mapping[str, Exhausted],
+    judged: Collection[str],
+    partitions: Collection[str],
+    launched: Collection[str] = (),
+    blocked: Collection[str] = (),
+) -> tuple[list[dict[str, object]], dict[str, str]]:
+    """(``resume_integrity`` reports for the ``resume_report`` run, the stranded launches
+    reported after this tick: ``step|partition`` → the launch's signature).
+
+    ``reported``: that map after the last tick (the sensor's cursor). A launch that is
+    stranded (``exhausted``) and was not reported under its signature is reported failed on
+    each of its steps, with the failure and the command. A reported one is passed once its
+    partition was ``judged`` this tick and is no longer stranded (``launched`` again, or its
+    state changed), except on a step reported ``blocked`` this tick (that report says what
+    holds it now); a partition gone is forgotten.
+    """
+    before = dict(reported or {})
+    after: dict[str, str] = {}
+    reports: list[dict[str, object]] = []
+    for slot, signature in sorted(before.items()):
+        step_id, _, pk = slot.partition("|")
+        if pk not in partitions:
+            continue  # the partition is gone: nothing to show it on
+        still = pk in exhausted and step_id in exhausted[pk].steps
+        if still or pk not in judged:
+            after[slot] = signature  # still stranded, or not judged again yet
+            continue
+        if slot in blocked:
+            continue  # a block report on the same check says what holds it now
+        how = "launched again" if pk in launched else "its state changed"
+        reports.append(
+            _report(
+                step_id,
+                pk,
+                True,
+                f"no longer a stranded launch: {how}",
+                reason=f"the partition was judged again: {how}",
+            )
+        )
+    for pk, stuck in sorted(exhausted.items()):
+        for step_id in stuck.steps:
+            slot = f"{step_id}|{pk}"
+            if before.get(slot) != stuck.signature:
+                reports.append(
+                    _report(
+                        step_id,
+                        pk,
+                        False,
+                        f"launch stranded: {stuck.failure}; launched again once something "
+                        f"changes, or now with: {stuck.command}",
+                        reason=stuck.failure,
+                        run_key=stuck.run_key,
+                        what_to_do=(
+                            f"{stuck.command} (or fix what failed the runs; the sensor "
+                            "launches it again once something changes)"
+                        ),
+                    )
+                )
+            after[slot] = stuck.signature
+    return reports, after

@@ -3,7 +3,8 @@
 Big batches (a cold tick, a full refresh) go to a persistent pool of judge processes on
 machines with 4+ CPUs (:mod:`pipeline_defs.judging.parallel`); a pool that cannot start or
 breaks is given up and the batch is judged here. Judging stops after the deadline: the
-partitions left over are returned unjudged, so the next tick judges them first.
+partitions left over are returned unjudged, so the next tick judges them first, and so
+are the partitions whose judging met an outage (named in ``JudgeDispatch.outages``).
 """
 
 import time
@@ -13,7 +14,7 @@ from datetime import datetime
 from pipeline_defs.judging.evaluation import BatchJudge, rows_by_partition
 from pipeline_defs.judging.parallel import JudgePool, JudgeSpec, default_workers
 from pipeline_defs.judging.scan import NO_SCAN, PartitionScan, Scan
-from pipeline_defs.judging.step_evaluation import PartitionRows, StepEvaluation
+from pipeline_defs.judging.step_evaluation import Outage, PartitionRows, StepEvaluation
 from pipeline_defs.judging.stores import ReadStores
 from pipeline_defs.resume.identity import Identity
 from pipeline_defs.resume.partition import StepKey
@@ -41,6 +42,8 @@ class JudgeDispatch:
         self.trust_seals = trust_seals
         self.pool: JudgePool | None = None
         self.pool_failed = False
+        # The last batch's partitions deferred by an outage (not among those judged).
+        self.outages: dict[str, Outage] = {}
 
     def pool_size(self, partitions: int) -> int:
         workers = self.workers or default_workers()
@@ -85,8 +88,10 @@ class JudgeDispatch:
         """(evaluations, judge calls, partitions judged) of ``chosen`` until ``deadline``.
 
         Big batches go to the worker processes (their results leave out SKIPs).
-        ``grouped``: ``rows_by_partition(rows)`` if the caller has it already.
+        ``grouped``: ``rows_by_partition(rows)`` if the caller has it already. A partition
+        whose judging met an outage is not judged: it is in ``outages`` instead.
         """
+        self.outages = {}
 
         def lookup(pk: str, step_id: str) -> Identity:
             """Step-directory identities from the scan (no second stat while judging)."""
@@ -102,6 +107,7 @@ class JudgeDispatch:
             else:
                 for step_id, subs in result.artifact_dirs.items():
                     self.judge.artifact_dirs.setdefault(step_id, set()).update(subs)
+                self.outages = dict(result.outages)
                 return result.evaluations, result.judged, result.partitions
         if grouped is None:
             grouped = rows_by_partition(rows)  # once, not per slice
@@ -117,7 +123,8 @@ class JudgeDispatch:
                     part, now, rows, directories=lookup, keep_skips=blocked, grouped=grouped
                 )
             )
-            done.extend(part)
+            self.outages.update(self.judge.outages)
+            done.extend(pk for pk in part if pk not in self.judge.outages)
         return evaluations, self.judge.judged - before, done
 
     def close(self) -> None:

@@ -20,6 +20,12 @@ On top of the decision it says whether the sensor would launch now, and if not, 
 - ``blocked`` / ``skip`` / ``not_applicable``: the judge's own verdict (exhausted
   recoveries are blocks with code ``step.recovery_exhausted``).
 
+A partition whose judging meets an outage (``errors.OUTAGES``: the storage or the ledger
+out of reach, its retries spent) gets no verdict at all: the outage says nothing of its
+steps. The batch judge leaves it out of its answer and names it in ``outages``; the tick
+defers it whole (nothing launched or reported, judged again next tick). Without
+``defer_outages`` (``evaluate_partitions``: ``status``, ``decide``) the outage is raised.
+
 The launches of a partition form ONE run (docs/DESIGN.md#sensor,
 :class:`~pipeline_defs.judging.batch_verdicts.PartitionRun`): a settled step is never in it for
 the sake of its upstream. A launch carries a run key derived from the steps, the partition
@@ -46,6 +52,7 @@ from pipeline_defs.judging.step_evaluation import (
     RUN_KEY_PREFIX,
     UNJUDGEABLE,
     Facts,
+    Outage,
     PartitionRows,
     StepEvaluation,
     Verdict,
@@ -60,7 +67,7 @@ from pipeline_defs.resume.decision import (
     ResumeAction,
     ResumeDecision,
 )
-from pipeline_defs.resume.errors import PipelineError
+from pipeline_defs.resume.errors import PipelineError, is_outage
 from pipeline_defs.resume.identity import (
     ABSENT,
     FileIdentity,
@@ -83,7 +90,8 @@ def _unjudgeable(exc: BaseException) -> ResumeDecision:
     """The judge itself could not run (bad project file, bad partition key, a bug).
 
     The run would fail the same way; the sensor reports it as a block rather than crash
-    the whole tick (typed error = contract drift, anything else = a crash).
+    the whole tick (typed error = contract drift, anything else = a crash). Never an
+    outage: that defers the partition instead (``BatchJudge.outages``).
     """
     if isinstance(exc, PipelineError):
         return ResumeDecision(
@@ -108,12 +116,21 @@ class BatchJudge:
     """
 
     def __init__(
-        self, steps: Sequence[Step], stores: ReadStores, *, trust_seals: bool = True
+        self,
+        steps: Sequence[Step],
+        stores: ReadStores,
+        *,
+        trust_seals: bool = True,
+        defer_outages: bool = True,
     ) -> None:
         self.steps = order_steps(steps)
         # Seals let a clean, unchanged checkpoint be judged from stat calls alone; off, every
         # envelope is read and verified (resources.checkpoints.seal).
         self.trust_seals = trust_seals
+        # An outage met while judging a partition defers it (left out of the answer, named
+        # in ``outages`` for the last ``evaluate``); False: the outage is raised.
+        self.defer_outages = defer_outages
+        self.outages: dict[str, Outage] = {}
         self._shared: dict[str, FileIdentity | None] = {}
         self.stores = stores
         graph = StepGraph(self.steps)
@@ -166,8 +183,10 @@ class BatchJudge:
         ``keep_skips``: return SKIPs only for these slots (``step|partition``): a tick acts
         on nothing else, and a cold tick would otherwise build 100,000 of them.
         ``grouped``: ``rows_by_partition(rows)``, when the caller judges ``rows`` in slices.
+        A partition whose judging met an outage is left out and named in ``outages``.
         """
         now = as_utc(now)
+        self.outages = {}
         self.projects.refresh()
         self._shared.clear()
         self._verdicts.clear()
@@ -289,6 +308,14 @@ class BatchJudge:
                         key, mode=LaunchMode.RESUME, row=row, now=now, loaded=(checkpoint, broken)
                     ).decision
             except Exception as exc:  # one bad partition must not sink the tick
+                if is_outage(exc):
+                    # No verdict on any of its steps (docs/DESIGN.md#sensor): the
+                    # partition is deferred whole, and judged again next tick.
+                    if not self.defer_outages:
+                        raise
+                    assert isinstance(exc, PipelineError)
+                    self.outages[pk] = Outage.of(exc)
+                    return []
                 decision = _unjudgeable(exc)
             observed[step_id] = (row, seen)
             if decision.action is ResumeAction.SKIP:
@@ -467,11 +494,12 @@ def evaluate_partitions(
     """What the resume sensor would do now for every step of these partitions.
 
     One ledger query (unless ``rows`` is given), reads only, resume mode only. Results are
-    ordered by partition (as given) then by step in dependency order.
+    ordered by partition (as given) then by step in dependency order. An outage met while
+    judging is raised (a view has nothing true to show of what it could not read).
     """
     source = pipeline_resource_or_stores
     stores = source if isinstance(source, ReadStores) else Stores.of(source)
-    judge = BatchJudge(steps, stores)
+    judge = BatchJudge(steps, stores, defer_outages=False)
     keys = list(dict.fromkeys(partition_keys))
     loaded = judge.load_rows(keys) if rows is None else rows
     return judge.evaluate(keys, now, loaded)

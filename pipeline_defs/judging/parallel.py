@@ -21,7 +21,7 @@ from datetime import datetime
 from pathlib import Path
 
 from pipeline_defs.judging.evaluation import BatchJudge
-from pipeline_defs.judging.step_evaluation import StepEvaluation
+from pipeline_defs.judging.step_evaluation import Outage, StepEvaluation
 from pipeline_defs.judging.stores import ReadStores
 from pipeline_defs.resume.identity import ABSENT, Identity
 from pipeline_defs.resume.partition import StepKey
@@ -51,6 +51,7 @@ class ChunkResult:
     judged: int
     artifact_dirs: dict[str, list[str]] = field(default_factory=dict)
     partitions: list[str] = field(default_factory=list)  # the partitions judged
+    outages: dict[str, Outage] = field(default_factory=dict)  # deferred, not judged
 
 
 _SPEC: JudgeSpec | None = None
@@ -93,7 +94,8 @@ def judge_chunk(
         keep_skips=keep,
     )
     dirs = {k: sorted(v) for k, v in judge.artifact_dirs.items() if v}
-    return ChunkResult(wanted, judge.judged, dirs, list(keys))
+    judged = [pk for pk in keys if pk not in judge.outages]
+    return ChunkResult(wanted, judge.judged, dirs, judged, dict(judge.outages))
 
 
 def default_workers() -> int:
@@ -164,6 +166,7 @@ class JudgePool:
                 total.evaluations.extend(part.evaluations)
                 total.judged += part.judged
                 total.partitions.extend(part.partitions)
+                total.outages.update(part.outages)
                 for step_id, subs in part.artifact_dirs.items():
                     merged = set(total.artifact_dirs.get(step_id, ())) | set(subs)
                     total.artifact_dirs[step_id] = sorted(merged)

@@ -43,6 +43,8 @@ class TickPlan:
     # Partitions due (never judged, or not yet reached by a refresh) that this tick leaves
     # to the next ones (budget): pending in the cursor, so the next tick is not idle.
     deferred: list[str] = field(default_factory=list)
+    # The partitions asked to be judged again (``ResumeTicker.recheck``) that this plan took.
+    rechecked: frozenset[str] = frozenset()
     _grouped: tuple[object, dict[str, dict[str, tuple[StepKey, LedgerRow]]]] | None = None
 
     def by_partition(self) -> dict[str, dict[str, tuple[StepKey, LedgerRow]]]:

@@ -110,11 +110,18 @@ class Scrub:
         # judgement's own copy changes nothing the tick sees next time.
         for project_id in sorted({e.project_id for e in episodes}):
             checkpoints.sync_inputs(project_id)
+        round_before = (self._position, self._carry, self._last, self._next)
         chosen = self.due(sorted(episodes), stores.settings.scrub_period_seconds)
         report.episodes = len(chosen)
         if not chosen:
             return report
-        return scrub_episodes(stores, chosen, report, clear=True)
+        try:
+            return scrub_episodes(stores, chosen, report, clear=True)
+        except Exception:
+            # Not scrubbed (an outage of the storage or the ledger): the round stays where
+            # it was, so this share is taken again by the next tick instead of being lost.
+            self._position, self._carry, self._last, self._next = round_before
+            raise
 
 
 def scrub_episodes(

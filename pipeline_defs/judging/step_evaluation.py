@@ -20,6 +20,7 @@ from pipeline_defs.resume.decision import (
     ResumeAction,
     ResumeDecision,
 )
+from pipeline_defs.resume.errors import PipelineError
 from pipeline_defs.resume.identity import (
     ABSENT,
     Identity,
@@ -54,6 +55,24 @@ PartitionRows = Mapping[str, tuple[StepKey, LedgerRow]]
 
 # The detail of a step that waits on a blocked upstream step (named after it).
 BLOCKED_UPSTREAM = "waits on blocked upstream"
+
+
+@dataclass(frozen=True)
+class Outage:
+    """An outage met while judging a partition (``errors.OUTAGES``: the storage or the
+    ledger out of reach, its retries spent). It says nothing of the partition's steps, so
+    it gets no verdict: the partition is deferred whole (no evaluation, no launch, no
+    report) and judged again on the next tick. Plain text, so it crosses process pools."""
+
+    code: str
+    message: str
+
+    @classmethod
+    def of(cls, exc: PipelineError) -> "Outage":
+        return cls(str(exc.code), exc.message)
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}"
 
 
 class Verdict(StrEnum):

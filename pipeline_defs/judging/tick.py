@@ -244,6 +244,9 @@ class ResumeTicker:
             grouped=plan.by_partition(),
         )
         self._judged_at = time.perf_counter()
+        # Deferred by an outage: not judged (left for the next tick like the budget's rest,
+        # keeping the memo and the reported blocks it had: nothing settled, nothing cleared).
+        stats.outages = dict(self.dispatch.outages)
         if len(judged) >= _PACE_FROM:
             self._pace = (self._judged_at - judging) / len(judged)
         stats.evaluated_partitions = len(judged)
@@ -299,7 +302,10 @@ class ResumeTicker:
         stats.waiting = sum(m.counts[1] for m in memos.values())
         stats.deferred = sum(m.counts[2] for m in memos.values())
         stats.seconds = time.perf_counter() - started
-        return TickResult(next_state.encode(), launches, checks, evaluations, stats)
+        self._recheck -= plan.rechecked  # only now: a tick that failed rechecks them again
+        return TickResult(
+            next_state.encode(), launches, checks, evaluations, stats, judged=frozenset(judged)
+        )
 
     # ------------------------------------------------------------------ phase: plan
     def _plan(
@@ -350,8 +356,8 @@ class ResumeTicker:
         released = {pk for pk in held if pk not in running}
         # And those whose launched run failed since (``recheck``): a run that failed before
         # it changed anything left nothing else to notice (docs/DESIGN.md#stranded-runs).
+        plan.rechecked = frozenset(self._recheck)
         released |= self._recheck & set(keys) if memory_ok else set()
-        self._recheck = set()
         for pk in released:
             # Its run has ended: what that run left is judged afresh, and a launch of the same
             # judgement may be requested again (the relaunch rule decides: a run that failed

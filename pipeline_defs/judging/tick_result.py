@@ -6,7 +6,9 @@ cursor, the launches as runs, the block reports). Dagster-free.
 from dataclasses import dataclass, field
 
 from pipeline_defs.judging.blocks import CheckChange
-from pipeline_defs.judging.step_evaluation import StepEvaluation
+from pipeline_defs.judging.step_evaluation import Outage, StepEvaluation
+
+_NAMED = 10  # partitions named per outage in the tick's line
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,8 @@ class TickStats:
     blocked: int = 0
     waiting: int = 0
     deferred: int = 0
+    # Partitions whose judging met an outage: deferred whole, judged again next tick.
+    outages: dict[str, Outage] = field(default_factory=dict)
     seconds: float = 0.0
 
     def line(self) -> str:
@@ -63,7 +67,26 @@ class TickStats:
             f"{self.row_queries} row queries ({self.rows_fetched} rows); {self.launches} "
             f"launches in {self.runs} runs ({self.held} partitions held behind runs in "
             f"flight), {self.blocked} blocked, {self.waiting} waiting, {self.deferred} "
-            f"deferred; {self.seconds:.3f}s"
+            f"deferred{self.outage_text()}; {self.seconds:.3f}s"
+        )
+
+    def outage_text(self) -> str:
+        """Which partitions wait for which outage ("" when none did)."""
+        if not self.outages:
+            return ""
+        by_code: dict[str, list[str]] = {}
+        for pk in sorted(self.outages):
+            by_code.setdefault(self.outages[pk].code, []).append(pk)
+        parts = []
+        for code, keys in sorted(by_code.items()):
+            named = ", ".join(keys[:_NAMED]) + (
+                f" and {len(keys) - _NAMED} more" if len(keys) > _NAMED else ""
+            )
+            verb = "waits" if len(keys) == 1 else "wait"
+            parts.append(f"{named} {verb} for {code} ({self.outages[keys[0]].message})")
+        return (
+            f"; {len(self.outages)} partitions deferred by an outage, judged again next "
+            f"tick: {'; '.join(parts)}"
         )
 
 
@@ -76,6 +99,8 @@ class TickResult:
     checks: list[CheckChange]
     evaluations: list[StepEvaluation]
     stats: TickStats
+    # The partitions judged this tick (not those left over, nor those deferred by an outage).
+    judged: frozenset[str] = frozenset()
 
     @property
     def changed(self) -> bool:

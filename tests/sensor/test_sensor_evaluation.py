@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from memory_storage import MemoryStorage
 from sensor_steps import (
     SENSOR_STEPS,
     Src,
@@ -25,15 +26,19 @@ from sensor_steps import (
     write_input,
 )
 
-from pipeline_defs.judging.evaluation import evaluate_partitions
+from pipeline_defs.judging.evaluation import BatchJudge, evaluate_partitions
 from pipeline_defs.judging.step_evaluation import LAUNCH_ACTIONS, StepEvaluation, Verdict
 from pipeline_defs.judging.stores import Stores
 from pipeline_defs.resume.clock import format_timestamp
 from pipeline_defs.resume.decision import LaunchMode, ResumeAction
+from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.partition import Episode, StepKey
 from pipeline_defs.steps.graph import StepGraph
 from pipeline_defs.steps.judge import StepJudge
 from pipeline_defs.steps.runner import RunInfo, StepRunner
+from resources.checkpoints.published import published_checkpoints
+from resources.pipeline import LedgerPointers
+from resources.storage import ObjectMeta
 
 NOW = datetime.now(UTC).replace(microsecond=0)
 ROWS = (
@@ -333,6 +338,50 @@ def test_unjudgeable_partitions_are_blocks_not_crashes(
             assert ev.decision.reason.startswith("cannot be judged")
     assert verdicts[("q/e1", "src")].decision.reason.startswith("cannot be judged: config.invalid")
     assert verdicts[("p/e1", "src")].verdict is Verdict.LAUNCH
+
+
+class _Down(MemoryStorage):
+    """The shared storage out of reach: every read is ``storage.unavailable`` (the error an
+    object store raises once its retries are spent)."""
+
+    def _down(self, key: str) -> PipelineError:
+        return PipelineError(ErrorCode.STORAGE_UNAVAILABLE, f"storage {self.url}: down ({key})")
+
+    def get(self, key: str) -> bytes:
+        raise self._down(key)
+
+    def head(self, key: str) -> ObjectMeta | None:
+        raise self._down(key)
+
+    def list(self, prefix: str = "") -> Iterator[ObjectMeta]:
+        raise self._down(prefix)
+
+
+def test_an_outage_is_no_block_the_batch_judge_defers_it_and_a_view_raises_it(
+    sqlite_url: str, pipeline_home: Path, tmp_path: Path
+) -> None:
+    """A published checkpoint judged while the storage is down: the outage says nothing of
+    it, so it is no block (contract drift, lifted only by a force). The sensor's batch judge
+    leaves the partition out and names it in ``outages`` (the tick defers it); the views'
+    ``evaluate_partitions`` (``status``, ``decide``) raise it as it is."""
+    stores = stores_for(pipeline_home, sqlite_url)
+    storage = MemoryStorage(tmp_path.name)
+    worker = published_checkpoints(tmp_path / "worker", storage, LedgerPointers(stores.ledger))
+    seed(Stores(stores.settings, stores.ledger, worker), "p/e1", "src")
+    down = _Down(tmp_path.name)
+    down._objects = storage._objects  # the same bucket, unreachable
+    sensor = Stores(
+        stores.settings,
+        stores.ledger,
+        published_checkpoints(tmp_path / "sensor", down, LedgerPointers(stores.ledger)),
+    )
+    judge = BatchJudge(SENSOR_STEPS, sensor)
+    assert judge.evaluate(["p/e1"], NOW, judge.load_rows(["p/e1"])) == []
+    (outage,) = judge.outages.values()
+    assert list(judge.outages) == ["p/e1"] and outage.code == ErrorCode.STORAGE_UNAVAILABLE
+    with pytest.raises(PipelineError) as raised:
+        evaluate_partitions(SENSOR_STEPS, sensor, ["p/e1"], NOW)
+    assert raised.value.code == ErrorCode.STORAGE_UNAVAILABLE
 
 
 def test_not_applicable_is_never_launched(sqlite_url: str, pipeline_home: Path) -> None:

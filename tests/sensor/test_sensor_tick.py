@@ -17,7 +17,9 @@ from typing import Any
 
 import dagster as dg
 import pytest
+import sqlalchemy as sa
 import yaml
+from memory_storage import MemoryStorage
 from sensor_steps import (
     SENSOR_STEPS,
     VERIFY_CALLS,
@@ -28,18 +30,22 @@ from sensor_steps import (
     snapshot,
     write_input,
 )
+from tcp_proxy import TcpProxy
 
 from pipeline_defs.definitions import build_defs, build_resources
 from pipeline_defs.judging.registry import forget_tickers, ticker_for
 from pipeline_defs.judging.stores import Stores
 from pipeline_defs.judging.tick_result import TickConfig, TickStats
 from pipeline_defs.resume.clock import format_timestamp
+from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.partition import Episode, StepKey
 from pipeline_defs.resume.status import LedgerRow
 from pipeline_defs.wiring.assets import RESUME_CHECK, build_step_assets
+from resources.checkpoints.published import published_checkpoints
 from resources.ledger.reads import Reads
 from resources.ledger.store import LedgerStore
-from resources.pipeline import PipelineResource
+from resources.pipeline import LedgerPointers, PipelineResource
+from resources.storage import ObjectMeta
 from sensors.report import REPORT_JOB, reported
 from sensors.resume_sensor import DEFAULT_INTERVAL_SECONDS, TAG_VALUE_LIMIT, build_resume_sensor
 
@@ -69,6 +75,9 @@ class Rig:
     cursor: str | None = None
     last: Any = None
     log: "_Lines" = field(default_factory=lambda: _Lines())
+    # What the sensor gets as its ``pipeline`` resource instead of ``pipeline`` (the stores
+    # over a storage or a ledger that a test takes down); the defs keep ``pipeline``.
+    resource: Stores | None = None
     sensor: dg.SensorDefinition = field(init=False)
     defs: dg.Definitions = field(init=False)
 
@@ -84,7 +93,7 @@ class Rig:
 
     @property
     def stores(self) -> Stores:
-        return Stores.of(self.pipeline)
+        return Stores.of(self.resource if self.resource is not None else self.pipeline)
 
     @property
     def stats(self) -> TickStats:
@@ -106,7 +115,7 @@ class Rig:
             instance=self.instance,
             cursor=None if fresh else self.cursor,
             definitions=self.defs,
-            resources={"pipeline": self.pipeline},
+            resources={"pipeline": self.resource if self.resource is not None else self.pipeline},
         )
         context.log.addHandler(self.log)
         with dg.partition_loading_context(dynamic_partitions_store=self.instance):
@@ -865,3 +874,183 @@ def test_a_launch_that_failed_before_changing_anything_is_launched_again_bounded
         assert again.run_key == f"{base}:again{attempt}", again.run_key
         keys.append(str(again.run_key))
     assert len(keys) == settings.max_recovery_attempts + 1
+
+
+def _stranded_until_exhausted(rig: Rig, pk: str, request: dg.RunRequest) -> list[str]:
+    """Every launch of ``request`` fails before it changes anything (the broker down), each
+    after its backoff, until the sensor stops launching it; the run keys it requested."""
+    settings = rig.stores.settings
+    keys = [str(request.run_key)]
+    for attempt in range(1, settings.max_recovery_attempts + 2):
+        run = dg.DagsterRun(
+            job_name="__ASSET_JOB",
+            run_id=str(uuid.uuid4()),
+            status=dg.DagsterRunStatus.STARTED,
+            tags={
+                "dagster/partition": pk,
+                "dagster/run_key": keys[-1],
+                "dagster/sensor_name": "resume_sensor",
+            },
+            asset_selection=frozenset(request.asset_selection or ()),
+        )
+        rig.instance.add_run(run)
+        rig.instance.report_run_failed(run, "kombu.exceptions.OperationalError: broker down")
+        backoff = settings.retry_backoff_seconds * attempt + 1
+        rig.now = datetime.now(UTC) + timedelta(seconds=backoff)
+        rig.tick()
+        if attempt > settings.max_recovery_attempts:
+            assert not rig.runs()
+            return keys
+        assert not rig.checks(), f"attempt {attempt}: reported before its attempts ran out"
+        (again,) = rig.runs().values()
+        keys.append(str(again.run_key))
+    raise AssertionError("launched again past max_recovery_attempts")
+
+
+def test_a_stranded_launch_past_its_attempts_is_a_failed_check_until_it_launches_again(
+    sqlite_rig: Rig,
+) -> None:
+    """docs/DESIGN.md#stranded-runs: a launch whose relaunches all failed before changing
+    anything waits for a change. It was only a warning in the sensor's log; now the steps of
+    that launch show it where blocks show: a failed ``resume_integrity`` check naming the
+    failure and the command, published once, and passed once the partition launches again."""
+    rig = sqlite_rig
+    pk = "p/exhausted-launch"  # run keys of its own: the module's instance keeps other runs
+    seed(rig.stores, pk, "src")
+    rig.add(pk)
+    rig.now = datetime.now(UTC)
+    rig.tick()
+    (request,) = rig.runs().values()
+    steps = [a.to_user_string() for a in request.asset_selection or ()]
+    assert steps == ["mid", "end", "side"]
+    attempts = len(_stranded_until_exhausted(rig, pk, request))
+    checks = rig.checks()
+    assert set(checks) == {(step, pk) for step in steps}, checks
+    said = f"storyboard materialize --partition {pk}"
+    for check in checks.values():
+        assert check.check_name == RESUME_CHECK and not check.passed
+        values = _values(check)
+        assert said in values["what_to_do"], values
+        failed = f"failed {attempts} times before it changed anything"
+        assert failed in values["reason"], values
+    # Reported once: the next ticks (a change elsewhere, time passing) say nothing again.
+    rig.now += timedelta(seconds=3600)
+    rig.tick()
+    assert not rig.runs() and not rig.checks()
+    # An operator's change (src re-run by hand, its row moved): the partition is judged
+    # again, launched under a new key, and the stranded report clears once.
+    key = rig.key(pk, "src")
+    assert rig.stores.ledger.claim(key, "hand:0", reason="by hand")
+    assert rig.stores.ledger.transition(key, "hand:0", "failed")
+    rig.now = datetime.now(UTC)
+    rig.tick()
+    assert rig.selection(pk) == ["src", "mid", "end", "side"]
+    cleared = rig.checks()
+    assert set(cleared) == {(step, pk) for step in steps} and all(
+        c.passed for c in cleared.values()
+    ), cleared
+    rig.tick()
+    assert not rig.checks()
+
+
+class _Switched(MemoryStorage):
+    """The shared storage, up or down: down, every call is ``storage.unavailable`` (what the
+    object store raises once its retries are spent)."""
+
+    down = False
+
+    def _reachable(self, key: str) -> None:
+        if self.down:
+            raise PipelineError(ErrorCode.STORAGE_UNAVAILABLE, f"storage {self.url}: down ({key})")
+
+    def get(self, key: str) -> bytes:
+        self._reachable(key)
+        return super().get(key)
+
+    def head(self, key: str) -> ObjectMeta | None:
+        self._reachable(key)
+        return super().head(key)
+
+    def list(self, prefix: str = "") -> Iterator[ObjectMeta]:
+        self._reachable(prefix)
+        return super().list(prefix)
+
+
+def _bucket_stores(rig: Rig, home: Path, storage: MemoryStorage, ledger: LedgerStore) -> Stores:
+    """A machine on the bucket: its own scratch ``home``, the shared storage; the commit
+    pointers read through ``ledger``."""
+    checkpoints = published_checkpoints(home, storage, LedgerPointers(ledger))
+    return Stores(rig.stores.settings, rig.stores.ledger, checkpoints)
+
+
+def _skip_reason(rig: Rig) -> str:
+    return str(rig.last.skip_message or "")
+
+
+def test_a_storage_outage_while_judging_defers_the_partition(
+    sqlite_rig: Rig, tmp_path: Path
+) -> None:
+    """An outage is not a block: the storage down while the tick judges a partition (its
+    retries spent) said nothing of its checkpoints. It was reported as contract drift, a
+    failed check only a force lifts, and "cleared" once the storage came back. Now the
+    partition is deferred: nothing launched, nothing reported, the tick says which
+    partitions wait for which outage, and the next tick judges it and launches as usual."""
+    rig = sqlite_rig
+    pk = "p/storage-down"
+    storage = _Switched(tmp_path.name)
+    ledger = rig.stores.ledger
+    seed(_bucket_stores(rig, tmp_path / "worker", storage, ledger), pk, "src")
+    rig.resource = _bucket_stores(rig, tmp_path / "sensor", storage, ledger)
+    rig.add(pk)
+    storage.down = True
+    rig.tick()
+    assert not rig.runs() and not rig.checks(), rig.checks()
+    for said in (_skip_reason(rig), "\n".join(rig.log.lines)):
+        assert "storage.unavailable" in said and pk in said, said
+    rig.tick()  # still down: judged again, still nothing
+    assert rig.stats.evaluated_partitions == 0 and rig.stats.changed, rig.stats
+    assert not rig.runs() and not rig.checks()
+    storage.down = False
+    rig.tick()
+    assert rig.selection(pk) == ["mid", "end", "side"]
+    assert not rig.checks()  # no "cleared" for a block never published
+
+
+def test_a_ledger_outage_defers_the_partition_or_the_tick(
+    instance: dg.DagsterInstance, pg_url: str, pipeline_home: Path, tmp_path: Path
+) -> None:
+    """The ledger (PostgreSQL) out of reach, its retries spent: while a partition is judged
+    (the commit pointers of its checkpoints), the partition is deferred as for the storage;
+    from the tick's first read, the whole tick waits and says so. Neither reports a block
+    nor launches; the tick after the outage launches as usual. The outage is a real one: the
+    connections go through a TCP proxy that the test cuts (the pointers through one of
+    their own, so that the cut meets the tick while it judges)."""
+    pk = "p/ledger-down"
+    with (
+        TcpProxy(sa.make_url(pg_url).port or 5432) as tick_link,
+        TcpProxy(sa.make_url(pg_url).port or 5432) as pointer_link,
+    ):
+        for rig in _make_rig(instance, pg_url, pipeline_home):
+
+            def via(proxy: TcpProxy) -> LedgerStore:
+                url = sa.make_url(pg_url).set(port=proxy.port)
+                return LedgerStore(url.render_as_string(hide_password=False))
+
+            storage = MemoryStorage(tmp_path.name)
+            seed(_bucket_stores(rig, tmp_path / "worker", storage, rig.stores.ledger), pk, "src")
+            sensor = _bucket_stores(rig, tmp_path / "sensor", storage, via(pointer_link))
+            rig.resource = Stores(sensor.settings, via(tick_link), sensor.checkpoints)
+            rig.add(pk)
+            pointer_link.cut()  # the pointers only: the tick's own reads still pass
+            rig.tick()
+            assert not rig.runs() and not rig.checks(), rig.checks()
+            assert "ledger.unavailable" in _skip_reason(rig) and pk in _skip_reason(rig)
+            tick_link.cut()  # from the tick's first read
+            rig.tick()
+            assert not rig.runs() and not rig.checks()
+            assert "ledger.unavailable" in _skip_reason(rig), _skip_reason(rig)
+            tick_link.restore()
+            pointer_link.restore()
+            rig.tick()
+            assert rig.selection(pk) == ["mid", "end", "side"]
+            assert not rig.checks()

@@ -8,8 +8,9 @@ recovered as a stale lease). Then
 ledger, checkpoints and files must agree with a clean run of the same story — every step
 completed, every checkpoint's content hash equal to the clean run's, so the review's fixes
 are present in ``scene_detail`` and ``entity_t2i`` exactly once — and the provider calls of
-both processes together must not exceed a clean run's plus the crashed step's own calls
-(the calls in flight at the kill).
+both processes together must equal a clean run's: no call is in flight at these kills, and
+every reply that came back before one is taken back from the journal of paid replies
+(``replied.<k>``: killed after k of a step's n replies, the resume pays the n - k).
 
 Every case runs on both ledgers (``db_url``: SQLite and PostgreSQL, where row locks and
 isolation differ) and on both storages (``storage_url``: a local home, and S3 on a real moto
@@ -49,9 +50,10 @@ LEASE_SECONDS = 1.0
 # calls. A row left running is a lapsed lease; edits written ahead and pictures already
 # staged are applied without a model call; a published step is kept (the review's, whose
 # edits are not all written yet, re-runs to write them, still without a call).
-CASES: dict[str, tuple[str, int]] = {
-    # the mutator: before and after its own publish, between and after victim edits
-    "t2i_review:executed": ("stale_running_recovery", 1),
+CASES: dict[str, tuple[str, int | None]] = {
+    # the mutator: before and after its own publish, between and after victim edits (killed
+    # once its reply came back, the resume takes that reply back from the journal)
+    "t2i_review:executed": ("stale_running_recovery", 0),
     "t2i_review:mutation.pending_written": ("stale_running_recovery", 0),
     "t2i_review:published": ("rerun_self", 0),
     "t2i_review:mutation.victim_written": ("rerun_self", 0),
@@ -61,7 +63,22 @@ CASES: dict[str, tuple[str, int]] = {
     "entity_canon:published": ("skip", 0),
     "ref_image_gen:executed": ("stale_running_recovery", 0),
     "ref_image_gen:published": ("skip", 0),
+    # killed after k of its n replies came back: the resume pays the n - k it never got
+    # (None: the clean run's calls of the step less k)
+    "scene_detail:replied.2": ("stale_running_recovery", None),
+    "composite_image_gen:replied.1": ("stale_running_recovery", None),
+    "scene_image_pipeline:replied.7": ("stale_running_recovery", None),
 }
+
+
+def _calls_after(crash_at: str, clean: Mapping[str, int]) -> int:
+    """The calls a resume pays for the killed step: its case's figure, or for a kill after
+    k replies the clean run's calls of the step less the k that came back."""
+    step, stage = crash_at.split(":")
+    _, calls = CASES[crash_at]
+    if calls is not None:
+        return calls
+    return clean[step] - int(stage.removeprefix("replied."))
 
 
 def _checkpoints(cli: CliEnv, storage_url: str | None) -> CheckpointStore:
@@ -144,8 +161,10 @@ def test_one_resume_after_a_kill_ends_as_a_clean_run(
     assert state["rows"] == clean["rows"]
     assert state["hashes"] == clean["hashes"], "checkpoints differ from a clean run"
     step = crash_at.split(":")[0]
+    # No call was in flight at any of these kills: the episode costs a clean run exactly,
+    # the killed step's replies that came back taken back from the journal of paid replies.
     total, expected = sum(state["calls"].values()), sum(clean["calls"].values())
-    assert total <= expected + clean["calls"][step], (crash_at, state["calls"], clean["calls"])
+    assert total == expected, (crash_at, state["calls"], clean["calls"])
     # Nothing left half-done: no write-ahead edit, no staged temp file (a bucket's scratch
     # is each process's own cache: the killed one's stays, and is no state).
     leftovers = [
@@ -178,7 +197,8 @@ def test_one_resume_after_a_kill_ends_as_a_clean_run(
         this_run
     )
     assert payload["provider_calls"] == this_run.total()
-    crashed_decision, crashed_calls = CASES[crash_at]
+    crashed_decision = CASES[crash_at][0]
+    crashed_calls = _calls_after(crash_at, clean["calls"])
     for step_id, entry in reported.items():
         if step_id == step:
             want = (crashed_decision, crashed_calls)
@@ -225,7 +245,12 @@ def s3() -> Iterator[S3Server]:
 
 # On a bucket: every stage of the review (its write-ahead edits and compare-and-sets are
 # pointer updates there) and an image step killed with its pictures uploaded, unpublished.
-BUCKET_CASES = [c for c in CASES if c.startswith("t2i_review:")] + ["ref_image_gen:executed"]
+# And steps killed after some of their replies came back, the resume on another machine.
+BUCKET_CASES = [c for c in CASES if c.startswith("t2i_review:")] + [
+    "ref_image_gen:executed",
+    "scene_detail:replied.2",
+    "scene_image_pipeline:replied.7",
+]
 
 
 @pytest.mark.parametrize("crash_at", BUCKET_CASES)
@@ -282,9 +307,10 @@ def test_one_resume_after_a_kill_on_a_bucket_from_another_machine(
         loaded = store.load(episode.step(step.step_id))
         hashes[step.step_id] = loaded.content_hash if loaded else None
     assert hashes == clean["hashes"], "checkpoints differ from a clean run"
+    # What the killed process was paid for is in the journal in the bucket, out of no
+    # machine's reach: with no call in flight at the kill, the episode costs a clean run.
     calls = Counter(c["step_id"] for c in cli.ledger.provider_calls())
-    crashed = crash_at.split(":")[0]
-    assert sum(calls.values()) <= sum(clean["calls"].values()) + clean["calls"][crashed], calls
+    assert calls == clean["calls"], (crash_at, calls, clean["calls"])
     client = s3.client(SECRET)
     pending = client.list_objects_v2(Bucket=bucket, Prefix="crash/pending/").get("Contents", [])
     assert pending == [], [o["Key"] for o in pending]

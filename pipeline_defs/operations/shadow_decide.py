@@ -13,18 +13,47 @@ from pipeline_defs.resume.partition import Episode
 
 if TYPE_CHECKING:  # at run time it stays imported where judged (evaluate_now), as it was
     from pipeline_defs.judging.step_evaluation import StepEvaluation
+    from sensors.stranded_runs import Exhausted
 
 
-def judge_now(ws: Workspace, episodes: Sequence[Episode], now: datetime) -> list[dict[str, Any]]:
+def judge_now(
+    ws: Workspace, episodes: Sequence[Episode], now: datetime, *, stranded: bool = False
+) -> list[dict[str, Any]]:
     """What the resume sensor would do now, per partition and step. Writes nothing.
 
     The sensor's own batch evaluator (``pipeline_defs.judging.evaluation``): one ledger
     query, the judge in resume mode, launches only RERUN_SELF / STALE_RUNNING_RECOVERY whose
     upstream is settled, honoring backoff and recovery exhaustion. ``status`` and ``decide``
-    both read it, so they cannot disagree with each other or with the sensor.
+    both read it, so they cannot disagree with each other or with the sensor. ``stranded``:
+    also ask the instance which launches the sensor holds because every attempt of theirs
+    failed before changing anything (:func:`stranded_launches`).
     """
     ended = owner_ended_rule(ws)
-    return [judged_item(ev, ended) for ev in evaluate_now(ws, episodes, now)]
+    evaluations = evaluate_now(ws, episodes, now)
+    held = stranded_launches(ws, evaluations, now) if stranded else {}
+    return [judged_item(ev, ended, held.get(ev.partition_key)) for ev in evaluations]
+
+
+# ``decide`` asks the instance about the launches of up to this many partitions (one query
+# of their runs each); beyond it the stranded ones show only in the sensor's checks.
+STRANDED_BY_CLI = 50
+
+
+def stranded_launches(
+    ws: Workspace, evaluations: Sequence["StepEvaluation"], now: datetime
+) -> dict[str, "Exhausted"]:
+    """The sensor's rule for launches stranded past their attempts (docs/DESIGN.md#stranded-runs)
+    on this workspace's instance, by partition: {} without an instance, or when more than
+    ``STRANDED_BY_CLI`` partitions would launch."""
+    launches = [ev for ev in evaluations if ev.launch]
+    instance = ws.instance(required=False) if launches else None
+    if instance is None or len({ev.partition_key for ev in launches}) > STRANDED_BY_CLI:
+        return {}
+    from sensors.stranded_runs import StrandedLaunches
+
+    rule = StrandedLaunches(instance, ws.settings, now.timestamp())
+    rule.holds(launches)
+    return rule.exhausted
 
 
 def owner_ended_rule(ws: Workspace) -> Callable[[str], str | None] | None:
@@ -55,9 +84,18 @@ def evaluate_now(
 
 
 def judged_item(
-    ev: "StepEvaluation", owner_ended: Callable[[str], str | None] | None = None
+    ev: "StepEvaluation",
+    owner_ended: Callable[[str], str | None] | None = None,
+    stranded: "Exhausted | None" = None,
 ) -> dict[str, Any]:
     item = ev.as_dict()
+    if stranded is not None and ev.launch and ev.step_id in stranded.steps:
+        # The sensor holds this launch until something changes (and reports it as a failed
+        # resume_integrity check): say so, and what launches it now.
+        item["what_to_do"] = (
+            f"held: {stranded.failure}; launched again once something changes, or now "
+            f"with: {stranded.command}"
+        )
     run_id = ev.facts.run_id
     if owner_ended is not None and ev.running_healthy and run_id:
         ended = owner_ended(str(run_id))
@@ -110,7 +148,7 @@ def shadow_decisions(
         episodes = ws.require_partitions(partitions, registration_required=has_instance)
     else:
         episodes = _sensor_episodes(ws)
-    return judge_now(ws, episodes, now)
+    return judge_now(ws, episodes, now, stranded=True)
 
 
 def _sensor_episodes(ws: Workspace) -> list[Episode]:

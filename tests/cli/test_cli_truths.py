@@ -235,6 +235,43 @@ def test_provider_call_columns_say_which_calls_they_count(cli: CliEnv) -> None:
     assert "provider calls total 10" in status
 
 
+def test_decide_says_a_launch_is_held_once_its_attempts_failed_before_changing_anything(
+    cli: CliEnv,
+) -> None:
+    """docs/DESIGN.md#stranded-runs: when every attempt of a launch failed before it changed
+    anything (the broker down), the sensor holds it until something changes and reports a
+    failed check. ``decide`` reads the same runs of the instance: its launch rows say they
+    are held, why, and the command that launches them now."""
+    import uuid
+
+    from pipeline_defs.resume.settings import ResumeSettings
+
+    cli.ok("migrate")
+    add(cli, "p1", "e1")
+    decided = cli.json("decide", "--partition", "p1/e1")
+    assert decided["ok"], decided
+    launches = [d for d in decided["decisions"] if d["launch"]]
+    assert launches and not any(d["what_to_do"] for d in launches), launches
+    (run_key,) = {d["run_key"] for d in launches}
+    instance = instance_of(cli)
+    attempts = ResumeSettings().max_recovery_attempts + 1
+    for key in [run_key, *(f"{run_key}:again{n}" for n in range(1, attempts))]:
+        run = dg.DagsterRun(
+            job_name="resume_steps",
+            run_id=str(uuid.uuid4()),
+            status=dg.DagsterRunStatus.STARTED,
+            tags={"dagster/partition": "p1/e1", "dagster/run_key": key},
+        )
+        instance.add_run(run)
+        instance.report_run_failed(run, "kombu.exceptions.OperationalError: broker down")
+    held = [d for d in cli.json("decide", "--partition", "p1/e1")["decisions"] if d["launch"]]
+    assert [d["step"] for d in held] == [d["step"] for d in launches]
+    for d in held:
+        assert f"failed {attempts} times before it changed anything" in d["what_to_do"], d
+        assert "storyboard materialize --partition p1/e1" in d["what_to_do"], d
+    assert "held: its launch failed" in cli.ok("decide", "--partition", "p1/e1").stdout
+
+
 @pytest.mark.parametrize("death", ["failed", "deleted"])
 def test_a_dead_owner_is_judged_as_the_sensor_judges_it(cli: CliEnv, death: str) -> None:
     """A running row whose Dagster run has ended (run monitoring marked it failed) holds a

@@ -22,8 +22,9 @@ from pipeline_defs.cli.render import (
 from pipeline_defs.cli.shared import operation
 from pipeline_defs.operations.operator_words import shown_status
 from pipeline_defs.operations.status_report import StepState, status_report
-from pipeline_defs.operations.status_summary import QueueHolder, StatusSummary
+from pipeline_defs.operations.status_summary import QueueHolder, StatusSummary, UnservedQueue
 from pipeline_defs.operations.workspace import Workspace
+from pipeline_defs.resume.fleet_settings import worker_command
 from pipeline_defs.resume.settings import EffectiveSettings, format_value
 from pipeline_defs.steps.lease import abandoned_after_seconds
 
@@ -149,6 +150,14 @@ def _holder_line(holder: QueueHolder, lease_seconds: float, heartbeat_seconds: f
     return line + "; its claims heartbeat: it is working"
 
 
+def _unserved_line(unserved: UnservedQueue) -> str:
+    partition = f" ({unserved.partition})" if unserved.partition else ""
+    return (
+        f"  run {unserved.run_id}{partition}: a step waits on Celery queue '{unserved.queue}', "
+        f"which no worker consumes: start one with `{worker_command(unserved.queue)}`"
+    )
+
+
 def _summary_lines(
     summary: StatusSummary, width: int, lease_seconds: float, heartbeat_seconds: float
 ) -> list[str]:
@@ -169,6 +178,7 @@ def _summary_lines(
         width,
     )
     lines += [_holder_line(h, lease_seconds, heartbeat_seconds) for h in q.held_by or ()]
+    lines += [_unserved_line(u) for u in q.unserved_queues or ()]
     lines += packed(
         "leases:",
         [

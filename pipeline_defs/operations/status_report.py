@@ -27,6 +27,7 @@ from pipeline_defs.operations.status_summary import (
     QueueHolder,
     QueueSummary,
     StatusSummary,
+    UnservedQueue,
     last_hour,
 )
 from pipeline_defs.operations.workspace import Workspace
@@ -36,6 +37,7 @@ from pipeline_defs.resume.decision import (
     CODE_RECOVERY_EXHAUSTED,
     ResumeAction,
 )
+from pipeline_defs.resume.fleet_settings import UNSERVED_QUEUE_TAG
 from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.resume.status import LedgerRow, StepStatus
 from resources.ledger.audit import AuditAction, Transition
@@ -171,7 +173,12 @@ def _queue(ws: Workspace, now: datetime) -> dict[str, Any]:
     (None without an instance)."""
     instance = ws.instance(required=False)
     if instance is None:
-        return {"queued_runs": None, "oldest_queued_run_age_seconds": None, "held_by": None}
+        return {
+            "queued_runs": None,
+            "oldest_queued_run_age_seconds": None,
+            "held_by": None,
+            "unserved_queues": None,
+        }
     import dagster as dg
 
     records = instance.get_run_records(
@@ -184,7 +191,25 @@ def _queue(ws: Workspace, now: datetime) -> dict[str, Any]:
         "queued_runs": len(records),
         "oldest_queued_run_age_seconds": age,
         "held_by": queue_holders(ws.ledger, instance, [r.dagster_run for r in records], now),
+        "unserved_queues": unserved_queues(instance),
     }
+
+
+def unserved_queues(instance: Any) -> tuple[UnservedQueue, ...]:
+    """Started runs whose coordinator found no worker consuming a queue their steps wait on:
+    the run tag it keeps (one query; the broker is not asked here)."""
+    import dagster as dg
+
+    started = instance.get_run_records(
+        filters=dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED]), limit=1000
+    )
+    found = []
+    for record in started:
+        run = record.dagster_run
+        for queue in filter(None, run.tags.get(UNSERVED_QUEUE_TAG, "").split(",")):
+            partition = run.tags.get("dagster/partition")
+            found.append(UnservedQueue(run.run_id, partition, queue))
+    return tuple(sorted(found, key=lambda u: (u.queue, u.partition or "", u.run_id)))
 
 
 # A run that has left the queue and not ended: it holds its partition's one slot.
@@ -397,6 +422,7 @@ def _waiting(states: Sequence[StepState], queue: Mapping[str, Any], now: datetim
         queued_runs=queue["queued_runs"],
         oldest_queued_run_age_seconds=queue["oldest_queued_run_age_seconds"],
         held_by=queue["held_by"],
+        unserved_queues=queue["unserved_queues"],
     )
 
 

@@ -33,6 +33,16 @@ class QueueHolder:
 
 
 @dataclass(frozen=True)
+class UnservedQueue:
+    """A started run whose steps wait on a Celery queue no worker consumes, as its coordinator
+    last found it (the run's ``storyboard/unserved_queue`` tag, docs/DESIGN.md#fleet)."""
+
+    run_id: str
+    partition: str | None
+    queue: str
+
+
+@dataclass(frozen=True)
 class QueueSummary:
     """What waits for the sensor: steps it launches now, steps waiting on an upstream step,
     steps in backoff, and how long the oldest of them has waited."""
@@ -48,6 +58,8 @@ class QueueSummary:
     oldest_queued_run_age_seconds: float | None
     # The runs holding the queue of a partition with runs waiting (None without an instance).
     held_by: tuple[QueueHolder, ...] | None = None
+    # Started runs whose steps wait on a queue no worker consumes (None without an instance).
+    unserved_queues: tuple[UnservedQueue, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -107,6 +107,10 @@ class ErrorCode(Code):
     # instance its workers cannot share (runs and events outside PostgreSQL).
     FLEET_BROKER_UNREACHABLE = "fleet.broker_unreachable", 503
     FLEET_INSTANCE_NOT_SHARED = "fleet.instance_not_shared", 400
+    # A worker handed a run its Dagster instance does not hold (the launcher and the worker
+    # point at different instances); a step whose queue no worker consumed past the wait.
+    FLEET_INSTANCE_MISMATCH = "fleet.instance_mismatch", 400
+    FLEET_QUEUE_UNSERVED = "fleet.queue_unserved", 503
     # An exception nobody typed (a bug or an unforeseen fault): kept with its type and text.
     INTERNAL = "internal", 500
 

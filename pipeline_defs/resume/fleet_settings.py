@@ -18,7 +18,8 @@ EXECUTOR_ENV = "PIPELINE_EXECUTOR"
 BROKER_ENV = "PIPELINE_CELERY_BROKER_URL"
 BACKEND_ENV = "PIPELINE_CELERY_BACKEND_URL"
 QUEUE_ENV = "PIPELINE_CELERY_QUEUE"
-FLEET_ENV_NAMES = (EXECUTOR_ENV, BROKER_ENV, BACKEND_ENV, QUEUE_ENV)
+QUEUE_WAIT_ENV = "PIPELINE_CELERY_QUEUE_WAIT_SECONDS"
+FLEET_ENV_NAMES = (EXECUTOR_ENV, BROKER_ENV, BACKEND_ENV, QUEUE_ENV, QUEUE_WAIT_ENV)
 
 MULTIPROCESS = "multiprocess"  # Dagster's default: a process per step beside the run worker
 CELERY = "celery"
@@ -27,6 +28,14 @@ EXECUTORS = (MULTIPROCESS, CELERY)
 DEFAULT_BROKER_URL = "pyamqp://guest@127.0.0.1:5672//"
 DEFAULT_BACKEND_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_QUEUE = "dagster"
+# How long a run's coordinator lets a step wait on a queue no worker consumes before the run
+# fails naming the queue (it warns in the run's event log at once): long enough for a worker
+# to be started by hand or by an autoscaler, short enough that nobody waits for ever.
+DEFAULT_QUEUE_WAIT_SECONDS = 300.0
+QUEUE_WAIT_BOUNDS = (1.0, 86400.0)
+# The run tag a coordinator sets to the queue(s) its steps wait on while no worker consumes
+# them (empty once one does): what ``storyboard status`` reports without asking the broker.
+UNSERVED_QUEUE_TAG = "storyboard/unserved_queue"
 BROKER_SCHEMES = ("amqp", "pyamqp", "amqps", "redis", "rediss")
 BACKEND_SCHEMES = ("redis", "rediss", "rpc")
 # A queue name both sides can declare (RabbitMQ allows more; this is enough and safe in
@@ -81,6 +90,22 @@ def _url(variable: str, value: str, schemes: tuple[str, ...]) -> str:
     return value
 
 
+def _seconds(variable: str, value: str, bounds: tuple[float, float]) -> float:
+    low, high = bounds
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise _invalid(variable, value, "expected a number of seconds") from None
+    if not low <= seconds <= high:  # NaN fails both comparisons
+        raise _invalid(variable, value, f"expected seconds between {low:g} and {high:g}")
+    return seconds
+
+
+def worker_command(queue: str) -> str:
+    """The command that starts a worker taking steps from ``queue``."""
+    return f"storyboard worker --queue {queue}"
+
+
 @dataclass(frozen=True)
 class FleetSettings:
     """The engine of step execution and, for Celery, where its broker and queue are."""
@@ -89,6 +114,8 @@ class FleetSettings:
     broker_url: str = DEFAULT_BROKER_URL
     backend_url: str = DEFAULT_BACKEND_URL
     queue: str = DEFAULT_QUEUE
+    # A step's wait on a queue no worker consumes, before its run fails (``QUEUE_WAIT_ENV``).
+    queue_wait_seconds: float = DEFAULT_QUEUE_WAIT_SECONDS
 
     @property
     def celery(self) -> bool:
@@ -118,4 +145,10 @@ class FleetSettings:
         if not QUEUE_NAME.match(name):
             variable = QUEUE_ENV if queue is None else "--queue"
             raise _invalid(variable, name, "a queue name is 1-100 letters, digits, '_' or '-'")
-        return cls(executor, broker, backend, name)
+        wait = source.get(QUEUE_WAIT_ENV, "").strip()
+        wait_seconds = (
+            _seconds(QUEUE_WAIT_ENV, wait, QUEUE_WAIT_BOUNDS)
+            if wait
+            else DEFAULT_QUEUE_WAIT_SECONDS
+        )
+        return cls(executor, broker, backend, name, wait_seconds)

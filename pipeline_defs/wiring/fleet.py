@@ -12,7 +12,12 @@ against that instance (so the instance must be shared: PostgreSQL). What this mo
   keeps that safe: the second delivery finds the row held by a live lease and is refused
   without a model call; once the lease lapses a later run recovers the step;
 - a refusal, before the first step is sent, of a Dagster instance the workers cannot share
-  (runs and events in SQLite under one machine's ``DAGSTER_HOME``).
+  (runs and events in SQLite under one machine's ``DAGSTER_HOME``);
+- the worker's tasks behind a door (``fleet_tasks``): a run of another instance than the
+  one the task opens fails ``fleet.instance_mismatch``, naming both;
+- the coordinator's watch on its steps' queues (``fleet_queues``): a queue no worker
+  consumes is warned about in the run's event log and, past
+  ``PIPELINE_CELERY_QUEUE_WAIT_SECONDS``, fails the run with ``fleet.queue_unserved``.
 """
 
 from collections.abc import Mapping
@@ -33,6 +38,8 @@ from pipeline_defs.resume.fleet_settings import (
     FleetSettings,
     masked,
 )
+from pipeline_defs.wiring.fleet_queues import FleetExecutor
+from pipeline_defs.wiring.fleet_tasks import FleetTask
 from pipeline_defs.wiring.run_lease import leased
 from resources.pipeline import PipelineResource
 
@@ -72,11 +79,12 @@ def worker_app(settings: FleetSettings) -> Celery:
     """The app of ``storyboard worker``: dagster-celery's step task and, for a deployment
     whose run launcher is dagster-celery's ``CeleryRunLauncher`` (deploy/README.md), its run
     tasks. A run task is acknowledged when taken: delivered again after its worker died, it
-    would start a second orchestration of a run already started."""
+    would start a second orchestration of a run already started. Each is dagster-celery's
+    task on :class:`FleetTask` (a run of another instance fails typed, naming both)."""
     app = celery_app(settings)
-    create_task(app)  # type: ignore[no-untyped-call]
-    create_execute_job_task(app, acks_late=False)  # type: ignore[arg-type]
-    create_resume_job_task(app, acks_late=False)  # type: ignore[arg-type]
+    create_task(app, base=FleetTask)  # type: ignore[no-untyped-call]
+    create_execute_job_task(app, acks_late=False, base=FleetTask)  # type: ignore[arg-type]
+    create_resume_job_task(app, acks_late=False, base=FleetTask)  # type: ignore[arg-type]
     return app
 
 
@@ -141,11 +149,11 @@ def _celery_executor(settings: FleetSettings) -> dg.ExecutorDefinition:
     )
     def storyboard_celery_executor(init_context: dg.InitExecutorContext) -> dg.Executor:
         check_shared_instance(init_context.instance)
-        executor: dg.Executor = CeleryExecutor.for_cli(  # type: ignore[no-untyped-call]
+        inner = CeleryExecutor.for_cli(  # type: ignore[no-untyped-call]
             broker=settings.broker_url,
             backend=settings.backend_url,
             config_source=_config_source(settings),
         )
-        return executor
+        return FleetExecutor(inner, settings)
 
     return storyboard_celery_executor

@@ -6,6 +6,8 @@ The broker URL carries the password on purpose: the tests check it reaches no ru
 
 import contextlib
 import os
+import signal
+import subprocess
 
 import pytest
 from kombu.connection import Connection
@@ -51,3 +53,17 @@ def delete_queue(broker_url: str, queue: str) -> None:
         Connection(broker_url, connect_timeout=3) as connection,  # type: ignore[no-untyped-call]
     ):
         connection.default_channel.queue_delete(queue)
+
+
+def stop_group(process: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
+    """Stop a process group a test started (a worker and its pool), by its pid only."""
+    if process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, sig)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=30)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)  # pool processes that outlived their parent

@@ -16,6 +16,8 @@ runs ``storyboard materialize`` with ``PIPELINE_EXECUTOR=celery``.
   plus the call that was in flight.
 - A worker that never saw an episode runs its SKIP path with no call.
 - The broker's password never reaches the run storage.
+- A one-minute outage of the bucket while a paid step is between its model calls costs no
+  call: the step waits it out, its lease renewed, and publishes once the bucket is back.
 """
 
 import contextlib
@@ -53,6 +55,8 @@ from s3_server import SECRET, running_s3_server
 from storyboard_support import create_pg_database, drop_pg_database
 from tcp_proxy import TcpProxy
 
+from pipeline_defs.resume.clock import parse_timestamp
+from pipeline_defs.resume.completion import Origin
 from pipeline_defs.resume.fleet_settings import FLEET_ENV_NAMES
 from pipeline_defs.resume.partition import Episode
 from pipeline_defs.resume.settings import ENV_NAMES
@@ -60,6 +64,7 @@ from pipeline_defs.resume.status import LedgerRow, StepStatus
 from pipeline_defs.storyboard import STORYBOARD_STEPS, sample_stories
 from resources.ledger.store import LedgerStore, engine_for
 from resources.pipeline import ledger_for
+from resources.storage.object_store import RetryBudget
 
 pytestmark = [pytest.mark.pg, pytest.mark.xdist_group("fleet")]
 
@@ -809,3 +814,123 @@ def test_a_broker_and_backend_outage_strands_no_episode(fleet: Fleet, tmp_path: 
     assert again, "no launch was made again under an attempt's key"
     for episode in OUTAGE:
         assert per_step(fleet.calls(episode)) == reference, episode
+
+
+STORAGE_OUTAGE = Episode.parse("demo/s1")
+STORAGE_OUTAGE_SECONDS = 60
+# The workers keep the shipped retry budget of a bucket storage (no count of tries, seconds
+# from a request's first try), set here so that no variable of the caller's changes it.
+STORAGE_BUDGET = RetryBudget()
+SETTLED = (StepStatus.COMPLETED, StepStatus.NOT_APPLICABLE)
+
+
+def _endpoint_port(endpoint: str) -> int:
+    """The port of an ``http://host:port`` endpoint."""
+    return int(endpoint.rstrip("/").rsplit(":", 1)[1])
+
+
+def test_a_storage_outage_mid_step_costs_no_extra_provider_call(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    """A storage outage is waited out, never paid for twice (the shipped retry budget of
+    resources/storage/object_store.py, ``RetryBudget``; docs/DESIGN.md#fleet). Two workers
+    reach the moto bucket through a proxy. Once a paid step has had a model call answered,
+    with more to come, the proxy is cut for a minute: the step cannot publish without the
+    bucket. Its lease (PostgreSQL, not behind the proxy) is renewed in both halves of the
+    outage; when the bucket is back the step publishes and the run succeeds, each step at a
+    clean run's calls, no step ever failed, blocked or judged drifted or tampered. A cut
+    that missed the step (it published first) is made again on a later step of the run; a
+    run with no step left to cut fails the test as having measured nothing."""
+    assert STORAGE_BUDGET.retries is None and STORAGE_BUDGET.budget_s > STORAGE_OUTAGE_SECONDS
+    story = sample_stories()["ep01"]
+    reference = in_one_process(tmp_path, story)
+    paid = {step for step, calls in reference.items() if calls > 1}
+    assert paid, f"no step of a clean run makes more than one call: {reference}"
+    launcher = fleet.launcher
+    fleet.add_episodes(story, STORAGE_OUTAGE)
+    fleet.base["PIPELINE_OFFLINE_LATENCY_MS"] = str(LATENCY_MS)
+    with TcpProxy(_endpoint_port(fleet.base["AWS_ENDPOINT_URL"])) as bucket:
+        for name in ("w1", "w2"):
+            fleet.start_worker(
+                name,
+                AWS_ENDPOINT_URL=f"http://127.0.0.1:{bucket.port}",
+                PIPELINE_STORAGE_RETRY_BUDGET_SECONDS=str(STORAGE_BUDGET.budget_s),
+                PIPELINE_STORAGE_TIMEOUT_SECONDS=str(STORAGE_BUDGET.timeout_s),
+                PIPELINE_STORAGE_RETRIES="",  # unset: no count
+            )
+        run_log = fleet.logs / "storage-outage-run.log"
+        launch = launcher.spawn(
+            "materialize", "--partition", STORAGE_OUTAGE.partition_key, "--json", log=run_log
+        )
+        tried: set[str] = set()
+
+        def between_calls() -> tuple[str, LedgerRow] | None:
+            """A paid step not cut yet, running, a call of its claim answered, more to come."""
+            assert launch.poll() is None, (
+                f"the run ended before the bucket was cut mid-step (steps cut too late: "
+                f"{sorted(tried)}): the test measured nothing\n{log_tail(run_log)}"
+            )
+            rows, calls = fleet.rows(STORAGE_OUTAGE), fleet.calls(STORAGE_OUTAGE)
+            for step, row in rows.items():
+                if step in tried or step not in paid or row.status is not StepStatus.RUNNING:
+                    continue
+                made = [c for c in calls if c["step_id"] == step and c["run_id"] == row.run_id]
+                answered = [c for c in made if c["finished_at"] is not None]
+                if answered and len(made) < reference[step]:
+                    return step, row
+            return None
+
+        while True:
+            step_id, held = wait_for(
+                "a paid step between its model calls", between_calls, 300, run_log
+            )
+            tried.add(step_id)
+            bucket.cut()
+            cut_at = time.monotonic()
+            now = fleet.rows(STORAGE_OUTAGE)[step_id]
+            if now.status is StepStatus.RUNNING and now.run_id == held.run_id:
+                break  # cut before the step published: the outage lands mid-step
+            bucket.restore()  # the step published first: cut a later one
+        refused_at_cut = bucket.refused
+        beats: tuple[set[str], set[str]] = (set(), set())  # renewals seen in each half
+        while (elapsed := time.monotonic() - cut_at) < STORAGE_OUTAGE_SECONDS:
+            beat = fleet.rows(STORAGE_OUTAGE)[step_id].heartbeat_at
+            if beat is not None and beat != held.heartbeat_at:
+                beats[int(elapsed >= STORAGE_OUTAGE_SECONDS / 2)].add(beat)
+            time.sleep(0.5)
+        during = fleet.rows(STORAGE_OUTAGE)[step_id]
+        tried_bucket = bucket.refused - refused_at_cut
+        bucket.restore()
+        # The outage held the step: still running under its claim a minute later (its
+        # remaining calls take seconds; only its publish needs the bucket), its workers
+        # tried the bucket meanwhile, and its lease was renewed all along.
+        assert during.status is StepStatus.RUNNING and during.run_id == held.run_id, (
+            f"{step_id} did not wait the outage out: {during}\n{log_tail(run_log)}"
+        )
+        assert tried_bucket > 0, "no worker tried the bucket during the outage"
+        before, after = parse_timestamp(held.heartbeat_at), parse_timestamp(during.heartbeat_at)
+        assert before is not None and after is not None and after > before, (held, during)
+        assert beats[0] and beats[1] - beats[0], (
+            f"the lease was not renewed through the outage: {beats}"
+        )
+        code = launch.wait(timeout=900)
+    assert code == 0, log_tail(run_log)
+    report = json.loads(_json_of(run_log))
+    assert report["success"], report
+    rows = fleet.rows(STORAGE_OUTAGE)
+    assert len(rows) == len(STORYBOARD_STEPS), rows
+    assert all(r.status in SETTLED for r in rows.values()), rows
+    assert per_step(fleet.calls(STORAGE_OUTAGE)) == reference
+    history = [t for t in fleet.ledger.transitions() if t.episode_id == STORAGE_OUTAGE.episode_id]
+    judged_wrong = [
+        t
+        for t in history
+        if str(t.action) in ("block", "failed", "ownership_lost", "stale_running_recovery")
+        or t.to_status is StepStatus.FAILED
+        or t.origin in (Origin.CONTRACT_DRIFT, Origin.INVARIANT_DRIFT)
+        or any(word in (t.reason or "").lower() for word in ("drift", "tamper"))
+    ]
+    assert not judged_wrong, judged_wrong
+    finishes = [t for t in history if t.step_id == step_id and str(t.action) == "finish"]
+    assert len(finishes) == 1 and finishes[0].run_id == held.run_id, finishes
+    print(f"storage outage: {STORAGE_OUTAGE_SECONDS}s cut mid-{step_id}, {tried_bucket} refused")

@@ -4,7 +4,8 @@ the test, never by stopping the machine's servers (RabbitMQ, Redis, PostgreSQL, 
 ``TcpProxy(port).start()`` listens on ``127.0.0.1:<proxy.port>`` and forwards each
 connection to ``127.0.0.1:<port>``. ``cut()`` closes every connection through it (the server
 sees its client go, as when a host drops off the network) and refuses new ones until
-``restore()``. Bounded: threads are daemons, and ``close()`` ends them all.
+``restore()`` (``refused`` counts them: a client tried to get through the outage).
+Bounded: threads are daemons, and ``close()`` ends them all.
 """
 
 import contextlib
@@ -29,6 +30,7 @@ class TcpProxy:
         self._closed = False
         self.connections = 0  # accepted and forwarded, in all
         self.cuts = 0  # connections closed by a cut
+        self.refused = 0  # connections refused while cut (a client tried through the outage)
 
     def start(self) -> "TcpProxy":
         threading.Thread(target=self._accept, name=f"proxy-{self.port}", daemon=True).start()
@@ -81,6 +83,7 @@ class TcpProxy:
                 return
             with self._lock:
                 refused = self._cut
+                self.refused += refused
             if refused:
                 _kill(client)
                 continue
@@ -92,6 +95,7 @@ class TcpProxy:
                 continue
             with self._lock:
                 if self._cut:
+                    self.refused += 1
                     _kill(client)
                     _kill(upstream)
                     continue

@@ -18,6 +18,11 @@ def run_failure(report: RunReport) -> PipelineError:
         return PipelineError(
             ErrorCode.STEP_GATE_BLOCKED, f"{waiting.step}: {waiting.error} ({report.partition})"
         )
+    if failed is None and report.error is not None:
+        return PipelineError(
+            report.error_code or ErrorCode.LAUNCH_RUN_FAILED,
+            f"{clip(report.error, 1200)} (run {report.run_id} of {report.partition})",
+        )
     if failed is None:
         return PipelineError(
             ErrorCode.LAUNCH_RUN_FAILED,

@@ -1,6 +1,7 @@
 """What a run did, per step: its events folded into progress records and, with the
 ledger's audit and cost rows, into a :class:`RunReport`."""
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -38,6 +39,10 @@ class RunReport:
     launch_path: str
     steps: list[StepReport] = field(default_factory=list)
     dagster_status: str | None = None
+    # The run's own failure, when it failed outside any step (its executor: a queue no worker
+    # consumes, a worker of another instance): its root cause, typed.
+    error: str | None = None
+    error_code: str | None = None
 
     @property
     def provider_calls(self) -> int:
@@ -95,6 +100,32 @@ def _root_cause_of(error: Any) -> PipelineError:
     own = [e for e in chain if not str(e.cls_name or "").startswith("Dagster")] or chain
     causes = [root_cause_of_text(e.message) for e in own]
     return next((c for c in causes if c.code != ErrorCode.INTERNAL), causes[0])
+
+
+# A typed error as Dagster serialized it: ``module.PipelineError: [code] message``.
+_TYPED_TEXT = re.compile(r"^[\w.]*PipelineError: \[([a-z0-9_.]+)\] (.*)$", re.DOTALL)
+
+
+def run_failure_cause(ws: Workspace, run_id: str) -> tuple[str, str] | None:
+    """Code and message of the run's own failure (its executor's error), if it has one:
+    a typed error in its chain as it is, else its root cause."""
+    instance = ws.instance(required=False)
+    if instance is None:
+        return None
+    for entry in instance.all_logs(run_id, of_type=dg.DagsterEventType.RUN_FAILURE):
+        data = entry.dagster_event.job_failure_data if entry.dagster_event else None
+        if data is None or data.error is None:
+            continue
+        current: Any = data.error
+        depth = 0
+        while current is not None and depth < 20:  # a bound: it is data
+            typed = _TYPED_TEXT.match(str(current.message or "").strip())
+            if typed is not None:
+                return typed.group(1), typed.group(2).strip()
+            current, depth = current.cause or current.context, depth + 1
+        cause = _root_cause_of(data.error)
+        return cause.code, cause.message
+    return None
 
 
 class Timeline:
@@ -168,6 +199,10 @@ def summarize_run(
     mine = _owned_by(run_id)
     rows = ws.ledger.get_many(episodes=[episode], step_ids=list(step_ids))
     report = RunReport(run_id, partition_key, success, launch_path, dagster_status=dagster_status)
+    if not success:
+        cause = run_failure_cause(ws, run_id)
+        if cause is not None:
+            report.error_code, report.error = cause
     for step_id in step_ids:
         key = episode.step(step_id)
         audit = [t for t in ws.ledger.transitions(key) if mine(t.run_id)]
@@ -185,6 +220,8 @@ def summarize_run(
         )
         if progress is not None and not progress.ok:
             step.error, step.error_code = progress.error, progress.error_code
+        elif progress is None and report.error is not None:
+            step.error = f"not run: the run failed ({report.error_code}, below)"
         elif progress is None:
             step.error = "not run: an upstream step in this run did not materialize"
         report.steps.append(step)

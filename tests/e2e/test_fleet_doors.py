@@ -272,6 +272,9 @@ def test_a_worker_of_another_instance_fails_the_run_naming_both_instances(
     assert DAGSTER_PASSWORD not in log_tail(worker_log, 200_000)
     assert "[fleet.instance_mismatch]" in log_tail(worker_log, 200_000)
     assert ledger_for(doors.ledger_url).provider_calls() == []
+    # The launcher's command says it too (it said "[launch.run_failed] ... ended FAILURE").
+    said = done.stdout + done.stderr
+    assert "error: [fleet.instance_mismatch]" in said and DAGSTER_PASSWORD not in said, said
 
 
 def test_a_step_on_a_queue_no_worker_consumes_is_warned_about_then_fails_the_run(
@@ -311,6 +314,8 @@ def test_a_step_on_a_queue_no_worker_consumes_is_warned_about_then_fails_the_run
     assert f"storyboard worker --queue {doors.queue}" in error.message
     assert "guest:***@" in error.message or "guest@" in error.message
     assert ledger_for(doors.ledger_url).provider_calls() == []
+    said = log_tail(doors.logs / "materialize.log", 100_000)
+    assert f"error: [fleet.queue_unserved] no worker consumed Celery queue '{doors.queue}'" in said
 
 
 def test_a_worker_started_after_the_warning_serves_the_waiting_step(doors: Doors) -> None:

@@ -23,6 +23,7 @@ import dagster as dg
 
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from resources.checkpoints.bucket import Collection
+from resources.checkpoints.journal import JournalCollection, collect_journal, lineages_in_use
 from resources.checkpoints.manifest import Manifest
 from resources.checkpoints.published import scratch_cache_of
 from resources.checkpoints.store import CheckpointStore
@@ -44,6 +45,7 @@ class GarbageReport:
     dry_run: bool
     grace_seconds: float
     collection: Collection
+    journal: JournalCollection
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -51,7 +53,12 @@ class GarbageReport:
             "dry_run": self.dry_run,
             "grace_seconds": self.grace_seconds,
             **asdict(self.collection),
+            "journal": asdict(self.journal),
         }
+
+
+# A local home's attempts: none (it keeps its own archives).
+NOTHING = Collection((), 0, 0, 0, 0)
 
 
 def collect_unnamed(
@@ -62,14 +69,9 @@ def collect_unnamed(
     dry_run: bool = False,
     now: datetime | None = None,
 ) -> GarbageReport:
-    """Delete unnamed, old attempt prefixes of the configured object storage."""
-    cache = scratch_cache_of(store)
-    if cache is None:
-        raise PipelineError(
-            ErrorCode.STORAGE_CONFIG,
-            "storage garbage collection applies to checkpoints published on object storage "
-            "(PIPELINE_STORAGE_URL); a local home keeps its own archives, nothing to collect",
-        )
+    """Delete unnamed, old attempt prefixes of the configured object storage, and the
+    journal's entries of lineages no row holds (on a local home: the journal alone, the
+    home keeps its own archives)."""
     if grace < MIN_GRACE:
         raise PipelineError(
             ErrorCode.INPUT_INVALID,
@@ -78,6 +80,19 @@ def collect_unnamed(
             "before the commit that names them, and a shorter grace could delete them in "
             "between (the ledger then names objects that are gone)",
         )
+    now = now or datetime.now(UTC)
+    journal = collect_journal(
+        store.published.shared,
+        lambda: lineages_in_use(
+            (key, status, lineage) for key, (status, lineage) in ledger.journal_lineages().items()
+        ),
+        now=now,
+        grace=grace,
+        dry_run=dry_run,
+    )
+    cache = scratch_cache_of(store)
+    if cache is None:
+        return GarbageReport(store.location, dry_run, grace.total_seconds(), NOTHING, journal)
     # The listing first (seconds on a big bucket, while runs go on), the rows after it, right
     # before deleting: a step published while the bucket was listed is named by then.
     listed = list(cache.bucket.attempts())
@@ -89,12 +104,12 @@ def collect_unnamed(
     collection = cache.bucket.collect(
         manifests,
         running,
-        now=now or datetime.now(UTC),
+        now=now,
         grace=grace,
         dry_run=dry_run,
         attempts=listed,
     )
-    return GarbageReport(store.location, dry_run, grace.total_seconds(), collection)
+    return GarbageReport(store.location, dry_run, grace.total_seconds(), collection, journal)
 
 
 class GarbageConfig(dg.Config):
@@ -108,22 +123,27 @@ class GarbageConfig(dg.Config):
 def collect_storage_garbage(
     context: dg.OpExecutionContext, config: GarbageConfig, pipeline: PipelineResource
 ) -> None:
-    """One collection; on a local home there is nothing to collect (said, not failed)."""
+    """One collection; on a local home only the journal's (said, not failed)."""
     store = pipeline.checkpoints()
     if scratch_cache_of(store) is None:
-        context.log.info("checkpoints are on a local home: nothing to collect")
-        return
+        context.log.info("checkpoints are on a local home: only the journal is collected")
     report = collect_unnamed(
         store, pipeline.ledger(), grace=timedelta(hours=config.grace_hours), dry_run=config.dry_run
     )
-    done = report.collection
+    done, journal = report.collection, report.journal
     context.log.info(
         f"{'would delete' if report.dry_run else 'deleted'} {len(done.deleted_prefixes)} "
-        f"attempt prefixes ({done.deleted_objects} objects) of {report.storage}; kept "
-        f"{done.kept_referenced} named, {done.kept_running} running, {done.kept_young} young"
+        f"attempt prefixes ({done.deleted_objects} objects) and {journal.deleted_entries} "
+        f"journal entries of {report.storage}; kept {done.kept_referenced} named, "
+        f"{done.kept_running} running, {done.kept_young} young attempts and "
+        f"{journal.kept_in_use} entries in use, {journal.kept_young} young"
     )
     context.add_output_metadata(
-        {"deleted_prefixes": len(done.deleted_prefixes), "deleted_objects": done.deleted_objects}
+        {
+            "deleted_prefixes": len(done.deleted_prefixes),
+            "deleted_objects": done.deleted_objects,
+            "deleted_journal_entries": journal.deleted_entries,
+        }
     )
 
 

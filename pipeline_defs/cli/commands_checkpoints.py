@@ -120,17 +120,23 @@ def _finite_hours(_ctx: click.Context, _param: click.Parameter, value: float) ->
 @operation("gc")
 def gc(*, grace_hours: float, dry_run: bool, as_json: bool) -> dict[str, Any] | None:
     """Delete attempt prefixes on object storage that no ledger row names (current or
-    archived pointers) and whose newest object is older than the grace period."""
+    archived pointers), and journal entries of paid replies no row can take back any more,
+    once older than the grace period."""
     ws = checked_workspace()
     report = garbage.collect_garbage(ws, grace=timedelta(hours=grace_hours), dry_run=dry_run)
     if as_json:
         return report.as_dict()
-    done = report.collection
+    done, journal = report.collection, report.journal
     verb = "would delete" if dry_run else "deleted"
     click.echo(
         f"{report.storage}: {verb} {len(done.deleted_prefixes)} attempt(s), "
         f"{done.deleted_objects} object(s); kept {done.kept_referenced} named, "
         f"{done.kept_young} younger than {grace_hours:g} h"
+    )
+    click.echo(
+        f"journal of paid replies: {verb} {journal.deleted_entries} entr(ies) no row can take "
+        f"back; kept {journal.kept_in_use} in use, {journal.kept_young} younger than "
+        f"{grace_hours:g} h"
     )
     for prefix in done.deleted_prefixes:
         click.echo(f"    {prefix}")

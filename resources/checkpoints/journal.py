@@ -24,9 +24,9 @@ import dataclasses
 import hashlib
 import json
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
@@ -197,8 +197,50 @@ def journal_entries(storage: Storage) -> Iterator[tuple[JournalEntry, Any]]:
             yield entry, meta
 
 
+# The statuses whose row's next claim may go on with its work (and take its replies back).
+HOLDING = frozenset({"running", "failed", "pending"})
+
+
 def lineages_in_use(rows: Iterable[tuple[StepKey, str, str | None]]) -> set[tuple[StepKey, str]]:
     """The (step, lineage) pairs a claim may still take back: a row whose work is not over
     (running, failed, pending) holds its lineage; a finished row's next claim starts anew."""
-    holding = {"running", "failed", "pending"}
-    return {(key, lineage) for key, status, lineage in rows if lineage and status in holding}
+    return {(key, lineage) for key, status, lineage in rows if lineage and status in HOLDING}
+
+
+@dataclass(frozen=True)
+class JournalCollection:
+    """What :func:`collect_journal` did (or, dry, would do)."""
+
+    deleted_entries: int
+    kept_in_use: int
+    kept_young: int
+
+
+def collect_journal(
+    storage: Storage,
+    in_use: Callable[[], set[tuple[StepKey, str]]],
+    *,
+    now: datetime,
+    grace: timedelta,
+    dry_run: bool = False,
+) -> JournalCollection:
+    """Delete the entries of lineages no row holds any more, once older than ``grace``.
+
+    The journal is listed first, the rows (``in_use``) read after, right before deleting:
+    an entry kept by a claim that started while the listing ran belongs to a lineage its row
+    names by then. An entry whose age the store does not report counts as young; an object
+    under ``journal/`` that is no entry is left alone."""
+    listed = list(journal_entries(storage))
+    using = in_use()
+    deleted = kept_in_use = kept_young = 0
+    for entry, meta in listed:
+        if (entry.key, entry.lineage) in using:
+            kept_in_use += 1
+            continue
+        if meta.last_modified is None or meta.last_modified > now - grace:
+            kept_young += 1
+            continue
+        if not dry_run:
+            storage.delete(entry.object_key)
+        deleted += 1
+    return JournalCollection(deleted, kept_in_use, kept_young)

@@ -184,6 +184,8 @@ def add_episode(
         # A seal on object storage names the inputs its run verified by e_tag, and other
         # machines trust it until told: tell them (judged the long way, the edit seen).
         ws.ledger.clear_episode_seals(project_id, episode_id)
+    if estimate is not None:  # what a [budget.exhausted] refusal's suggestion covers
+        ws.ledger.note_episode_estimate(project_id, episode_id, estimate.total)
     added = register_partition(instance, episode.partition_key)
     return {
         "partition": episode.partition_key,

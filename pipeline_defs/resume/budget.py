@@ -28,6 +28,8 @@ class CallCap:
     limit: int
     source: str = "default"  # project, env, resource, ledger or default
     project_file: str | None = None  # the project.yaml holding it (source project)
+    # The calls the episode's story was estimated at when registered (None: unknown).
+    estimated: int | None = None
 
     def where(self) -> str:
         if self.source == SOURCE_PROJECT:
@@ -52,8 +54,10 @@ class CallCap:
         return f"storyboard settings set {SETTING} {to}"
 
     def suggestion(self, needed: int) -> int:
-        """A raised cap to offer: twice the current one, or what is needed if more."""
-        return max(2 * self.limit, needed)
+        """A raised cap to offer: twice the current one, or what is needed if more, and at
+        least the episode's estimate (what a run of its story costs, so following the
+        suggestion does not hit the cap again part way)."""
+        return max(2 * self.limit, needed, self.estimated or 0)
 
     def way_out(self, spent: int) -> str:
         """What an operator does to go on: the command that raises the cap, then resume."""
@@ -61,9 +65,14 @@ class CallCap:
 
     def exhausted(self, project_id: str, episode_id: str, spent: int) -> str:
         """Why a step of the episode is blocked, with the command that raises the cap."""
+        estimate = (
+            f" (its story was estimated at {self.estimated} when registered)"
+            if self.estimated is not None
+            else ""
+        )
         return (
             f"episode {project_id}/{episode_id} has recorded {spent} provider calls, at its "
-            f"cap of {self.limit} ({self.where()}); no further call is sent. "
+            f"cap of {self.limit} ({self.where()}){estimate}; no further call is sent. "
             f"{self.way_out(spent)}"
         )
 
@@ -82,11 +91,12 @@ def cap_in_force(
     settings_source: str,
     project_limit: int | None,
     project_file: str,
+    estimated: int | None = None,
 ) -> CallCap:
     """The project's own cap when its ``project.yaml`` sets one, else the settings'."""
     if project_limit is not None:
-        return CallCap(project_limit, SOURCE_PROJECT, project_file)
-    return CallCap(settings_limit, settings_source)
+        return CallCap(project_limit, SOURCE_PROJECT, project_file, estimated)
+    return CallCap(settings_limit, settings_source, estimated=estimated)
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,10 @@ class LedgerReader(Protocol):
         """The provider calls the episode has recorded, all its runs (the spend cap's count)."""
         ...
 
+    def episode_estimate(self, project_id: str, episode_id: str) -> int | None:
+        """The calls the episode's story was estimated at when registered (None: unknown)."""
+        ...
+
 
 class CheckpointReader(Protocol):
     """The checkpoint reads of judging: paths, envelopes, artifact checks, seals."""

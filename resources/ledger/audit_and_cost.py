@@ -156,6 +156,13 @@ class AuditAndCost:
         statement = statements.finish_call(call_id, units=units, model=model, now=now_text())
         self.session.in_single("finish a provider call", lambda conn: conn.execute(statement))
 
+    def note_episode_estimate(self, project_id: str, episode_id: str, estimated: int) -> None:
+        """Record the calls an episode's story is estimated at (``add-episode``)."""
+        statement = statements.note_estimate(
+            self.session.is_sqlite, project_id, episode_id, estimated
+        )
+        self.session.in_single("note the episode's estimate", lambda conn: conn.execute(statement))
+
     def record_provider_call(
         self, key: StepKey, run_id: str | None, *, kind: str, units: int, model: str | None
     ) -> None:

@@ -124,6 +124,14 @@ class Reads:
             or 0
         )
 
+    def episode_estimate(self, project_id: str, episode_id: str) -> int | None:
+        """The calls the episode's story was estimated at when registered (None: unknown)."""
+        query = statements.episode_estimate(project_id, episode_id)
+        value = self.session.in_read(
+            "read the episode's estimate", lambda conn: conn.execute(query).scalar()
+        )
+        return None if value is None else int(value)
+
     def provider_calls(
         self,
         key: StepKey | None = None,

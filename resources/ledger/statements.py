@@ -565,6 +565,39 @@ def seed_episode_calls(on_sqlite: bool, key: StepKey) -> Any:
     )
 
 
+def note_estimate(on_sqlite: bool, project_id: str, episode_id: str, estimated: int) -> Any:
+    """The episode's estimate in its ``episode_calls`` row (seeded at the calls it has
+    recorded if it has none): an estimate noted again replaces the earlier one."""
+    recorded = (
+        sa.select(
+            sa.literal(project_id),
+            sa.literal(episode_id),
+            sa.func.count(),
+            sa.literal(estimated),
+        )
+        .select_from(provider_call)
+        .where(
+            provider_call.c.project_id == project_id,
+            provider_call.c.episode_id == episode_id,
+        )
+    )
+    return (
+        _upsert(on_sqlite)(episode_calls)
+        .from_select(["project_id", "episode_id", "calls", "estimated"], recorded)
+        .on_conflict_do_update(
+            index_elements=[episode_calls.c.project_id, episode_calls.c.episode_id],
+            set_={"estimated": estimated},
+        )
+    )
+
+
+def episode_estimate(project_id: str, episode_id: str) -> sa.Select[Any]:
+    return sa.select(episode_calls.c.estimated).where(
+        episode_calls.c.project_id == project_id,
+        episode_calls.c.episode_id == episode_id,
+    )
+
+
 def count_call(key: StepKey, cap: int | None) -> sa.Update:
     """One more call in the episode's count, only while it is below ``cap`` (takes the
     row's lock: of two racing for the last call, the second finds the cap)."""

@@ -74,6 +74,7 @@ class LedgerStore:
         self.transitions = reads.transitions
         self.provider_calls = reads.provider_calls
         self.episode_calls = reads.episode_calls
+        self.episode_estimate = reads.episode_estimate
         # Claims
         self.claim = claims.claim
         self.adopt = claims.adopt
@@ -102,6 +103,7 @@ class LedgerStore:
         self.append_audit = audit.append_audit
         self.start_provider_call = audit.start_provider_call
         self.finish_provider_call = audit.finish_provider_call
+        self.note_episode_estimate = audit.note_episode_estimate
         self.record_provider_call = audit.record_provider_call
         # Run leases: each run's coordinator proves it is alive
         self.begin_run = runs.begin_run

@@ -132,6 +132,8 @@ episode_calls = sa.Table(
     sa.Column("project_id", sa.String(64), primary_key=True),
     sa.Column("episode_id", sa.String(64), primary_key=True),
     sa.Column("calls", sa.Integer, nullable=False),
+    # The calls its story was estimated at when registered (NULL: none known).
+    sa.Column("estimated", sa.Integer),
 )
 
 # The judge's limits shared by the sensor daemon and every run worker: one row

@@ -111,3 +111,26 @@ def test_a_capped_episode_is_blocked_on_every_screen_and_a_raise_pays_only_the_r
     cli.ok("materialize", "--partition", PARTITION)
     assert calls(cli) == FULL  # 4 more calls, all of them the capped step's missing ones
     assert decision_of(cli, step)["action"] == "skip"
+
+
+def test_the_suggested_cap_covers_what_the_episode_needs(cli_db: CliEnv) -> None:
+    """Registered at an estimate of 35, capped at 10 afterwards: the refusal suggests a cap
+    of 35 (its estimate), which the resume then never hits; it completes at the clean
+    run's 24 calls. Before: it suggested twice the cap, 20, and following it hit the cap
+    again part way."""
+    cli = shipped(cli_db)
+    cli.ok("migrate")
+    assert cli.json(*_add(cli))["estimated_calls"] == 35
+    cli.ok("settings", "set", "max_calls_per_episode", "10")
+    capped = cli.invoke("materialize", "--partition", PARTITION)
+    assert capped.exit_code != 0
+    assert sum(calls(cli).values()) == 10
+    said = capped.output + capped.stderr
+    assert "its story was estimated at 35 when registered" in said
+    suggested = "storyboard settings set max_calls_per_episode 35"
+    assert suggested in said
+    stopped = [s for s in FULL if decision_of(cli, s)["action"] == "block"]
+    assert stopped and all(suggested in decision_of(cli, s)["what_to_do"] for s in stopped)
+    cli.ok(*suggested.removeprefix("storyboard ").split())
+    cli.ok("materialize", "--partition", PARTITION)
+    assert calls(cli) == FULL

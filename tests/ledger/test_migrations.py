@@ -442,6 +442,8 @@ def test_the_journal_lineage_migration_adds_its_column_and_takes_it_back(db_url:
             " updated_at, recovery_count) VALUES ('r1', 'p', 'e', 's', 'failed', 't', 't', 0)"
         )
     _run(engine, command.upgrade, "0010_journal_lineage")
+    assert "journal_lineage" in _step_run_columns(engine)
+    _run(engine, command.upgrade, "head")
     assert _diff(engine) == []
     with engine.connect() as conn:
         assert conn.exec_driver_sql("SELECT journal_lineage FROM step_run").all() == [(None,)]
@@ -449,3 +451,25 @@ def test_the_journal_lineage_migration_adds_its_column_and_takes_it_back(db_url:
     assert "journal_lineage" not in _step_run_columns(engine)
     with engine.connect() as conn:
         assert conn.exec_driver_sql("SELECT id, status FROM step_run").all() == [("r1", "failed")]
+
+
+def test_the_episode_estimate_migration_adds_its_column_and_takes_it_back(db_url: str) -> None:
+    """0010 → 0011 adds ``episode_calls.estimated`` (NULL for the episodes there are); the
+    way back drops it and keeps the counts."""
+    engine = engine_for(db_url)
+    _run(engine, command.upgrade, "0010_journal_lineage")
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            "INSERT INTO episode_calls (project_id, episode_id, calls) VALUES ('p', 'e', 3)"
+        )
+    _run(engine, command.upgrade, "0011_episode_estimate")
+    assert _diff(engine) == []
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT calls, estimated FROM episode_calls").all() == [
+            (3, None)
+        ]
+    _run(engine, command.downgrade, "0010_journal_lineage")
+    columns = {column["name"] for column in sa.inspect(engine).get_columns("episode_calls")}
+    assert "estimated" not in columns
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT calls FROM episode_calls").all() == [(3,)]

@@ -21,7 +21,7 @@ def run_failure(report: RunReport) -> PipelineError:
     if failed is None and report.error is not None:
         return PipelineError(
             report.error_code or ErrorCode.LAUNCH_RUN_FAILED,
-            f"{clip(report.error, 1200)} (run {report.run_id} of {report.partition})",
+            f"{clip(report.error, 2000)} (run {report.run_id} of {report.partition})",
         )
     if failed is None:
         return PipelineError(

@@ -18,6 +18,11 @@ runs ``storyboard materialize`` with ``PIPELINE_EXECUTOR=celery``.
 - The broker's password never reaches the run storage.
 - A one-minute outage of the bucket while a paid step is between its model calls costs no
   call: the step waits it out, its lease renewed, and publishes once the bucket is back.
+- A worker killed after k of a step's n replies (``PIPELINE_CRASH_AT=<step>:replied.<k>``):
+  the sensor recovers the step on a worker of an empty home, which takes the k replies back
+  from the journal of paid replies in the bucket and pays the n - k it never got.
+- A spend cap hit inside an image step, then raised: the resume, on another worker, pays
+  only what the capped claim had not; the episode costs a clean run's calls exactly.
 """
 
 import contextlib
@@ -934,3 +939,168 @@ def test_a_storage_outage_mid_step_costs_no_extra_provider_call(
     finishes = [t for t in history if t.step_id == step_id and str(t.action) == "finish"]
     assert len(finishes) == 1 and finishes[0].run_id == held.run_id, finishes
     print(f"storage outage: {STORAGE_OUTAGE_SECONDS}s cut mid-{step_id}, {tried_bucket} refused")
+
+
+REPLIED_KILL = Episode.parse("demo/k1")
+KILLED_STEP = "scene_image_pipeline"
+REPLIES_KEPT = 5  # of the step's 8 in a clean run of the sample episode
+
+
+def _worker_lost(worker: Worker) -> bool:
+    """The worker's log says a pool process of it died of a SIGKILL."""
+    return "exited with 'signal 9 (SIGKILL)'" in worker.log.read_text(errors="replace")
+
+
+def test_a_worker_killed_after_k_of_n_replies_costs_only_the_n_minus_k_it_never_got(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    """The journal of paid replies on the fleet (docs/DESIGN.md#reply-journal). The only worker
+    runs with ``PIPELINE_CRASH_AT=scene_image_pipeline:replied.5``: the process running the
+    step SIGKILLs itself right after the 5th of its 8 replies came back and was kept, so no
+    call is in flight. The run fails, the row is left running under the dead claim, and that
+    worker's machine is gone. The resume sensor (through ``dagster dev``'s daemon) recovers
+    the step on a worker whose home is empty: it takes the 5 replies back from the journal in
+    the bucket and pays for the 3 it never got, so the episode costs exactly a clean run's
+    calls, step by step. Without the journal, the recovery paid all 8 again (13 calls where a
+    clean run makes 8). The worker's main process outlives its pool process and fails the
+    task (Celery acknowledges a task whose process was lost), so nothing is delivered again:
+    the run fails, and the sensor recovers the step at once, its owner's run having ended."""
+    story = sample_stories()["ep01"]
+    reference = in_one_process(tmp_path, story)
+    replies = reference[KILLED_STEP]
+    assert replies > REPLIES_KEPT, reference
+    fleet.add_episodes(story, REPLIED_KILL)
+    crashing = fleet.start_worker(
+        "crashing", PIPELINE_CRASH_AT=f"{KILLED_STEP}:replied.{REPLIES_KEPT}"
+    )
+    run_log = fleet.logs / "replied-kill-run.log"
+    launch = fleet.launcher.spawn(
+        "materialize", "--partition", REPLIED_KILL.partition_key, "--json", log=run_log
+    )
+    code = launch.wait(timeout=600)
+    killed = fleet.rows(REPLIED_KILL).get(KILLED_STEP)
+    # The kill landed where intended: the step's process died of its own SIGKILL with the
+    # step running under its claim, 5 calls made under it, every one answered.
+    assert code != 0 and killed is not None and killed.status is StepStatus.RUNNING, (
+        f"the crash did not land in {KILLED_STEP}: exit {code}, row {killed}\n"
+        f"{log_tail(run_log)}\n{log_tail(crashing.log)}"
+    )
+    assert _worker_lost(crashing), log_tail(crashing.log)
+    # The worker's main process saw its pool process die and failed the task (Celery acks a
+    # task whose process was lost: it is not delivered again), so the run failed naming it.
+    failure = str(json.loads(_json_of(run_log))["error"]["message"])
+    assert "WorkerLostError" in failure and f"[{KILLED_STEP}]" in failure, failure
+    killed_pid = _pid(killed.lock_owner)
+    assert killed_pid != crashing.process.pid and not Path(f"/proc/{killed_pid}").exists()
+    calls = fleet.calls(REPLIED_KILL)
+    under_killed = [c for c in calls if c["run_id"] == killed.run_id]
+    assert len(under_killed) == REPLIES_KEPT, under_killed
+    assert all(c["step_id"] == KILLED_STEP and c["finished_at"] for c in under_killed)
+    before_kill = {s: n for s, n in reference.items() if s != KILLED_STEP}
+    assert per_step([c for c in calls if c["step_id"] != KILLED_STEP]) == before_kill
+    stop_group(crashing.process, signal.SIGKILL)  # its machine is gone: idle, nothing lost
+    fleet.workers.remove(crashing)
+
+    rescuer = fleet.start_worker("rescuer")  # an empty home of its own
+    wait_until_loaded(fleet.url, fleet.dagster_dev, fleet.logs / "dagster-dev.log")
+    start_sensor(fleet.url, LOCATION)
+
+    def done() -> bool:
+        rows = fleet.rows(REPLIED_KILL)
+        return len(rows) == len(STORYBOARD_STEPS) and all(
+            r.status in SETTLED for r in rows.values()
+        )
+
+    def recovery() -> dg.DagsterRun | None:
+        runs = fleet.instance.get_runs(
+            dg.RunsFilter(tags={"dagster/partition": REPLIED_KILL.partition_key})
+        )
+        ended = [
+            r
+            for r in runs
+            if r.tags.get("dagster/sensor_name") == "resume_sensor"
+            and r.job_name != "resume_report"
+            and r.status.value in ("SUCCESS", "FAILURE", "CANCELED")
+        ]
+        return ended[0] if ended else None
+
+    run = wait_for("the sensor's recovery run", recovery, 600, fleet.logs / "dagster-dev.log")
+    assert run.status == dg.DagsterRunStatus.SUCCESS, run.run_id
+    assert done(), fleet.rows(REPLIED_KILL)
+    recovered = fleet.rows(REPLIED_KILL)[KILLED_STEP]
+    assert recovered.run_id is not None and recovered.run_id != killed.run_id, recovered
+    calls = fleet.calls(REPLIED_KILL)
+    assert per_step(calls) == reference, (per_step(calls), reference)
+    under_recovery = [c for c in calls if c["run_id"] == recovered.run_id]
+    assert len(under_recovery) == replies - REPLIES_KEPT, under_recovery
+    assert {c["step_id"] for c in under_recovery} == {KILLED_STEP}
+    # Recovered as a dead owner's step, by the sensor's run, on the worker of an empty home.
+    takeover = [
+        t
+        for t in fleet.ledger.transitions(REPLIED_KILL.step(KILLED_STEP))
+        if t.run_id == recovered.run_id
+    ]
+    assert [str(t.action) for t in takeover][:1] == ["stale_running_recovery"], takeover
+    assert recovered.run_id.split(":", 1)[0] == run.run_id, (recovered, run.run_id)
+    nodes = fleet.executed_by(run.run_id)[KILLED_STEP]
+    assert nodes and all(n.startswith(rescuer.node) for n in nodes), nodes
+
+
+CAPPED = Episode.parse("demo/c1")
+CAPPED_STEP = "ref_image_gen"
+
+
+def test_a_cap_hit_and_raised_on_the_fleet_resumes_at_exactly_a_clean_runs_calls(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    """The spend cap on the fleet (docs/DESIGN.md#spend-cap). The episode's cap is set on the
+    fleet's ledger to the clean calls of every step outside ``ref_image_gen`` and its
+    downstream, plus one: the cap is hit inside ``ref_image_gen`` after its first picture at
+    least (one more if ``shot_dependency_t2i``, which does not precede it, had not run), and
+    the step fails ``[budget.exhausted]`` on its worker. That worker is stopped, the cap raised,
+    and an operator's ``storyboard materialize`` resumes the episode on a worker of an empty
+    home: the pictures paid for under the cap are taken back from the journal of paid
+    replies, not paid again, and the episode costs exactly a clean run's calls, step by
+    step. Without the journal, the resume on the other worker paid the capped picture again
+    (``ref_image_gen``: 5 calls where a clean run makes 4)."""
+    story = sample_stories()["ep01"]
+    reference = in_one_process(tmp_path, story)
+    downstream = {"ref_image_gen", "composite_image_gen", "scene_image_pipeline"}
+    cap = sum(n for step, n in reference.items() if step not in downstream) + 1
+    launcher = fleet.launcher
+    fleet.add_episodes(story, CAPPED)  # at the door the cap is the default's, over the estimate
+    launcher.storyboard("settings", "set", "max_calls_per_episode", str(cap))
+    capper = fleet.start_worker("capper")
+    hit = launcher.run("materialize", "--partition", CAPPED.partition_key, "--json")
+    assert hit.returncode != 0, hit.stdout[-3000:]
+    report = json.loads(hit.stdout)
+    failed = {s["step"]: s for s in report["steps"] if s.get("error_code")}
+    assert failed[CAPPED_STEP]["error_code"] == "budget.exhausted", report["steps"]
+    assert "storyboard settings set max_calls_per_episode" in failed[CAPPED_STEP]["error"]
+    nodes = fleet.executed_by(report["run_id"])[CAPPED_STEP]
+    assert nodes and all(n.startswith(capper.node) for n in nodes), nodes
+    capped = fleet.rows(CAPPED)[CAPPED_STEP]
+    assert capped.status is StepStatus.FAILED, capped
+    calls = fleet.calls(CAPPED)
+    assert len(calls) == cap, calls
+    under_cap = [c for c in calls if c["run_id"] == capped.run_id]
+    drawn = cap - len([c for c in calls if c["step_id"] != CAPPED_STEP])
+    assert len(under_cap) == drawn and 1 <= drawn < reference[CAPPED_STEP], (drawn, calls)
+    assert {c["step_id"] for c in under_cap} == {CAPPED_STEP}
+    assert all(c["finished_at"] for c in calls), calls
+    stop_group(capper.process)
+    fleet.workers.remove(capper)
+
+    launcher.storyboard("settings", "set", "max_calls_per_episode", str(10 * cap))
+    resumer = fleet.start_worker("resumer")  # an empty home of its own
+    resumed = launcher.storyboard("materialize", "--partition", CAPPED.partition_key)
+    assert resumed["success"], resumed
+    calls = fleet.calls(CAPPED)
+    assert per_step(calls) == reference, (per_step(calls), reference)
+    finished = fleet.rows(CAPPED)[CAPPED_STEP]
+    assert finished.status is StepStatus.COMPLETED and finished.run_id != capped.run_id
+    under_resume = [c for c in calls if c["run_id"] == finished.run_id]
+    assert len(under_resume) == reference[CAPPED_STEP] - drawn, under_resume
+    nodes = fleet.executed_by(resumed["run_id"])[CAPPED_STEP]
+    assert nodes and all(n.startswith(resumer.node) for n in nodes), nodes
+    assert resumer.node != capper.node

@@ -17,6 +17,7 @@ from pipeline_defs.operations.workspace import load_definitions
 from pipeline_defs.resume.errors import PipelineError
 from pipeline_defs.resume.fleet_settings import FleetSettings, masked
 from pipeline_defs.wiring.fleet import check_backend, check_broker, worker_app
+from resources.ledger.store import serve_as
 
 
 @main.command()
@@ -56,6 +57,7 @@ def worker(concurrency: int, queue: str | None, loglevel: str) -> None:
         click.echo(f"error: {error}", err=True)
         sys.exit(1)
     name = f"storyboard-{os.getpid()}@{socket.gethostname()}"
+    serve_as(name)  # the ledger names its pool children by it too
     click.echo(
         f"worker {name}: queue {settings.queue!r} on {masked(settings.broker_url)}, "
         f"{concurrency} at once",

@@ -55,6 +55,7 @@ def status(*, partitions: tuple[str, ...], as_json: bool) -> dict[str, Any] | No
     # One write for the table (a reader that stops early, e.g. ``head``, cuts it short).
     click.echo("\n".join(_status_table(report.steps, width)) if report.steps else "no partitions")
     lines = ["", *packed("", _totals_items(report.totals), width)]
+    lines += _worker_lines(report.steps, width)
     lines += _summary_lines(
         report.summary, width, ws.settings.lease_seconds, ws.settings.heartbeat_seconds
     )
@@ -102,6 +103,26 @@ def _status_table(steps: Sequence[StepState], width: int) -> list[str]:
         if s.what_to_do and first is None:
             advice(lines, s.what_to_do, width)
     return lines
+
+
+def _worker_lines(steps: Sequence[StepState], width: int) -> list[str]:
+    """Who ran each step's latest claim, in the words of its history line and ``--json``'s
+    ``worker`` (a fleet worker as started, then its pool child): ``workers: W ran: P s1,
+    s2;  W2 ran: ...``, wrapped between steps only."""
+    ran: dict[str, dict[str, list[str]]] = {}
+    for s in steps:
+        if s.worker:
+            ran.setdefault(s.worker, {}).setdefault(s.partition, []).append(s.step)
+    items: list[str] = []
+    for worker, partitions in ran.items():
+        items.append(f"{worker} ran:")
+        for partition, step_ids in partitions.items():
+            items += [f"{partition} {step_ids[0]},", *(f"{step}," for step in step_ids[1:])]
+        items[-1] = items[-1].removesuffix(",") + ";"
+    if not items:
+        return []
+    items[-1] = items[-1].removesuffix(";")
+    return packed("workers:", items, width)
 
 
 def _sensor_now(state: StepState) -> str | None:

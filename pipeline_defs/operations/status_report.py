@@ -120,7 +120,8 @@ class StepState:
     unknown_outcome_calls: int = 0
     last_duration_seconds: float | None = None
     run_id: str | None = None
-    # The worker (host:pid) whose claim made the step's latest run, from its history line.
+    # The worker whose claim made the step's latest run, in its history line's words (`host:pid`;
+    # a fleet worker as started, then its pool child: `storyboard-1@vm, child vm:2`).
     worker: str | None = None
     updated_at: str | None = None
     error: str | None = None

@@ -17,11 +17,14 @@ fails with ``fleet.queue_unserved`` naming the queue (docs/DESIGN.md#fleet).
 import logging
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import dagster as dg
+from celery.exceptions import DuplicateTaskNameWarning
+from dagster_celery.config import TASK_EXECUTE_PLAN_NAME
 from dagster_celery.core_execution_loop import core_celery_execution_loop
 from dagster_celery.executor import CeleryExecutor, _submit_task
 
@@ -309,7 +312,16 @@ class FleetExecutor(dg.Executor):
             app: Any, context: Any, step: Any, queue: str, priority: int, known_state: Any
         ) -> WatchedResult:
             watch.bind(app)
-            result = _submit_task(app, context, step, queue, priority, known_state)  # type: ignore[no-untyped-call]
+            with warnings.catch_warnings():
+                # dagster-celery registers its step task on the run's app again for every
+                # step it sends (a new closure under the same name): Celery warns from the
+                # second step on. The task sent is the one registered first, the same code.
+                warnings.filterwarnings(
+                    "ignore",
+                    message=f"Task name '{TASK_EXECUTE_PLAN_NAME}' is already registered",
+                    category=DuplicateTaskNameWarning,
+                )
+                result = _submit_task(app, context, step, queue, priority, known_state)  # type: ignore[no-untyped-call]
             watched = WatchedResult(result, watch, queue, step.key)
             watch.sent(queue, step.key)
             return watched

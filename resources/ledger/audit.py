@@ -108,10 +108,30 @@ class Transition:
         return StepKey(self.project_id, self.episode_id, self.step_id)
 
 
+# The ``storyboard worker`` this process serves, and that worker's own pid (None: no
+# worker). Set once in the worker's process before its Celery pool forks, so each pool
+# child inherits it.
+_started_as: tuple[str, int] | None = None
+
+
+def serve_as(name: str) -> None:
+    """Name this process (a ``storyboard worker``, its Celery node name
+    ``storyboard-<pid>@<host>``) and, through it, the pool children it forks from now on."""
+    global _started_as
+    _started_as = (name, os.getpid())
+
+
 def worker() -> str:
-    """This process, as the ledger names it: ``host:pid`` (a claim's ``lock_owner``, and
-    the ``worker`` of every history line it writes)."""
-    return f"{socket.gethostname()}:{os.getpid()}"
+    """This process, as the ledger names it (a claim's ``lock_owner``, and the ``worker`` of
+    every history line it writes): ``host:pid``; in a ``storyboard worker`` the name it was
+    started under, as Dagster's event log and Celery name it, then the pool child that does
+    the work: ``storyboard-18111@vm, child vm:19199`` (``storyboard-18111@vm`` for the
+    worker's own process)."""
+    here = f"{socket.gethostname()}:{os.getpid()}"
+    if _started_as is None:
+        return here
+    name, pid = _started_as
+    return name if pid == os.getpid() else f"{name}, child {here}"
 
 
 def _status(value: str | None) -> StepStatus | None:

@@ -21,7 +21,7 @@ concern holding it, each in a module of its own; the store names their operation
 
 from sqlalchemy.engine import Engine, make_url
 
-from resources.ledger.audit import worker
+from resources.ledger.audit import serve_as, worker
 from resources.ledger.audit_and_cost import AuditAndCost
 from resources.ledger.claims import NOT_JUDGED, Claims
 from resources.ledger.engine import APPLICATION_NAME, CONNECT_TIMEOUT_SECONDS, engine_for
@@ -41,6 +41,7 @@ __all__ = [
     "SETTINGS_MAX_AGE_SECONDS",
     "LedgerStore",
     "engine_for",
+    "serve_as",
     "worker",
 ]
 

@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -44,6 +45,7 @@ from pipeline_defs.resume.fleet_settings import (
     FleetSettings,
 )
 from pipeline_defs.resume.settings import ENV_NAMES
+from pipeline_defs.resume.status import StepStatus
 from pipeline_defs.storyboard import sample_stories
 from resources.ledger.store import engine_for
 from resources.pipeline import ledger_for
@@ -371,3 +373,62 @@ def test_a_bad_queue_wait_is_refused_by_its_variable(value: str) -> None:
 def test_the_queue_wait_has_a_default_of_minutes() -> None:
     assert FleetSettings.from_env({}).queue_wait_seconds == DEFAULT_QUEUE_WAIT_SECONDS == 300
     assert FleetSettings.from_env({QUEUE_WAIT_ENV: "45"}).queue_wait_seconds == 45
+
+
+def test_a_celery_materialize_prints_no_duplicate_task_warning(doors: Doors) -> None:
+    """Before: every run's coordinator printed Celery's nine-line ``DuplicateTaskNameWarning``
+    (dagster-celery registers its step task again for each step it sends)."""
+    doors.add_episode()
+    doors.start_worker("quiet")
+    done = doors.storyboard(
+        "materialize", "--partition", PARTITION, "--step", FIRST_STEP, "--step", "entity_canon"
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "DuplicateTaskNameWarning" not in done.stderr, done.stderr
+    assert "already registered" not in done.stderr, done.stderr
+
+
+def _parent_of(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def test_a_step_s_worker_is_named_as_it_was_started_with_its_pool_child(doors: Doors) -> None:
+    """Before: status and the claim's history line named the Celery pool child (``host:pid``
+    of the child) while Dagster's event log named the ``storyboard worker`` process
+    (``storyboard-<pid>@host``): two names for one worker."""
+    doors.add_episode()
+    doors.start_worker("named")
+    started = doors.workers[-1]
+    done = doors.storyboard("materialize", "--partition", PARTITION, "--step", FIRST_STEP)
+    assert done.returncode == 0, done.stderr[-3000:]
+    host = socket.gethostname()
+    name = f"storyboard-{started.pid}@{host}"
+    # Dagster's event log names the process the user started.
+    run = doors.the_run()
+    assert run is not None
+    nodes = {
+        str(e.dagster_event.engine_event_data.metadata["Celery worker"].value)
+        for e in doors.instance.all_logs(run.run_id, of_type=dg.DagsterEventType.ENGINE_EVENT)
+        if e.dagster_event is not None and "in celery worker" in (e.dagster_event.message or "")
+    }
+    assert nodes == {name}, nodes
+    # The claim's history line: that name, then the pool child that ran the step.
+    claims = [
+        t
+        for t in ledger_for(doors.ledger_url).transitions()
+        if t.key.step_id == FIRST_STEP and t.to_status is StepStatus.RUNNING
+    ]
+    assert len(claims) == 1, claims
+    said = claims[0].worker
+    assert said is not None and said.startswith(f"{name}, child {host}:"), said
+    child = int(said.rsplit(":", 1)[1])
+    assert child != started.pid and _parent_of(child) == started.pid, said
+    # status --json and status's text: the same words.
+    status = doors.storyboard("status", "--json")
+    assert status.returncode == 0, status.stderr[-3000:]
+    steps = {s["step"]: s for s in json.loads(status.stdout)["steps"]}
+    assert steps[FIRST_STEP]["worker"] == said, steps[FIRST_STEP]
+    text = doors.storyboard("status")
+    assert text.returncode == 0, text.stderr[-3000:]
+    assert said in text.stdout, text.stdout

@@ -275,6 +275,10 @@ def _in_flight(
     return beat is not None and (now - beat).total_seconds() < lease_seconds
 
 
+# Up to this many episodes, status reads their history and calls by key, not whole tables.
+MAX_EPISODES_READ_BY_KEY = 500
+
+
 def status_report(
     ws: Workspace, partitions: tuple[str, ...] = (), now: datetime | None = None
 ) -> StatusReport:
@@ -293,7 +297,10 @@ def status_report(
         episodes = ws.known_episodes()
     wanted = {e.partition_key for e in episodes}
     rows = ws.ledger.get_many(episodes=episodes) if episodes else {}
-    audit = [t for t in ws.ledger.transitions() if t.key.partition_key in wanted]
+    # The episodes' own lines and calls, read by episode (a few hundred at most: past that, a
+    # list of pairs costs the database more than one scan of the tables it filters).
+    scope = episodes if len(episodes) <= MAX_EPISODES_READ_BY_KEY else None
+    audit = [t for t in ws.ledger.transitions(episodes=scope) if t.key.partition_key in wanted]
     decisions = _last_decisions(audit)
     workers = _claim_workers(audit)
     evaluations = {(ev.partition_key, ev.step_id): ev for ev in evaluate_now(ws, episodes, now)}
@@ -301,7 +308,7 @@ def status_report(
     judged = {slot: judged_item(ev, ended) for slot, ev in evaluations.items()}
     calls: dict[StepKey, int] = defaultdict(int)
     unknown: dict[StepKey, int] = defaultdict(int)
-    for call in ws.ledger.provider_calls():
+    for call in ws.ledger.provider_calls(episodes=scope):
         key = StepKey(call["project_id"], call["episode_id"], call["step_id"])
         if key.partition_key in wanted:
             calls[key] += 1

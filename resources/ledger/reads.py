@@ -106,8 +106,15 @@ class Reads:
 
         return self.session.in_read("read the ledger cursor", read)
 
-    def transitions(self, key: StepKey | None = None, *, since_seq: int = 0) -> list[Transition]:
-        ordered = statements.history(key, since_seq=since_seq)
+    def transitions(
+        self,
+        key: StepKey | None = None,
+        *,
+        since_seq: int = 0,
+        episodes: Iterable[Episode] | None = None,
+    ) -> list[Transition]:
+        """History lines (of one step, of ``episodes``, or all), in commit order."""
+        ordered = statements.history(key, since_seq=since_seq, episodes=_pairs(episodes))
         return self.session.in_read(
             "read transitions",
             lambda conn: [
@@ -138,7 +145,9 @@ class Reads:
         *,
         run_id: str | None = None,
         episode: Episode | None = None,
+        episodes: Iterable[Episode] | None = None,
     ) -> list[dict[str, Any]]:
+        """Provider-call rows (of one step, an episode or ``episodes``, a run, or all)."""
         if key is not None:
             episode = key.episode
         ordered = statements.provider_calls(
@@ -146,7 +155,12 @@ class Reads:
             project_id=None if episode is None else episode.project_id,
             episode_id=None if episode is None else episode.episode_id,
             run_id=run_id,
+            episodes=_pairs(episodes),
         )
         return self.session.in_read(
             "read provider calls", lambda conn: [dict(r) for r in conn.execute(ordered).mappings()]
         )
+
+
+def _pairs(episodes: Iterable[Episode] | None) -> list[tuple[str, str]] | None:
+    return None if episodes is None else [(e.project_id, e.episode_id) for e in episodes]

@@ -521,9 +521,19 @@ def history_line(values: Mapping[str, str | None]) -> sa.Select[Any]:
     return sa.select(step_transition.c.transition_seq).where(*same)
 
 
-def history(key: StepKey | None, *, since_seq: int) -> sa.Select[Any]:
-    """History lines after ``since_seq`` (of one step, or all), in commit order."""
+def _of_episodes(table: sa.Table, episodes: Sequence[tuple[str, str]]) -> sa.ColumnElement[bool]:
+    """Rows of ``table`` that belong to one of ``episodes`` ((project, episode) pairs)."""
+    return sa.tuple_(table.c.project_id, table.c.episode_id).in_(list(episodes))
+
+
+def history(
+    key: StepKey | None, *, since_seq: int, episodes: Sequence[tuple[str, str]] | None = None
+) -> sa.Select[Any]:
+    """History lines after ``since_seq`` (of one step, some episodes, or all), in commit
+    order."""
     query = sa.select(step_transition).where(step_transition.c.transition_seq > since_seq)
+    if episodes is not None:
+        query = query.where(_of_episodes(step_transition, episodes))
     if key is not None:
         query = query.where(
             step_transition.c.project_id == key.project_id,
@@ -634,10 +644,17 @@ def finish_call(call_id: int, *, units: int, model: str | None, now: str) -> sa.
 
 
 def provider_calls(
-    step_id: str | None, *, project_id: str | None, episode_id: str | None, run_id: str | None
+    step_id: str | None,
+    *,
+    project_id: str | None,
+    episode_id: str | None,
+    run_id: str | None,
+    episodes: Sequence[tuple[str, str]] | None = None,
 ) -> sa.Select[Any]:
-    """Provider-call rows (of one step, one episode, one run, or all), by id."""
+    """Provider-call rows (of one step, one or some episodes, one run, or all), by id."""
     query = sa.select(provider_call)
+    if episodes is not None:
+        query = query.where(_of_episodes(provider_call, episodes))
     if step_id is not None:
         query = query.where(provider_call.c.step_id == step_id)
     if project_id is not None and episode_id is not None:

@@ -20,7 +20,9 @@ class StepReport:
     """One step of one run, as the ledger and the run's events tell it."""
 
     step: str
-    outcome: str  # materialized / failed / not_run / waiting (left out: upstream blocked)
+    # materialized / failed / not_run / waiting (left out: upstream blocked) / unfinished
+    # (judged by the run, its end never reported: the process running it was lost)
+    outcome: str
     decision: str | None = None
     status: str = "none"
     provider_calls: int = 0
@@ -177,6 +179,11 @@ WATCHED = {
 }
 
 
+# A run that ended so: a step it judged whose end never came back ran on a process that
+# was lost (a fleet worker's pool process killed), not "not run".
+ENDED_UNSUCCESSFULLY = ("FAILURE", "CANCELED")
+
+
 def _owned_by(run_id: str) -> Callable[[str | None], bool]:
     prefix = f"{run_id}:"
     return lambda owner: str(owner or "").startswith(prefix)
@@ -210,9 +217,15 @@ def summarize_run(
         decision = shown_action(str(decided.action), decided.reason) if decided else None
         progress = timeline.finished.get(step_id)
         row = rows.get(key)
+        if progress is not None:
+            outcome = "materialized" if progress.ok else "failed"
+        elif decided is not None and dagster_status in ENDED_UNSUCCESSFULLY:
+            outcome = "unfinished"  # judged in the run, which ended without the step's end
+        else:
+            outcome = "not_run"
         step = StepReport(
             step=step_id,
-            outcome="not_run" if progress is None else "materialized" if progress.ok else "failed",
+            outcome=outcome,
             decision=decision or (progress.decision if progress else None),
             status=str(row.status) if row else "none",
             provider_calls=sum(1 for c in ws.ledger.provider_calls(key) if mine(c.get("run_id"))),
@@ -220,6 +233,13 @@ def summarize_run(
         )
         if progress is not None and not progress.ok:
             step.error, step.error_code = progress.error, progress.error_code
+        elif outcome == "unfinished":  # it may have paid for calls and hold its row running
+            ended = (
+                f"the run failed ({report.error_code}, below)"
+                if report.error
+                else f"the run ended {dagster_status}"
+            )
+            step.error = f"started, its end never reported (its process was lost): {ended}"
         elif progress is None and report.error is not None:
             step.error = f"not run: the run failed ({report.error_code}, below)"
         elif progress is None:

@@ -988,8 +988,15 @@ def test_a_worker_killed_after_k_of_n_replies_costs_only_the_n_minus_k_it_never_
     assert _worker_lost(crashing), log_tail(crashing.log)
     # The worker's main process saw its pool process die and failed the task (Celery acks a
     # task whose process was lost: it is not delivered again), so the run failed naming it.
-    failure = str(json.loads(_json_of(run_log))["error"]["message"])
+    killed_run = json.loads(_json_of(run_log))
+    failure = str(killed_run["error"]["message"])
     assert "WorkerLostError" in failure and f"[{KILLED_STEP}]" in failure, failure
+    lost = next(s for s in killed_run["steps"] if s["step"] == KILLED_STEP)
+    assert (lost["outcome"], lost["status"], lost["provider_calls"]) == (
+        "unfinished",
+        "running",
+        REPLIES_KEPT,
+    ), lost
     killed_pid = _pid(killed.lock_owner)
     assert killed_pid != crashing.process.pid and not Path(f"/proc/{killed_pid}").exists()
     calls = fleet.calls(REPLIED_KILL)

@@ -13,7 +13,9 @@ Per tick (see :mod:`pipeline_defs.judging.tick` for what counts as a change and 
   decisions, so Dagster launches it once until one of them changes. While a run of the
   partition's steps is in flight (queued, starting, started), the partition's request
   waits for it: the steps that run has not reached yet would look like work and race it
-  (stale-lease recoveries excepted, see :func:`pipeline_defs.judging.plan.hold_back`). Tags:
+  (stale-lease recoveries excepted, see :func:`pipeline_defs.judging.plan.hold_back`); and
+  while a backfill in progress targets the partition, nothing of it is requested (the
+  backfill launches its run: :mod:`sensors.backfills`), until the backfill has ended. Tags:
   ``resume/action``, ``resume/origin`` and ``resume/reason`` of the run's cause (its first
   step launched for work of its own; the reason cut to Dagster's 63-character tag-value
   limit), ``resume/state`` (the digest in the run key), ``resume/steps`` (how many).
@@ -59,6 +61,7 @@ from pipeline_defs.wiring.assets import episodes, owner_ended_in
 from resources.ledger.store import LedgerStore
 from resources.pipeline import PipelineResource
 from sensors.abandoned_runs import end_abandoned_runs
+from sensors.backfills import backfills_in_progress
 from sensors.report import report_requests, resume_report
 from sensors.stranded_runs import StrandedLaunches, failed_since_last_tick, stranded_reports
 
@@ -188,19 +191,21 @@ def dead_owner_requests(
     partitions: set[str],
     launching: set[tuple[str, str]],
     job_name: str = STEPS_JOB,
+    backfilled: Collection[str] = (),
 ) -> list[dg.RunRequest]:
     """A launch for every running row whose owner run has ended (docs/DESIGN.md#dead-owners).
 
     The tick judges leases by time (a lapsed heartbeat); a run that run monitoring marked
     FAILURE is dead now. The launched run's own judge sees the ended owner and takes the row
     over (an expected-match steal); the sensor only saves the wait for the lease to lapse.
-    ``running``: the running rows (one query per tick; there are few).
+    ``running``: the running rows (one query per tick; there are few). ``backfilled``: the
+    partitions a backfill in progress targets: its run recovers them (none requested).
     """
     requests = []
     for row in running:
         pk = f"{row.project_id}/{row.episode_id}"
         slot = (str(row.step_id), pk)
-        if pk not in partitions or slot in launching:
+        if pk not in partitions or slot in launching or pk in backfilled:
             continue
         ended = owner_ended(str(row.run_id))
         if ended is None:
@@ -392,8 +397,12 @@ def build_resume_sensor(
                 context.log.warning(f"run {abandoned.run_id} marked failed: {abandoned.message}")
             ticker = ticker_for(name, ordered, stores, config)
             in_flight = runs_in_flight(context.instance, step_keys, stores.ledger)
+            # One query of the backfills in progress, when the tick first asks.
+            backfilling = backfills_in_progress(context.instance, step_keys)
             ticker.recheck(failed_since_last_tick(context.instance, name))
-            result = ticker.tick(partition_keys, now, context.cursor, in_flight, stranded.holds)
+            result = ticker.tick(
+                partition_keys, now, context.cursor, in_flight, stranded.holds, backfilling
+            )
         except PipelineError as exc:
             if not is_outage(exc):
                 raise
@@ -417,6 +426,7 @@ def build_resume_sensor(
             set(partition_keys),
             launching,
             steps_job_name,
+            backfilling({f"{row.project_id}/{row.episode_id}" for row in running}),
         )
         # A live lease is no fault: the owner's run shows the check in progress itself.
         reports = [check_report(c) for c in result.checks if not c.evaluation.running_healthy]

@@ -3,11 +3,13 @@
 A partition is re-judged when its scan differs from its memo (``disk``), it has no memo
 (``new``), its wake time has come (``time``), the judged fields of its ledger rows differ
 from what its memo saw (``ledger``), or a run that held its launches back has ended
-(``run``). Everything is judged (``full``) every ``full_refresh_seconds``, when the ledger
-cursor went backwards or the clock did, and when there is no usable memory (``cold``).
+(``run``), or a backfill that did (``backfill``). Everything is judged (``full``) every
+``full_refresh_seconds``, when the ledger cursor went backwards or the clock did, and when
+there is no usable memory (``cold``).
 
-After judging, :func:`hold_back` keeps a partition's run from being requested while
-another run of that partition is in flight (docs/DESIGN.md#sensor).
+After judging, :func:`hold_for_backfills` keeps a partition's run from being requested
+while a backfill in progress targets it, and :func:`hold_back` while another run of that
+partition is in flight (docs/DESIGN.md#sensor).
 """
 
 from collections.abc import Mapping, Sequence
@@ -114,6 +116,25 @@ def add_ledger_changes(
             memo = memos.get(pk)
             if memo is None or memo.rows != row_fingerprint(by_partition[pk]):
                 targets[pk] = "ledger"
+
+
+def hold_for_backfills(
+    launches: Sequence[StepEvaluation], backfills: Mapping[str, str]
+) -> tuple[list[StepEvaluation], dict[str, str]]:
+    """(the launches to request now, the partitions held → the backfill that targets them).
+
+    ``backfills``: partition → a backfill in progress that targets it (Dagster's view). The
+    backfill launches that partition's run itself, when its daemon gets to it; a run of the
+    sensor's before then would take the work and leave the backfill's run to wait in the
+    queue and skip every step. So nothing of the partition is requested (a stale-lease
+    recovery neither: the backfill's run judges the row and recovers it) until the backfill
+    has ended; the tick after that judges it again (``backfill``) and requests what is left.
+    """
+    if not backfills:
+        return list(launches), {}
+    kept = [ev for ev in launches if ev.partition_key not in backfills]
+    held = {ev.partition_key for ev in launches if ev.partition_key in backfills}
+    return kept, {pk: backfills[pk] for pk in sorted(held)}
 
 
 def hold_back(

@@ -28,6 +28,9 @@ stay correct). What counts as a change of a partition, and how each is noticed:
 - **partition set**: new partitions are judged; removed ones are forgotten.
 - **runs in flight** (Dagster's view, passed in by the sensor): a partition whose launches
   were held back while a run of it was in flight is judged again once that run has ended.
+- **backfills in progress** (Dagster's view, passed in by the sensor): a partition whose
+  launches were held back while a backfill targeted it is judged again once that backfill
+  has ended (completed, failed or canceled), and whatever it left undone is launched.
 
 A tick with none of these changes returns the same cursor without judging anything. The
 per-partition fingerprints live in process memory (the sensor's code server is long-lived)
@@ -80,6 +83,7 @@ from pipeline_defs.judging.plan import (
     changed_partitions,
     full_due,
     hold_back,
+    hold_for_backfills,
     unchanged,
 )
 from pipeline_defs.judging.scan import PartitionScan, Scan, episode_of, scan_partitions, tree_digest
@@ -97,12 +101,20 @@ _COLLECT_FROM = 1000  # judged partitions after which a tick collects the young 
 # (epoch seconds), None while queued. Asked only about partitions with launches or held back
 # (a tick with nothing to launch asks nothing); the sensor answers from Dagster's runs.
 InFlight = Callable[[Collection[str]], Mapping[str, float | None]]
+# Of these partitions, those a backfill in progress targets: partition → the backfill's id.
+# Asked only about partitions with launches or held back; the sensor answers from Dagster's
+# backfills, one query per tick (docs/DESIGN.md#sensor).
+Backfilling = Callable[[Collection[str]], Mapping[str, str]]
 # Of this tick's launches, the partitions whose launch must wait (docs/DESIGN.md#stranded-runs):
 # partition → when to look again (epoch seconds), or None until something changes.
 Relaunch = Callable[[Sequence[StepEvaluation]], Mapping[str, float | None]]
 
 
 def _none_in_flight(partitions: Collection[str]) -> Mapping[str, float | None]:
+    return {}
+
+
+def _no_backfills(partitions: Collection[str]) -> Mapping[str, str]:
     return {}
 
 
@@ -144,6 +156,7 @@ class ResumeTicker:
         # Partitions whose launches wait for a run of theirs in flight (judged again once
         # it has ended); process memory, like the memos.
         self._held: set[str] = set()
+        self._backfilled: set[str] = set()  # of those, held while a backfill targets them
         self._recheck: set[str] = set()
         self._pace: float | None = None  # seconds per partition judged, last measured
         # Partitions due this tick that its budget left for the next ones (a cold start or
@@ -170,18 +183,23 @@ class ResumeTicker:
         cursor: str | None,
         in_flight: InFlight = _none_in_flight,
         relaunch: Relaunch | None = None,
+        backfilling: Backfilling = _no_backfills,
     ) -> TickResult:
         """Judge what changed since ``cursor`` (everything without one); writes nothing.
 
         ``in_flight``: which partitions have a run of their steps not ended yet; their
         launches wait for it (:func:`~pipeline_defs.judging.plan.hold_back`).
+        ``backfilling``: which partitions a backfill in progress targets; their launches
+        wait for it to end (:func:`~pipeline_defs.judging.plan.hold_for_backfills`).
         ``relaunch``: of the launches left, the partitions that wait for another reason (a
         launch of the same judgement failed before it changed anything: its backoff).
         """
         started = time.perf_counter()
         with self._lock:
             with gc_paused():
-                result = self._tick(partition_keys, as_utc(now), cursor, in_flight, relaunch)
+                result = self._tick(
+                    partition_keys, as_utc(now), cursor, in_flight, relaunch, backfilling
+                )
             if result.stats.evaluated_partitions >= _COLLECT_FROM:
                 # Settle what this tick left alive (memos, cached envelopes) while the
                 # collector was paused, so the next, cheap ticks do not pay for it. Young
@@ -202,6 +220,7 @@ class ResumeTicker:
         cursor: str | None,
         in_flight: InFlight,
         relaunch: Relaunch | None,
+        backfilling: Backfilling = _no_backfills,
     ) -> TickResult:
         """plan → judge → memoise → hold back → block diff → next cursor."""
         started = time.perf_counter()
@@ -225,7 +244,7 @@ class ResumeTicker:
             + self.config.budget_seconds
             - min(reserve, _MAX_RESERVE_SHARE * self.config.budget_seconds)
         )
-        plan = self._plan(keys, now, state, stats, in_flight, deadline)
+        plan = self._plan(keys, now, state, stats, in_flight, deadline, backfilling)
         blocked = dict(state.blocked) if state is not None else {}
         if plan.mode == "unchanged":
             stats.blocked = len(blocked)
@@ -262,8 +281,13 @@ class ResumeTicker:
             now,
         )
         lease = self.stores.settings.lease_seconds
+        # A backfill in progress launches these partitions' runs itself: nothing of theirs
+        # is requested until it has ended (a stale-lease recovery included: its run recovers).
+        filled = backfilling({ev.partition_key for ev in launches}) if launches else {}
+        launches, stats.backfills = hold_for_backfills(launches, filled)
         flights = in_flight({ev.partition_key for ev in launches}) if launches else {}
         launches, held = hold_back(launches, flights, plan.rows, plan.epoch, lease)
+        held = {**held, **dict.fromkeys(stats.backfills)}
         waits = relaunch(launches) if launches and relaunch is not None else {}
         if waits:
             launches = [ev for ev in launches if ev.partition_key not in waits]
@@ -275,6 +299,8 @@ class ResumeTicker:
                 memo.wake = wake if memo.wake is None else min(memo.wake, wake)
         held_before = self._held if plan.memory_ok else set()
         self._held = (set(held) | (held_before - set(judged))) & set(keys)
+        backfilled_before = self._backfilled if plan.memory_ok else set()
+        self._backfilled = (set(stats.backfills) | (backfilled_before - set(judged))) & self._held
         checks, blocked = block_diff(evaluations, blocked, keys, self.judge.step_ids)
         shape, tree = self._settle_subdirs(plan, memos)
 
@@ -316,6 +342,7 @@ class ResumeTicker:
         stats: TickStats,
         in_flight: InFlight = _none_in_flight,
         deadline: float | None = None,
+        backfilling: Backfilling = _no_backfills,
     ) -> TickPlan:
         """What this tick must judge, and the rows and scans to judge it with.
 
@@ -350,10 +377,13 @@ class ResumeTicker:
             memory_ok=memory_ok,
             full_at=epoch if is_full_due or last_full is None else last_full,
         )
-        # Held back behind a run that has ended since: judged again, whatever else moved.
+        # Held back behind a run or a backfill that has ended since: judged again, whatever
+        # else moved. Still held: not judged for that (a backfill of many partitions would
+        # have each of them judged at every tick of its hours).
         held = self._held if memory_ok else set()
         running = in_flight(held) if held else {}
-        released = {pk for pk in held if pk not in running}
+        filling = backfilling(held) if held else {}
+        released = {pk for pk in held if pk not in running and pk not in filling}
         # And those whose launched run failed since (``recheck``): a run that failed before
         # it changed anything left nothing else to notice (docs/DESIGN.md#stranded-runs).
         plan.rechecked = frozenset(self._recheck)
@@ -379,7 +409,7 @@ class ResumeTicker:
             unfinished = self._unfinished
             for pk in keys:
                 if pk in released:
-                    targets.setdefault(pk, "run")
+                    targets.setdefault(pk, "backfill" if pk in self._backfilled else "run")
                 elif pk in unfinished:
                     targets.setdefault(pk, "refresh")
             plan.deferred = self._defer_backlog(targets, deadline)

@@ -45,7 +45,9 @@ class TickStats:
     unjudged: int = 0  # of those, never judged by this process yet (a cold start's rest)
     launches: int = 0  # steps launched
     runs: int = 0  # the runs they go in: at most one per partition
-    held: int = 0  # partitions whose run waits for a run of theirs in flight
+    held: int = 0  # partitions whose run waits for a run of theirs in flight, or a backfill
+    # Of those, the ones a backfill in progress targets: partition → the backfill's id.
+    backfills: dict[str, str] = field(default_factory=dict)
     blocked: int = 0
     waiting: int = 0
     deferred: int = 0
@@ -66,9 +68,25 @@ class TickStats:
             f"{self.pending} left for the next tick ({self.unjudged} never judged), "
             f"{self.row_queries} row queries ({self.rows_fetched} rows); {self.launches} "
             f"launches in {self.runs} runs ({self.held} partitions held behind runs in "
-            f"flight), {self.blocked} blocked, {self.waiting} waiting, {self.deferred} "
+            f"flight{self.backfill_text()}), {self.blocked} blocked, {self.waiting} waiting, "
+            f"{self.deferred} "
             f"deferred{self.outage_text()}; {self.seconds:.3f}s"
         )
+
+    def backfill_text(self) -> str:
+        """Which partitions are held for which backfill ("" when none is)."""
+        if not self.backfills:
+            return ""
+        by_backfill: dict[str, list[str]] = {}
+        for pk in sorted(self.backfills):
+            by_backfill.setdefault(self.backfills[pk], []).append(pk)
+        parts = []
+        for backfill, keys in sorted(by_backfill.items()):
+            named = ", ".join(keys[:_NAMED]) + (
+                f" and {len(keys) - _NAMED} more" if len(keys) > _NAMED else ""
+            )
+            parts.append(f"backfill {backfill} targets {named}")
+        return f" or backfills in progress, held: {'; '.join(parts)}"
 
     def outage_text(self) -> str:
         """Which partitions wait for which outage ("" when none did)."""

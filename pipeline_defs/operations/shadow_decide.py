@@ -25,13 +25,34 @@ def judge_now(
     query, the judge in resume mode, launches only RERUN_SELF / STALE_RUNNING_RECOVERY whose
     upstream is settled, honoring backoff and recovery exhaustion. ``status`` and ``decide``
     both read it, so they cannot disagree with each other or with the sensor. ``stranded``:
-    also ask the instance which launches the sensor holds because every attempt of theirs
-    failed before changing anything (:func:`stranded_launches`).
+    also ask the instance which launches the sensor holds: those a backfill in progress
+    targets (:func:`backfilled_launches`) and those every attempt of which failed before
+    changing anything (:func:`stranded_launches`).
     """
     ended = owner_ended_rule(ws)
     evaluations = evaluate_now(ws, episodes, now)
     held = stranded_launches(ws, evaluations, now) if stranded else {}
-    return [judged_item(ev, ended, held.get(ev.partition_key)) for ev in evaluations]
+    filled = backfilled_launches(ws, evaluations) if stranded else {}
+    return [
+        judged_item(ev, ended, held.get(ev.partition_key), filled.get(ev.partition_key))
+        for ev in evaluations
+    ]
+
+
+def backfilled_launches(ws: Workspace, evaluations: Sequence["StepEvaluation"]) -> dict[str, str]:
+    """The sensor's backfill hold (docs/DESIGN.md#sensor) on this workspace's instance: of the
+    partitions with launches, those a backfill in progress targets → its id. One query of the
+    instance's backfills; {} without an instance."""
+    partitions = {ev.partition_key for ev in evaluations if ev.launch}
+    instance = ws.instance(required=False) if partitions else None
+    if instance is None:
+        return {}
+    import dagster as dg
+
+    from sensors.backfills import backfills_in_progress
+
+    steps = [dg.AssetKey(s.step_id) for s in ws.steps]
+    return dict(backfills_in_progress(instance, steps)(partitions))
 
 
 # ``decide`` asks the instance about the launches of up to this many partitions (one query
@@ -87,9 +108,17 @@ def judged_item(
     ev: "StepEvaluation",
     owner_ended: Callable[[str], str | None] | None = None,
     stranded: "Exhausted | None" = None,
+    backfill: str | None = None,
 ) -> dict[str, Any]:
     item = ev.as_dict()
-    if stranded is not None and ev.launch and ev.step_id in stranded.steps:
+    if backfill is not None and ev.launch:
+        # The backfill launches this partition's run itself: the sensor requests nothing of
+        # it until the backfill has ended, then launches what it left undone.
+        item["what_to_do"] = (
+            f"held: backfill {backfill} targets it; the sensor launches what it leaves "
+            "undone once it has ended"
+        )
+    elif stranded is not None and ev.launch and ev.step_id in stranded.steps:
         # The sensor holds this launch until something changes (and reports it as a failed
         # resume_integrity check): say so, and what launches it now.
         item["what_to_do"] = (

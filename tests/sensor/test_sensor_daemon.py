@@ -38,6 +38,7 @@ from dagster_dev import (
     drop_database,
     graphql,
     log_tail,
+    start_sensor,
     write_workspace,
 )
 
@@ -266,4 +267,180 @@ def test_a_new_episode_is_finished_by_one_sensor_run(storyboard_daemon: Daemon) 
 def _step_runs(d: Daemon) -> list[dg.DagsterRun]:
     """Every run of the steps' job (block reports run in ``resume_report``)."""
     runs = d.instance.get_runs(dg.RunsFilter(tags={"dagster/partition": PARTITION}))
+    return [r for r in runs if r.job_name != "resume_report"]
+
+
+STOP_SENSOR = """
+mutation($id: String) {
+  stopSensor(id: $id) { __typename ... on PythonError { message } }
+}
+"""
+SENSOR_ID_QUERY = """
+query($selector: SensorSelector!) {
+  sensorOrError(sensorSelector: $selector) { __typename ... on Sensor { sensorState { id } } }
+}
+"""
+BACKFILL_MUTATION = """
+mutation($params: LaunchBackfillParams!) {
+  launchPartitionBackfill(backfillParams: $params) {
+    __typename
+    ... on LaunchBackfillSuccess { backfillId }
+    ... on PythonError { message }
+  }
+}
+"""
+SKIPS_QUERY = """
+query($selector: SensorSelector!) {
+  sensorOrError(sensorSelector: $selector) { __typename ... on Sensor { sensorState {
+      ticks(limit: 1000) { status timestamp skipReason runIds } } } }
+}
+"""
+STEPS = STORYBOARD_STEPS[:2]  # daemon_location.defs: story_source, entity_canon
+BACKFILLED = ("demo/bf01", "demo/bf02", "demo/bf03", "demo/bf04")
+PARTLY = "demo/bf05"  # backfilled on its first step only: the sensor does the rest, after
+
+
+@pytest.fixture
+def sqlite_daemon(tmp_path: Path) -> Iterator[Daemon]:
+    """The two-step location on SQLite storage (one backend: the rule is Dagster's, not ours)."""
+    with _deployment(tmp_path, "sqlite", None, "defs", "{}\n") as d:
+        yield d
+
+
+def _backfill(d: Daemon, partitions: list[str], steps: list[str]) -> str:
+    params = {"partitionNames": partitions, "assetSelection": [{"path": [s]} for s in steps]}
+    launched = graphql(d.url, BACKFILL_MUTATION, {"params": params})["launchPartitionBackfill"]
+    assert launched["__typename"] == "LaunchBackfillSuccess", launched
+    return str(launched["backfillId"])
+
+
+def test_a_backfill_and_the_sensor_make_one_run_per_episode(sqlite_daemon: Daemon) -> None:
+    """docs/DESIGN.md#sensor: a backfill of new episodes submitted while the sensor is on.
+    Dagster's backfill daemon launches the backfill's runs on its next iteration; the sensor,
+    ticking every second, judges the new episodes before that. It used to launch a run of
+    its own per episode in that window, and the backfill's runs then waited in the queue and
+    skipped every step (two runs per episode, the backfill done long after the work). The
+    sensor now holds a partition an active backfill targets: one run per episode in all (the
+    backfill's), each paying a clean run's calls, and nothing launched after it completed.
+    An episode backfilled on its first step only is held too, and once that backfill has
+    ended the sensor launches what it left undone: the second step, alone.
+
+    The race is checked to have happened: a tick of the sensor falls between the backfills'
+    submission and their first run, and says it held the episodes for the backfill."""
+    d = sqlite_daemon
+    selector = {
+        "repositoryLocationName": LOCATION,
+        "repositoryName": "__repository__",
+        "sensorName": "resume_sensor",
+    }
+    ledger = LedgerStore(f"sqlite:///{d.home / 'ledger.sqlite3'}")
+    # The episode registered at start: finished by the sensor alone, the clean run's calls.
+    d.wait("the first episode's run", lambda: _succeeded_after(d, "entity_canon", 0))
+    clean = ledger.episode_calls("demo", "ep01")
+    # The sensor off while the new episodes are registered (it would launch them at once,
+    # before any backfill exists), then on again the moment the backfills are submitted.
+    state = graphql(d.url, SENSOR_ID_QUERY, {"selector": selector})["sensorOrError"]
+    stopped = graphql(d.url, STOP_SENSOR, {"id": state["sensorState"]["id"]})["stopSensor"]
+    assert stopped["__typename"] == "StopSensorMutationResult", stopped
+    d.wait("the sensor to stop ticking", lambda: _no_tick_for(d, seconds=3.0))
+    story = sample_stories()["ep01"].read_bytes()
+    everyone = [*BACKFILLED, PARTLY]
+    for pk in everyone:
+        episode = Episode.parse(pk)
+        path = d.home / "projects" / episode.project_id / "episodes" / episode.episode_id
+        path.mkdir(parents=True)
+        (path / "story.md").write_bytes(story)
+    d.instance.add_dynamic_partitions("episodes", everyone)
+    submitted = time.time()
+    backfill_id = _backfill(d, list(BACKFILLED), [s.step_id for s in STEPS])
+    partly_id = _backfill(d, [PARTLY], [STEPS[0].step_id])
+    start_sensor(d.url, LOCATION)
+
+    def completed(backfill: str) -> bool:
+        found = d.instance.get_backfill(backfill)
+        return found is not None and found.status.value == "COMPLETED_SUCCESS"
+
+    d.wait(
+        "the backfills to complete", lambda: completed(backfill_id) and completed(partly_id), 300
+    )
+    episode = Episode.parse(PARTLY)
+
+    def finished() -> bool:
+        rows = ledger.get_many(episodes=[episode])
+        return len(rows) == len(STEPS) and {str(r.status) for r in rows.values()} == {"completed"}
+
+    d.wait("the partly backfilled episode finished by the sensor", finished)
+    d.wait("its runs to end", lambda: all(r.status.value in TERMINAL for r in _runs(d, [PARTLY])))
+    ticks_before = len(d.ticks())
+    d.wait("three more ticks", lambda: len(d.ticks()) >= ticks_before + 3)
+
+    runs = _runs(d, list(BACKFILLED))
+    first_backfill_run = min(
+        (
+            rec.create_timestamp.timestamp()
+            for rec in d.instance.get_run_records(
+                dg.RunsFilter(tags={"dagster/backfill": [backfill_id, partly_id]})
+            )
+        ),
+        default=None,
+    )
+    assert first_backfill_run is not None, "the backfills launched no run"
+    ticks = graphql(d.url, SKIPS_QUERY, {"selector": selector})["sensorOrError"]
+    ticks = ticks["sensorState"]["ticks"]
+    window = [t for t in ticks if submitted < t["timestamp"] < first_backfill_run]
+    # It raced: the sensor ticked after the backfills were submitted, before their runs existed.
+    assert window, "no sensor tick between the submission and the backfills' first run"
+    by_partition = {
+        pk: [r for r in runs if r.tags.get("dagster/partition") == pk] for pk in BACKFILLED
+    }
+    assert {pk: len(rs) for pk, rs in by_partition.items()} == dict.fromkeys(BACKFILLED, 1), [
+        (r.tags.get("dagster/partition"), r.tags.get("dagster/sensor_name"), r.status.value)
+        for r in runs
+    ]
+    assert all(r.tags.get("dagster/backfill") == backfill_id for r in runs)
+    assert all(r.status.value == "SUCCESS" for r in runs)
+    # The tick's line (its log, and its skip reason when it requested nothing) names them.
+    said = d.log.read_text(errors="replace")
+    assert "held: backfill" in said
+    assert f"backfill {backfill_id} targets {', '.join(BACKFILLED)}" in said
+    assert f"backfill {partly_id} targets {PARTLY}" in said
+    # The partly backfilled episode: the backfill's run of the first step, then the sensor's
+    # of the second alone, launched after the backfill had ended.
+    partly = sorted(_runs(d, [PARTLY]), key=lambda r: r.run_id)
+    kinds = {
+        (
+            "backfill"
+            if r.tags.get("dagster/backfill") == partly_id
+            else r.tags.get("dagster/sensor_name")
+        ): r
+        for r in partly
+    }
+    assert len(partly) == 2 and set(kinds) == {"backfill", "resume_sensor"}, [
+        r.tags for r in partly
+    ]
+    assert kinds["resume_sensor"].asset_selection == {dg.AssetKey(STEPS[1].step_id)}
+    ended = d.instance.get_backfill(partly_id)
+    assert ended is not None and ended.backfill_end_timestamp is not None
+    sensor_run = d.instance.get_run_record_by_id(kinds["resume_sensor"].run_id)
+    assert sensor_run is not None
+    assert sensor_run.create_timestamp.timestamp() >= ended.backfill_end_timestamp
+    for pk in everyone:
+        ep = Episode.parse(pk)
+        assert ledger.episode_calls(ep.project_id, ep.episode_id) == clean, pk
+    rows = ledger.get_many(episodes=[Episode.parse(pk) for pk in BACKFILLED])
+    assert {str(r.status) for r in rows.values()} == {"completed"}
+    assert len(rows) == len(BACKFILLED) * len(STEPS)
+    assert not d.failed_ticks()
+
+
+def _no_tick_for(d: Daemon, seconds: float) -> bool:
+    """No tick started over ``seconds`` (one may have been under way when it was stopped)."""
+    before = len(d.ticks())
+    time.sleep(seconds)
+    return len(d.ticks()) == before
+
+
+def _runs(d: Daemon, partitions: list[str]) -> list[dg.DagsterRun]:
+    """The step runs of ``partitions`` (block reports run in ``resume_report``)."""
+    runs = d.instance.get_runs(dg.RunsFilter(tags={"dagster/partition": partitions}))
     return [r for r in runs if r.job_name != "resume_report"]

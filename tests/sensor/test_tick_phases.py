@@ -20,7 +20,7 @@ from sensor_steps import SENSOR_STEPS, seed, stores_for
 from pipeline_defs.judging.blocks import block_diff
 from pipeline_defs.judging.cursor import CursorState
 from pipeline_defs.judging.memo import memoise
-from pipeline_defs.judging.plan import hold_back
+from pipeline_defs.judging.plan import hold_back, hold_for_backfills
 from pipeline_defs.judging.scan import PartitionScan
 from pipeline_defs.judging.step_evaluation import StepEvaluation, Verdict
 from pipeline_defs.judging.tick import ResumeTicker
@@ -292,3 +292,63 @@ def test_a_held_partition_is_judged_again_when_its_run_ends(
     asked.clear()
     assert ticker.tick(keys, NOW, ended.cursor, in_flight).stats.mode == "unchanged"
     assert asked == []  # nothing to launch, nothing held: Dagster is not asked
+
+
+def test_a_partition_a_backfill_targets_is_held_until_the_backfill_ends(
+    sqlite_url: str, pipeline_home: Path
+) -> None:
+    """docs/DESIGN.md#sensor: a backfill in progress launches its partitions' runs itself.
+    The tick requests nothing of them (a stale-lease recovery neither), says which backfill
+    holds them, judges them no more while it goes on, and judges them again (``backfill``)
+    once it has ended, requesting what it left undone."""
+    ticker, keys = _ticker(pipeline_home, sqlite_url)
+    asked: list[set[str]] = []
+    active = {"p/e3": "bf-1"}  # p/e3 never ran; a backfill targets it, no run of it yet
+
+    def backfilling(partitions: Collection[str]) -> dict[str, str]:
+        asked.append(set(partitions))
+        return {pk: active[pk] for pk in partitions if pk in active}
+
+    first = ticker.tick(keys, NOW, None, backfilling=backfilling)
+    assert first.launches == [] and first.stats.held == 1
+    assert first.stats.backfills == {"p/e3": "bf-1"}
+    assert "held: backfill bf-1 targets p/e3" in first.stats.line()
+    assert asked == [{"p/e3"}]  # only the partitions with launches are asked about
+    still = ticker.tick(keys, NOW, first.cursor, backfilling=backfilling)
+    assert still.stats.mode == "unchanged" and still.launches == []
+    active.clear()  # the backfill ended (completed, failed or canceled) with p/e3 undone
+    ended = ticker.tick(keys, NOW, still.cursor, backfilling=backfilling)
+    assert ended.stats.changed == {"backfill": 1}
+    assert [ev.step_id for ev in ended.launches] == ["src", "mid", "end", "side"]
+    assert ended.stats.backfills == {} and "held: backfill" not in ended.stats.line()
+
+
+def test_a_backfill_holds_a_stale_lease_recovery_too() -> None:
+    """Unlike a run in flight (whose lapsed lease is evidence of its death), a backfill in
+    progress has not run the partition yet, or its run recovers the row itself."""
+
+    def ev(pk: str, action: ResumeAction) -> StepEvaluation:
+        return StepEvaluation("src", pk, ResumeDecision(action, "x"), Verdict.LAUNCH, "")
+
+    launches = [
+        ev("p/free", ResumeAction.RERUN_SELF),
+        ev("p/filled", ResumeAction.RERUN_SELF),
+        ev("p/lapsed", ResumeAction.STALE_RUNNING_RECOVERY),
+    ]
+    kept, held = hold_for_backfills(launches, {"p/filled": "bf-1", "p/lapsed": "bf-2"})
+    assert [e.partition_key for e in kept] == ["p/free"]
+    assert held == {"p/filled": "bf-1", "p/lapsed": "bf-2"}
+    assert hold_for_backfills(launches, {}) == (launches, {})
+
+
+def test_decide_says_which_backfill_holds_a_launch() -> None:
+    """``decide`` shows the sensor's hold on the launch rows: the backfill's id, and what
+    happens once it has ended. The verdict stays the judge's."""
+    from pipeline_defs.operations.shadow_decide import judged_item
+
+    decision = ResumeDecision(ResumeAction.RERUN_SELF, "first run")
+    ev = StepEvaluation("src", "p/e1", decision, Verdict.LAUNCH, "")
+    item = judged_item(ev, backfill="bf-1")
+    assert item["verdict"] == "launch"
+    assert item["what_to_do"].startswith("held: backfill bf-1 targets it"), item
+    assert not judged_item(ev)["what_to_do"]

@@ -11,6 +11,7 @@ from pipeline_defs.storyboard import STORYBOARD_STEPS
 from pipeline_defs.storyboard.providers import model_routers
 from pipeline_defs.wiring.assets import build_step_assets
 from pipeline_defs.wiring.fleet import build_executor
+from pipeline_defs.wiring.instance_storage import check_dagster_storage
 from pipeline_defs.wiring.io_manager import CheckpointIOManager
 from pipeline_defs.wiring.run_lease import leased
 from resources.pipeline import PipelineResource
@@ -42,10 +43,12 @@ def build_defs(
     This is the one read of the environment while the module is imported (``defs`` below):
     Dagster loads a code location by importing it, so load time is import time, and a bad
     limit must fail the location's load, not its first run or sensor tick. It reads
-    variables only; no database is reached (the ledger's settings table is read per tick
-    and per run).
+    variables and the Dagster instance's ``dagster.yaml`` only (a PostgreSQL storage
+    SQLAlchemy would open with psycopg 3 is refused, ``wiring/instance_storage.py``); no
+    database is reached (the ledger's settings table is read per tick and per run).
     """
     check_environment()
+    check_dagster_storage()
     pipeline = pipeline or PipelineResource()
     # PIPELINE_EXECUTOR=celery: every launch path's steps run on the fleet (docs/DESIGN.md#fleet);
     # either way a run's coordinator holds its run lease (docs/DESIGN.md#run-leases).

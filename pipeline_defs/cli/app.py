@@ -8,6 +8,7 @@ import click
 from pipeline_defs.operations.workspace import Workspace, load_workspace, quiet_dagster_notices
 from pipeline_defs.resume.errors import PipelineError
 from pipeline_defs.resume.settings import check_environment, check_environment_against_ledger
+from pipeline_defs.wiring.instance_storage import check_dagster_storage
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -20,8 +21,9 @@ def main() -> None:
     variables override, per process, the ledger's settings (`storyboard settings`).
     """
     quiet_dagster_notices()
-    try:  # a bad PIPELINE_* variable refuses every command at start, naming it
+    try:  # a bad PIPELINE_* variable or Dagster storage refuses every command at start
         check_environment()
+        check_dagster_storage()
     except PipelineError as error:
         click.echo(f"error: {error}", err=True)
         sys.exit(1)

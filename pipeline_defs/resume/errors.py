@@ -69,6 +69,9 @@ class ErrorCode(Code):
     INPUT_STORY_EXISTS = "input.story_exists", 409
     CONFIG_INVALID = "config.invalid", 400
     CONFIG_DAGSTER_HOME = "config.dagster_home", 400
+    # The Dagster instance's PostgreSQL storage named so SQLAlchemy opens it with psycopg 3,
+    # on which dagster-postgres's NOTIFY fails (pipeline_defs/wiring/instance_storage.py).
+    CONFIG_DAGSTER_STORAGE = "config.dagster_storage", 400
     LEDGER_NOT_MIGRATED = "ledger.not_migrated", 400
     # The PostgreSQL ledger stayed unreachable past the store's retry of a dropped
     # connection: the server is down or restarting, nothing the input can fix.

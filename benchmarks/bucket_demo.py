@@ -56,7 +56,9 @@ def fresh(url: str | None, inputs: bool = True) -> Env:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--rounds", type=int, default=5, help="alternating disk/bucket runs timed (default 5)"
+    )
     args = parser.parse_args()
     disk: list[float] = []
     bucket: list[float] = []

@@ -80,7 +80,11 @@ def measure(storage_url: str | None, steps: list[str]) -> list[tuple[str, int, f
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", default="t2i_review,world_guide")
+    parser.add_argument(
+        "--steps",
+        default="t2i_review,world_guide",
+        help="steps forced one after another, comma separated (default t2i_review,world_guide)",
+    )
     args = parser.parse_args()
     steps = [s for s in args.steps.split(",") if s]
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's access log, one line a request

@@ -215,9 +215,22 @@ def measure(workers: int, episodes: int, latency_ms: int) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--episodes", type=int, default=4)
-    parser.add_argument("--latency-ms", type=int, default=1500)
-    parser.add_argument("--workers", default="1,2,4")
+    parser.add_argument(
+        "--episodes", type=int, default=4, help="episodes backfilled per measure (default 4)"
+    )
+    parser.add_argument(
+        "--latency-ms",
+        type=int,
+        default=1500,
+        help="what each offline model call waits, in ms (default 1500)",
+    )
+    parser.add_argument(
+        "--workers",
+        default="1,2,4",
+        help="worker counts measured side by side, comma separated (default 1,2,4); each gets "
+        "its own ledger and Dagster databases and its own queue, so two people can run it on "
+        "one machine (PIPELINE_BENCH_PG_URL names the PostgreSQL server)",
+    )
     args = parser.parse_args()
     problem = broker_problem()
     if problem is not None:

@@ -388,10 +388,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=500, help="StepRunner.run iterations")
     parser.add_argument("--dagster-runs", type=int, default=60, help="materialize iterations")
-    parser.add_argument("--backends", default="postgresql,sqlite")
+    parser.add_argument(
+        "--backends",
+        default="postgresql,sqlite",
+        help="ledgers measured, comma separated (default postgresql,sqlite)",
+    )
     parser.add_argument(
         "--pg-url",
         default=os.environ.get("PIPELINE_BENCH_PG_URL") or os.environ.get("PIPELINE_TEST_PG_URL"),
+        help="PostgreSQL URL for the postgresql backend (default: PIPELINE_BENCH_PG_URL, else "
+        "PIPELINE_TEST_PG_URL)",
     )
     parser.add_argument("--json", type=Path, help="also write the raw figures here")
     args = parser.parse_args(argv)

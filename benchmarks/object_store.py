@@ -830,12 +830,22 @@ def bench_ticks(server: S3Server, db_url: str | None, args: argparse.Namespace) 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--parts", default="publish,scrub,ticks")
-    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument(
+        "--parts",
+        default="publish,scrub,ticks",
+        help="what to measure, comma separated (default publish,scrub,ticks)",
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=30, help="publishes timed per storage (default 30)"
+    )
     parser.add_argument("--episodes", type=int, default=1000, help="episodes (scrub, ticks)")
-    parser.add_argument("--db-url", default=None)
+    parser.add_argument(
+        "--db-url", default=None, help="ledger URL (default: a SQLite file of its own)"
+    )
     parser.add_argument("--interval", type=float, default=30.0, help="seconds between ticks")
-    parser.add_argument("--warm-ticks", type=int, default=5)
+    parser.add_argument(
+        "--warm-ticks", type=int, default=5, help="unchanged ticks timed after the first"
+    )
     parser.add_argument(
         "--scrub-period",
         type=float,

@@ -337,8 +337,12 @@ SCENARIOS = ("kill", "long_step", "new_episode", "force")
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--heartbeat", type=float, default=2.0)
-    parser.add_argument("--lease", type=float, default=10.0)
+    parser.add_argument(
+        "--heartbeat", type=float, default=2.0, help="lease heartbeat, seconds (default 2)"
+    )
+    parser.add_argument(
+        "--lease", type=float, default=10.0, help="lease length, seconds (default 10)"
+    )
     parser.add_argument("--latency", type=float, default=8.0, help="seconds per model call")
     parser.add_argument(
         "--run-latency", type=float, default=0.0, help="seconds per model call in C and D"

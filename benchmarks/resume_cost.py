@@ -100,13 +100,13 @@ from pipeline_defs.definitions import build_resources  # noqa: E402
 from pipeline_defs.project import load_project_config  # noqa: E402
 from pipeline_defs.resume.clock import parse_timestamp  # noqa: E402
 from pipeline_defs.resume.decision import LaunchMode, ResumeAction  # noqa: E402
+from pipeline_defs.resume.files import file_sha256  # noqa: E402
 from pipeline_defs.resume.partition import Episode, StepKey  # noqa: E402
 from pipeline_defs.steps.graph import StepGraph  # noqa: E402
 from pipeline_defs.steps.judge import StepJudge  # noqa: E402
 from pipeline_defs.storyboard import STORYBOARD_STEPS, sample_stories  # noqa: E402
 from pipeline_defs.wiring.assets import MODE_TAG, build_step_assets  # noqa: E402
 from resources.checkpoints.envelope import mask_secrets  # noqa: E402
-from resources.checkpoints.store import file_sha256  # noqa: E402
 from resources.ledger.store import engine_for  # noqa: E402
 from resources.ledger.tables import step_run  # noqa: E402
 from resources.pipeline import PipelineResource, checkpoints_for, ledger_for  # noqa: E402
@@ -799,11 +799,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="PostgreSQL server URL: the template ledger and a fresh database per "
         "(scenario, policy) are created there (default: SQLite file copies)",
     )
-    parser.add_argument("--scenarios", default="S1,S2,S3,S4,S5,S6a,S6b")
+    parser.add_argument(
+        "--scenarios",
+        default="S1,S2,S3,S4,S5,S6a,S6b",
+        help="scenarios run, comma separated (default all: S1,S2,S3,S4,S5,S6a,S6b)",
+    )
     parser.add_argument("--kill-after", type=int, default=3, help="S6: shot PNGs before SIGKILL")
     parser.add_argument("--latency-ms", type=int, default=300, help="S6: offline latency/call")
     parser.add_argument("--running-timeout", type=int, default=2, help="S6: seconds")
-    parser.add_argument("--chart", type=Path, default=ROOT / "benchmarks/results/resume_cost.png")
+    parser.add_argument(
+        "--chart",
+        type=Path,
+        default=ROOT / "benchmarks/results/resume_cost.png",
+        help="where the chart is written (default benchmarks/results/resume_cost.png)",
+    )
     parser.add_argument("--child-run", nargs=2, metavar=("HOME", "DB_URL"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child_run:

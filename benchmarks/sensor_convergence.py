@@ -253,7 +253,9 @@ def run(episodes: int, server_url: str, every: int, timeout_s: float, keep: bool
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--episodes", type=int, default=100_000)
+    parser.add_argument(
+        "--episodes", type=int, default=100_000, help="episodes registered (default 100000)"
+    )
     parser.add_argument(
         "--pg-url",
         default=os.environ.get(
@@ -264,7 +266,12 @@ def main() -> None:
     parser.add_argument(
         "--every", type=int, default=1000, help="one episode in this many loses a picture"
     )
-    parser.add_argument("--timeout-minutes", type=float, default=45.0)
+    parser.add_argument(
+        "--timeout-minutes",
+        type=float,
+        default=45.0,
+        help="give up when not converged by then (default 45)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep databases and homes")
     args = parser.parse_args()
     result = run(args.episodes, args.pg_url, args.every, args.timeout_minutes * 60, args.keep)

@@ -642,7 +642,7 @@ def main() -> None:
     parser.add_argument(
         "--workers", type=int, default=None, help="judge processes (default: one per CPU)"
     )
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument(
         "--skip-unsealed",
         action="store_true",

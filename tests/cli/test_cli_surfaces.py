@@ -210,7 +210,10 @@ def test_the_docs_say_what_the_code_does() -> None:
     """A force after an image-model switch redraws (and pays for) every picture the old
     model drew (tests/e2e/test_providers_openai_e2e.py proves it); a dead worker's row is
     recovered as soon as its run has ended, a hung one's when its lease lapses."""
-    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    texts = [
+        (ROOT / name).read_text(encoding="utf-8") for name in ("README.md", "docs/OPERATING.md")
+    ]
+    readme = " ".join(" ".join(texts).split())
     assert "A forced image step keeps its valid pictures" not in readme
     assert "A forced image step redraws every picture another image model drew" in readme
     assert "pays one new call per picture" in readme

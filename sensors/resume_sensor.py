@@ -15,7 +15,8 @@ Per tick (see :mod:`pipeline_defs.judging.tick` for what counts as a change and 
   waits for it: the steps that run has not reached yet would look like work and race it
   (stale-lease recoveries excepted, see :func:`pipeline_defs.judging.plan.hold_back`); and
   while a backfill in progress targets the partition, nothing of it is requested (the
-  backfill launches its run: :mod:`sensors.backfills`), until the backfill has ended. Tags:
+  backfill launches its run: :mod:`pipeline_defs.wiring.backfills`), until the backfill has
+  ended. Tags:
   ``resume/action``, ``resume/origin`` and ``resume/reason`` of the run's cause (its first
   step launched for work of its own; the reason cut to Dagster's 63-character tag-value
   limit), ``resume/state`` (the digest in the run key), ``resume/steps`` (how many).
@@ -58,12 +59,16 @@ from pipeline_defs.resume.status import LedgerRow
 from pipeline_defs.steps.graph import order_steps
 from pipeline_defs.steps.spec import Step
 from pipeline_defs.wiring.assets import episodes, owner_ended_in
+from pipeline_defs.wiring.backfills import backfills_in_progress
+from pipeline_defs.wiring.stranded_runs import (
+    StrandedLaunches,
+    failed_since_last_tick,
+    stranded_reports,
+)
 from resources.ledger.store import LedgerStore
 from resources.pipeline import PipelineResource
 from sensors.abandoned_runs import end_abandoned_runs
-from sensors.backfills import backfills_in_progress
 from sensors.report import report_requests, resume_report
-from sensors.stranded_runs import StrandedLaunches, failed_since_last_tick, stranded_reports
 
 SENSOR_NAME = "resume_sensor"
 STEPS_JOB = "resume_steps"
@@ -107,7 +112,8 @@ def run_request(
     stranded: StrandedLaunches | None = None,
 ) -> dg.RunRequest:
     """One materialization of a partition's steps (dependency order), deduped by run key
-    (a launch again of a stranded one: its attempt's key, ``sensors/stranded_runs.py``)."""
+    (a launch again of a stranded one: its attempt's key,
+    ``pipeline_defs/wiring/stranded_runs.py``)."""
     first = run[0]
     # The run's cause: its first step launched for work of its own (a not-applicable step
     # recorded on the way is no cause).

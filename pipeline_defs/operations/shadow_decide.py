@@ -13,7 +13,7 @@ from pipeline_defs.resume.partition import Episode
 
 if TYPE_CHECKING:  # at run time it stays imported where judged (evaluate_now), as it was
     from pipeline_defs.judging.step_evaluation import StepEvaluation
-    from sensors.stranded_runs import Exhausted
+    from pipeline_defs.wiring.stranded_runs import Exhausted
 
 
 def judge_now(
@@ -49,7 +49,7 @@ def backfilled_launches(ws: Workspace, evaluations: Sequence["StepEvaluation"]) 
         return {}
     import dagster as dg
 
-    from sensors.backfills import backfills_in_progress
+    from pipeline_defs.wiring.backfills import backfills_in_progress
 
     steps = [dg.AssetKey(s.step_id) for s in ws.steps]
     return dict(backfills_in_progress(instance, steps)(partitions))
@@ -70,7 +70,7 @@ def stranded_launches(
     instance = ws.instance(required=False) if launches else None
     if instance is None or len({ev.partition_key for ev in launches}) > STRANDED_BY_CLI:
         return {}
-    from sensors.stranded_runs import StrandedLaunches
+    from pipeline_defs.wiring.stranded_runs import StrandedLaunches
 
     rule = StrandedLaunches(instance, ws.settings, now.timestamp())
     rule.holds(launches)

@@ -8,9 +8,10 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
+from pipeline_defs.resume.settings import BUCKET_SCHEMES
 from resources.storage.base import Storage, mask_url
 from resources.storage.local import LocalStorage
-from resources.storage.object_store import SCHEMES, ObjectStorage
+from resources.storage.object_store import ObjectStorage
 
 
 def open_storage(url: str | None, *, home: Path) -> Storage:
@@ -30,10 +31,11 @@ def open_storage(url: str | None, *, home: Path) -> Storage:
     scheme = text.split("://", 1)[0].lower()
     if scheme == "file":
         return LocalStorage(_file_path(text))
-    if scheme in SCHEMES:
+    if scheme in BUCKET_SCHEMES:
         return ObjectStorage(text)
     shown = mask_url(text)
-    cause = f"the scheme {scheme!r} is not one of file, {', '.join(SCHEMES)} (or a plain path)"
+    schemes = ", ".join(BUCKET_SCHEMES)
+    cause = f"the scheme {scheme!r} is not one of file, {schemes} (or a plain path)"
     raise PipelineError(
         ErrorCode.STORAGE_INVALID_URL,
         f"invalid storage URL {shown}: {cause}",

@@ -65,6 +65,7 @@ from obstore.exceptions import (
 from obstore.store import AzureStore, GCSStore, S3Store
 
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
+from pipeline_defs.resume.settings import BUCKET_SCHEMES
 from resources.storage.base import (
     TEMP_PREFIX,
     ObjectMeta,
@@ -83,8 +84,8 @@ if TYPE_CHECKING:
 _log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
-SCHEMES = ("s3", "gs", "az")
-_NAMES = {"s3": "S3 bucket", "gs": "GCS bucket", "az": "Azure container"}
+# What each scheme of the one list (``BUCKET_SCHEMES``, which the settings check too) names.
+BUCKET_NAMES = {"s3": "S3 bucket", "gs": "GCS bucket", "az": "Azure container"}
 # Bucket and container names of the three clouds (a superset: the cloud has the last word).
 _BUCKET = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{1,254}$")
 # Environment variables whose values are credentials, cut out of any error text.
@@ -227,8 +228,8 @@ def parse_bucket_url(url: str) -> BucketLocation:
     except ValueError as exc:
         raise _invalid_url(shown, f"it cannot be parsed ({exc})") from None
     scheme = parts.scheme.lower()
-    if scheme not in SCHEMES:
-        raise _invalid_url(shown, f"the scheme {parts.scheme!r} is not one of {SCHEMES}")
+    if scheme not in BUCKET_SCHEMES:
+        raise _invalid_url(shown, f"the scheme {parts.scheme!r} is not one of {BUCKET_SCHEMES}")
     if "@" in parts.netloc or parts.password is not None:
         raise _invalid_url(
             shown, "credentials in the URL are refused: give them in the environment"
@@ -238,7 +239,7 @@ def parse_bucket_url(url: str) -> BucketLocation:
     if port is not None:
         raise _invalid_url(shown, "a port is refused: set the endpoint in the environment")
     if not _BUCKET.match(parts.netloc):
-        raise _invalid_url(shown, f"{parts.netloc!r} is not a {_NAMES[scheme]} name")
+        raise _invalid_url(shown, f"{parts.netloc!r} is not a {BUCKET_NAMES[scheme]} name")
     prefix = parts.path.strip("/")
     if prefix:
         try:
@@ -373,7 +374,7 @@ class ObjectStorage:
             raise PipelineError(
                 ErrorCode.STORAGE_CONFIG,
                 f"cannot open storage {self.url}: the environment does not configure a "
-                f"{_NAMES[self.location.scheme]} client ({cause})",
+                f"{BUCKET_NAMES[self.location.scheme]} client ({cause})",
                 details=error_details(self.url, None, cause),
             ) from None
 
@@ -686,7 +687,7 @@ class ObjectStorage:
         """Raise ``storage.bucket_missing`` if ``exc`` says the bucket does not exist."""
         if not _NO_BUCKET.search(str(exc)):
             return
-        what = _NAMES[self.location.scheme]
+        what = BUCKET_NAMES[self.location.scheme]
         cause = f"the {what} {self.location.bucket!r} does not exist at {self.endpoint}"
         raise PipelineError(
             ErrorCode.STORAGE_BUCKET_MISSING,
@@ -702,7 +703,7 @@ class ObjectStorage:
     def _where(self) -> str:
         return (
             f"storage {self.url} (endpoint {self.endpoint}, "
-            f"{_NAMES[self.location.scheme]} {self.location.bucket})"
+            f"{BUCKET_NAMES[self.location.scheme]} {self.location.bucket})"
         )
 
     def _failure(self, exc: BaseException, key: str, action: str) -> PipelineError:

@@ -4,7 +4,7 @@ Errors exit non-zero with one line naming the culprit and the typed error code:
 ``error: [input.invalid_id] invalid project_id '..': ids must match ...``.
 
 One concern per module: :mod:`.app` (the command group, the checked workspace),
-:mod:`.errors` (``--json`` and typed errors → exit 1), :mod:`.render` (tables, hints, JSON),
+:mod:`.render` (tables, hints, JSON; ``--json`` and typed errors → exit 1),
 :mod:`.run_output` (how a run is shown), :mod:`.options` (options several commands
 share), and the commands by what they act on:
 :mod:`.commands_settings`, :mod:`.commands_runs`, :mod:`.commands_status`,

@@ -55,7 +55,7 @@ from pipeline_defs.judging.tick_result import TickConfig, TickResult
 from pipeline_defs.resume.clock import parse_timestamp
 from pipeline_defs.resume.decision import ResumeAction
 from pipeline_defs.resume.errors import PipelineError, is_outage
-from pipeline_defs.resume.status import LedgerRow
+from pipeline_defs.resume.status import LedgerRow, StepStatus
 from pipeline_defs.steps.graph import order_steps
 from pipeline_defs.steps.spec import Step
 from pipeline_defs.wiring.assets import episodes, owner_ended_in
@@ -246,7 +246,10 @@ def check_report(change: CheckChange) -> dict[str, object]:
             "reason": decision.reason,
             "verdict": ev.verdict.value,
         }
-        description = f"no longer blocked: {decision.action.value}"
+        if ev.running_healthy:  # the judge's block word is no verdict on a live lease
+            del metadata["verdict"]
+            metadata["status"] = StepStatus.RUNNING.value
+        description = f"no longer blocked: {_cleared_by(ev)}"
     else:
         metadata = {
             "origin": origin,
@@ -262,6 +265,14 @@ def check_report(change: CheckChange) -> dict[str, object]:
         "description": description[:1000],
         "metadata": metadata,
     }
+
+
+def _cleared_by(ev: StepEvaluation) -> str:
+    """What a cleared block turned into: the action, or for a step another run took up (a
+    live lease, no block: docs/DESIGN.md#reports) ``running``, with its owner."""
+    if ev.running_healthy:
+        return f"{StepStatus.RUNNING.value} (run {ev.facts.run_id!r} holds a live lease)"
+    return ev.decision.action.value
 
 
 def _known_partitions(
@@ -282,9 +293,7 @@ def _log(context: dg.SensorEvaluationContext, result: TickResult) -> None:
     for change in result.checks[:LOGGED_CHANGES]:
         ev = change.evaluation
         if change.passed:
-            context.log.info(
-                f"unblocked {ev.step_id} [{ev.partition_key}]: {ev.decision.action.value}"
-            )
+            context.log.info(f"unblocked {ev.step_id} [{ev.partition_key}]: {_cleared_by(ev)}")
         else:
             context.log.info(
                 f"BLOCK {ev.step_id} [{ev.partition_key}] {ev.decision.code} "
@@ -434,8 +443,9 @@ def build_resume_sensor(
             steps_job_name,
             backfilling({f"{row.project_id}/{row.episode_id}" for row in running}),
         )
-        # A live lease is no fault: the owner's run shows the check in progress itself.
-        reports = [check_report(c) for c in result.checks if not c.evaluation.running_healthy]
+        # A live lease is no fault (the owner's run shows the check in progress itself): no
+        # change is a failed check for one, only the clearance of a block published before.
+        reports = [check_report(c) for c in result.checks]
         # A launch stranded past its attempts shows where blocks show, on its steps.
         seen = cursor_extra(context.cursor, STRANDED_FIELD)
         stranded_checks, still_stranded = stranded_reports(

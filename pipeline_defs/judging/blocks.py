@@ -2,7 +2,9 @@
 
 The cursor keeps a short signature of every current block per (step, partition) slot; a
 block whose signature is new is reported failed, and a slot that leaves the block state
-is reported passed once.
+is reported passed once. A step another run holds a live lease on (``running_healthy``)
+is no block (docs/DESIGN.md#reports): never reported nor kept, so a clearance is only ever
+published for a block that was.
 """
 
 from collections.abc import Iterable, Mapping
@@ -31,7 +33,7 @@ def block_diff(
     checks: list[CheckChange] = []
     for ev in evaluations:
         slot = ev.slot
-        signature = ev.block_signature
+        signature = None if ev.running_healthy else ev.block_signature
         if signature is not None:
             if after.get(slot) != signature:
                 checks.append(CheckChange(ev, passed=False))

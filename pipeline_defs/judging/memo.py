@@ -32,7 +32,7 @@ class Memo:
     input_dir: Identity
     wake: float | None
     launched: frozenset[str]
-    counts: tuple[int, int, int]  # blocked, waiting, deferred
+    counts: tuple[int, int, int, int]  # blocked, waiting, deferred, running (a live lease)
 
 
 class Judged(Protocol):
@@ -104,9 +104,10 @@ def memoise(
             wake=wake_at.timestamp() if wake_at else None,
             launched=frozenset(ev.run_key for ev in evs if ev.launch and ev.run_key),
             counts=(
-                sum(ev.verdict is Verdict.BLOCKED for ev in evs),
+                sum(ev.verdict is Verdict.BLOCKED and not ev.running_healthy for ev in evs),
                 sum(ev.verdict is Verdict.WAITING for ev in evs),
                 sum(ev.verdict is Verdict.DEFERRED for ev in evs),
+                sum(ev.running_healthy for ev in evs),
             ),
         )
     return launches, new_memos

@@ -327,6 +327,7 @@ class ResumeTicker:
         stats.blocked = len(blocked)
         stats.waiting = sum(m.counts[1] for m in memos.values())
         stats.deferred = sum(m.counts[2] for m in memos.values())
+        stats.running = sum(m.counts[3] for m in memos.values())
         stats.seconds = time.perf_counter() - started
         self._recheck -= plan.rechecked  # only now: a tick that failed rechecks them again
         return TickResult(

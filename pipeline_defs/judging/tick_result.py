@@ -48,7 +48,8 @@ class TickStats:
     held: int = 0  # partitions whose run waits for a run of theirs in flight, or a backfill
     # Of those, the ones a backfill in progress targets: partition → the backfill's id.
     backfills: dict[str, str] = field(default_factory=dict)
-    blocked: int = 0
+    blocked: int = 0  # the blocks reported (a live lease of another run is none)
+    running: int = 0  # steps another run holds a live lease on: no block, nothing to do
     waiting: int = 0
     deferred: int = 0
     # Partitions whose judging met an outage: deferred whole, judged again next tick.
@@ -68,7 +69,8 @@ class TickStats:
             f"{self.pending} left for the next tick ({self.unjudged} never judged), "
             f"{self.row_queries} row queries ({self.rows_fetched} rows); {self.launches} "
             f"launches in {self.runs} runs ({self.held} partitions held behind runs in "
-            f"flight{self.backfill_text()}), {self.blocked} blocked, {self.waiting} waiting, "
+            f"flight{self.backfill_text()}), {self.running} running, {self.blocked} blocked, "
+            f"{self.waiting} waiting, "
             f"{self.deferred} "
             f"deferred{self.outage_text()}; {self.seconds:.3f}s"
         )

@@ -433,7 +433,7 @@ def test_same_state_same_run_key_and_a_new_state_relaunches(rig: Rig) -> None:
     result = rig.tick()
     second = rig.requests(result)[("src", "p/e1")].run_key
     assert second != first
-    assert [c.passed for c in rig.checks(result).values()] == [True]  # no longer running
+    assert not rig.checks(result)  # a live lease was never reported: nothing to clear
 
 
 def test_a_new_partition_is_finished_by_the_one_run_of_one_tick(sqlite_rig: Rig) -> None:
@@ -492,7 +492,46 @@ def test_a_running_row_turns_stale_by_time_alone(sqlite_rig: Rig) -> None:
     rig.now += timedelta(seconds=TIMEOUT)
     request = rig.requests(rig.tick())[("mid", "p/e1")]
     assert request.tags["resume/action"] == "stale_running_recovery"
-    assert rig.checks()[("mid", "p/e1")].passed  # the block cleared
+    assert not rig.checks()  # never reported blocked: nothing to clear
+
+
+def test_a_live_lease_is_counted_running_never_blocked_nor_cleared(sqlite_rig: Rig) -> None:
+    """docs/DESIGN.md#reports: a step another run holds a live lease on is no block. The
+    tick's line counts it running (not blocked) and logs no BLOCK; when its owner finishes,
+    no "no longer blocked" check is published for a block that never was. A block that was
+    published is cleared once when a run takes the step up."""
+    rig = sqlite_rig
+    seed(rig.stores, "p/e1")
+    rig.add("p/e1")
+    key = rig.key("p/e1", "mid")
+    started = format_timestamp(rig.now - timedelta(seconds=10))
+    assert rig.stores.ledger.claim(key, "w:0", now=started)
+    rig.tick()
+    assert not rig.checks()
+    assert not [line for line in rig.log.lines if line.startswith("BLOCK")]
+    line = rig.log.lines[0]
+    assert rig.stats.blocked == 0 and ", 0 blocked" in line, line
+    assert rig.stats.running == 1 and "1 running" in line, line
+    rig.now += timedelta(seconds=1)
+    rig.tick()  # unchanged: still not a block
+    assert rig.stats.mode == "unchanged" and rig.stats.blocked == 0
+    assert rig.stores.ledger.transition(key, "w:0", "completed")  # the owner finishes
+    rig.tick()
+    assert rig.stats.evaluated_partitions == 1 and not rig.checks()  # nothing to clear
+    # A published block (a verifier's drift) taken up by a run (an operator's force): the
+    # published block is cleared once, and nothing more when that run ends.
+    write_input(rig.home, "p/e1", "verify.json", {"mid": "drift"})
+    rig.tick()
+    assert not rig.checks()[("mid", "p/e1")].passed and rig.stats.blocked == 1
+    write_input(rig.home, "p/e1", "verify.json", {})
+    assert rig.stores.ledger.claim(key, "force:0", now=format_timestamp(rig.now))
+    rig.tick()
+    cleared = rig.checks()[("mid", "p/e1")]
+    assert cleared.passed and rig.stats.blocked == 0 and rig.stats.running == 1
+    assert "running" in str(cleared.description), cleared.description
+    assert rig.stores.ledger.transition(key, "force:0", "completed")
+    rig.tick()
+    assert not rig.checks() and rig.stats.blocked == 0
 
 
 def test_exhaustion_is_reported_once_and_a_recovery_passes(sqlite_rig: Rig) -> None:

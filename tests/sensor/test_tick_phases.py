@@ -164,6 +164,7 @@ class _Ev:
     launch: bool = False
     run_key: str | None = None
     block_signature: str | None = None
+    running_healthy: bool = False  # another run holds a live lease: no block
 
     @property
     def slot(self) -> str:
@@ -196,6 +197,23 @@ def test_memoise_launches_once_and_keeps_unjudged_memos(
     assert memos["p/e3"].tree == plan.scanned["p/e3"].ints
     again, _ = memoise(plan, _evs(run), ["p/e3"], old | memos, ResumeSettings(), NOW)
     assert again == []  # the same run key is not launched twice
+
+
+def test_block_diff_never_reports_a_live_lease_and_clears_only_published_blocks() -> None:
+    """docs/DESIGN.md#reports: a step another run holds a live lease on is no block (the judge
+    says BLOCK with a signature): not reported, not kept, so its end clears nothing; a block
+    published before is cleared once when a run takes the step up."""
+
+    def live(pk: str) -> _Ev:
+        return _Ev("mid", pk, Verdict.BLOCKED, block_signature="l", running_healthy=True)
+
+    before = {"mid|p/e2": "b"}
+    evs = _evs(live("p/e1"), live("p/e2"))
+    checks, after = block_diff(evs, before, ["p/e1", "p/e2"], ["mid"])
+    assert [(c.evaluation.slot, c.passed) for c in checks] == [("mid|p/e2", True)]
+    assert after == {}
+    checks, after = block_diff(_evs(_Ev("mid", "p/e1")), after, ["p/e1"], ["mid"])
+    assert checks == [] and after == {}  # the lease ended: nothing was published to clear
 
 
 def test_block_diff_reports_only_changes() -> None:

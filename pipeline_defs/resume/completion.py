@@ -17,6 +17,9 @@ class Origin(StrEnum):
     """Why a step is (in)complete; drives rerun vs block."""
 
     CLEAN = "clean"
+    # A mutator's victim no longer holds the edits it published (changed since it was
+    # reviewed, gone or blocked): nothing of the mutator is missing; it reviews again.
+    VICTIM_CHANGED = "victim_changed"
     ARTIFACT_MISSING = "artifact_missing"
     CONTRACT_DRIFT = "contract_drift"
     INVARIANT_DRIFT = "invariant_drift"
@@ -27,10 +30,11 @@ class Origin(StrEnum):
 ORIGIN_PRIORITY: Mapping[Origin, int] = MappingProxyType(
     {
         Origin.CLEAN: 0,
-        Origin.ARTIFACT_MISSING: 1,
-        Origin.INVARIANT_DRIFT: 2,
-        Origin.CONTRACT_DRIFT: 3,
-        Origin.VERIFY_CRASHED: 4,
+        Origin.VICTIM_CHANGED: 1,
+        Origin.ARTIFACT_MISSING: 2,
+        Origin.INVARIANT_DRIFT: 3,
+        Origin.CONTRACT_DRIFT: 4,
+        Origin.VERIFY_CRASHED: 5,
     }
 )
 

@@ -391,6 +391,9 @@ def _judge_settled(
     if origin is Origin.ARTIFACT_MISSING:
         missing = _summarize(report.missing) or "unspecified artifacts"
         return _rerun(f"completed but artifacts are missing: {missing}", origin)
+    if origin is Origin.VICTIM_CHANGED:  # a mutator's edits no longer held: review again
+        victims = _summarize(report.missing) or "a victim changed"
+        return _rerun(f"completed, but its edits no longer hold in: {victims}", origin)
     if origin is Origin.VERIFY_CRASHED:
         return _block(f"verify_completion crashed{detail}", origin, CODE_VERIFY_CRASHED)
     found = f": {_summarize(report.missing)}" if report.missing else ""

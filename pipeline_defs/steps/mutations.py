@@ -129,6 +129,7 @@ def intent_report(
 ) -> CompletionReport:
     """Whether every victim holds the version the published mutator left it at."""
     problems: list[str] = []
+    unapplied = False  # a victim at base: the mutator's own edits are what is missing
     source = str(checkpoints.path_for(mutator))
     for intent in intents_of(checkpoint, source=source):
         victim_key = StepKey(mutator.project_id, mutator.episode_id, intent.victim)
@@ -143,15 +144,20 @@ def intent_report(
         if found is None:
             problems.append(f"{intent.victim}: no checkpoint; review again once it is rebuilt")
         elif found == intent.base:
+            unapplied = True
             problems.append(f"{intent.victim}: the edits of {mutator.step_id} are not applied")
         else:
             problems.append(
-                f"{intent.victim}: changed since {mutator.step_id} reviewed it (rebuilt?); "
-                "review again"
+                f"{intent.victim}: changed since {mutator.step_id} reviewed it (an accepted "
+                "edit or a rebuild); review again"
             )
     if not problems:
         return CompletionReport.clean()
-    return CompletionReport.incomplete(Origin.ARTIFACT_MISSING, tuple(problems), Severity.PARTIAL)
+    # Edits never applied are the mutator's own result missing; a victim changed since (an
+    # accepted hand edit, a rebuild), gone or blocked is no missing artifact of the mutator
+    # (docs/DESIGN.md#rebuilt-victims): either way it alone runs again.
+    origin = Origin.ARTIFACT_MISSING if unapplied else Origin.VICTIM_CHANGED
+    return CompletionReport.incomplete(origin, tuple(problems), Severity.PARTIAL)
 
 
 def write_ahead(

@@ -178,6 +178,30 @@ def test_an_unedited_checkpoint_has_nothing_to_accept(env: Env) -> None:
     assert ledger_dump(env.db_url) == before_rows
 
 
+def _decided(env: Env, step_id: str) -> dict[str, Any]:
+    code, payload = storyboard(env, "decide", "--partition", PARTITION, "--json")
+    assert code == 0 and isinstance(payload, dict), payload
+    (decision,) = [d for d in payload["decisions"] if d["step"] == step_id]
+    return dict(decision)
+
+
+def test_decide_names_a_changed_victim_not_a_missing_artifact(env: Env) -> None:
+    """A hand edit of scene_detail, a victim of the review: nothing of t2i_review is missing.
+    ``decide`` names the cause, the victim that no longer holds the review's result (origin
+    ``victim_changed``), while the edit waits and once it is accepted (the review runs again)."""
+    edit_first_prompt(env, "a lighthouse at dusk, edited by hand")
+    review = _decided(env, "t2i_review")
+    assert review["origin"] == "victim_changed", review
+    assert "missing" not in review["reason"] and "scene_detail" in review["reason"], review
+    assert review["verdict"] == "waiting"  # on the blocked edit: accept or force
+    code, payload = storyboard(env, "accept", "--partition", PARTITION, "--step", "scene_detail")
+    assert code == 0, payload
+    review = _decided(env, "t2i_review")
+    assert (review["action"], review["origin"]) == ("rerun_self", "victim_changed"), review
+    assert "missing" not in review["reason"], review
+    assert "scene_detail: changed since t2i_review reviewed it" in review["reason"], review
+
+
 def test_the_block_of_a_hand_edit_offers_accept_before_force(env: Env) -> None:
     edit_first_prompt(env, "a lighthouse at dusk, edited by hand")
     code, payload = storyboard(env, "status", "--partition", PARTITION, "--json")

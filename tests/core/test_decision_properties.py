@@ -108,6 +108,7 @@ outcomes = st.one_of(
     st.sampled_from(
         [
             Origin.ARTIFACT_MISSING,
+            Origin.VICTIM_CHANGED,
             Origin.CONTRACT_DRIFT,
             Origin.INVARIANT_DRIFT,
             Origin.VERIFY_CRASHED,

@@ -59,8 +59,8 @@ def status(*, partitions: tuple[str, ...], as_json: bool) -> dict[str, Any] | No
     lines += _summary_lines(
         report.summary, width, ws.settings.lease_seconds, ws.settings.heartbeat_seconds
     )
-    p95 = [f"{k} {seconds(v)}" for k, v in report.p95_duration_seconds.items() if v]
-    lines += packed("p95 duration per step:", listed(p95) or ["-"], width)
+    p95 = [f"{k} {seconds(v)}" for k, v in report.p95_claimed_seconds.items() if v]
+    lines += packed("claimed p95 per step:", listed(p95) or ["-"], width)
     lines += packed("settings in force:", _settings_items(ws.effective_settings), width)
     lines += wrap(storage, width) or [storage]
     click.echo("\n".join(lines))
@@ -91,12 +91,13 @@ def _status_table(steps: Sequence[StepState], width: int) -> list[str]:
                 s.last_decision,
                 s.recovery_count,
                 s.provider_calls,
-                seconds(s.last_duration_seconds),
+                seconds(s.last_run_step_seconds) or "-",
+                seconds(s.last_claimed_seconds) or "-",
                 f"same as {first} (above)" if first else block,
             )
         )
     headers = ["partition", "step", "status", "sensor now", "last decision", "recov"]
-    headers += ["calls total", "last dur", "block"]
+    headers += ["calls total", "run step", "claimed", "block"]
     lines, groups = table_lines(headers, rows, width)
     for s, group, first in zip(steps, groups, firsts, strict=True):
         lines += group
@@ -222,8 +223,8 @@ def _summary_lines(
         [
             f"completed {hour.completed}",
             f"partial {hour.partial}",
-            f"p95 {seconds(hour.p95_duration_seconds) or '-'}",
-            f"max {seconds(hour.max_duration_seconds) or '-'}",
+            f"claimed p95 {seconds(hour.p95_claimed_seconds) or '-'}",
+            f"claimed max {seconds(hour.max_claimed_seconds) or '-'}",
             failed,
             *codes,
         ],

@@ -118,7 +118,12 @@ class StepState:
     # Calls recorded as sent whose reply never came (the worker died during them): most
     # likely paid, outcome unknown.
     unknown_outcome_calls: int = 0
-    last_duration_seconds: float | None = None
+    # Two measures of the step's latest run, each named for what it is: the step in its
+    # Dagster run, start to end as the run's events time it (judging, inputs, the claim, the
+    # body, publish; None when the instance does not know the run), and its claim to its end
+    # in the ledger (the body, its verification and publish: what the last hour measures).
+    last_run_step_seconds: float | None = None
+    last_claimed_seconds: float | None = None
     run_id: str | None = None
     # The worker whose claim made the step's latest run, in its history line's words (`host:pid`;
     # a fleet worker as started, then its pool child: `storyboard-1@vm, child vm:2`).
@@ -131,7 +136,7 @@ class StepState:
 class StatusReport:
     steps: list[StepState]
     totals: dict[str, Any]
-    p95_duration_seconds: dict[str, float | None]
+    p95_claimed_seconds: dict[str, float | None]  # per step, over the finished rows
     summary: StatusSummary
 
     def as_dict(self) -> dict[str, Any]:
@@ -142,7 +147,7 @@ class StatusReport:
                 for s in self.steps
             ],
             "totals": self.totals,
-            "p95_duration_seconds": self.p95_duration_seconds,
+            "p95_claimed_seconds": self.p95_claimed_seconds,
             "summary": self.summary.as_dict(),
         }
 
@@ -365,15 +370,14 @@ def status_report(
                 state.updated_at = row.updated_at
                 state.error = row.error_message
                 if row.status in _FINISHED:
-                    # The run's own timing of the step; the ledger's claim-to-finish when the
-                    # instance does not know the run (another deployment's, or pruned).
+                    # The run's own timing of the step (none when the instance does not know
+                    # the run: another deployment's, or pruned), and the ledger's claim to end.
                     run_id = str(row.run_id or "").split(":", 1)[0]
-                    state.last_duration_seconds = run_durations.get(
-                        (run_id, step_id), _seconds_between(row.started_at, row.completed_at)
-                    )
+                    state.last_run_step_seconds = run_durations.get((run_id, step_id))
+                    state.last_claimed_seconds = _seconds_between(row.started_at, row.completed_at)
                     failed = row.status is StepStatus.FAILED
-                    if state.last_duration_seconds is not None and not failed:
-                        durations[step_id].append(state.last_duration_seconds)
+                    if state.last_claimed_seconds is not None and not failed:
+                        durations[step_id].append(state.last_claimed_seconds)
                 if row.status in _WAITING:
                     updated = parse_timestamp(row.updated_at)
                     if updated is not None:

@@ -80,10 +80,12 @@ class LastHour:
     partial: int
     failed: int
     failure_codes: tuple[tuple[str, int], ...]  # most frequent first
-    # Over runs that finished (completed or partial), as the per-step p95: a failure's
-    # duration says when it broke, not how long the step takes.
-    p95_duration_seconds: float | None
-    max_duration_seconds: float | None
+    # "claimed": from a step's claim to its end (its history lines), as the per-step
+    # ``last_claimed_seconds``; not the step in its run (``last_run_step_seconds``: judging
+    # and inputs before the claim too). Over runs that finished (completed or partial), as
+    # the per-step p95: a failure's duration says when it broke, not how long the step takes.
+    p95_claimed_seconds: float | None
+    max_claimed_seconds: float | None
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "failure_codes": dict(self.failure_codes)}
@@ -147,8 +149,8 @@ def last_hour(transitions: Iterable[Transition], now: datetime) -> LastHour:
 
     From the audit rows (``step_transition``), not the ledger rows: a row keeps only its
     latest run, so a step that failed twice and then completed within the hour counts
-    three endings here. A run's duration is from its claim (the audit row that moved the
-    step to running under its run id) to its ending.
+    three endings here. A run's time ("claimed") is from its claim (the audit row that
+    moved the step to running under its run id) to its ending.
     """
     since = now - LAST_HOUR
     claimed: dict[tuple[StepKey, str], datetime] = {}
@@ -181,6 +183,6 @@ def last_hour(transitions: Iterable[Transition], now: datetime) -> LastHour:
         partial=outcomes[StepStatus.PARTIAL],
         failed=outcomes[StepStatus.FAILED],
         failure_codes=tuple(sorted(codes.items(), key=lambda item: (-item[1], item[0]))),
-        p95_duration_seconds=percentile(durations, 95),
-        max_duration_seconds=max(durations, default=None),
+        p95_claimed_seconds=percentile(durations, 95),
+        max_claimed_seconds=max(durations, default=None),
     )

@@ -181,20 +181,23 @@ def test_materialize_then_resume_then_status(cli: CliEnv) -> None:
     rows = {(r["partition"], r["step"]): r for r in status["steps"]}
     assert rows["p1/e1", "outline"]["last_decision"] == "skip"
     assert rows["p1/e1", "outline"]["provider_calls"] == 3
-    # The run's own duration of each step (its events), as the run report said it.
+    # The step in its run (the run's events), as the run report said it; and its claim to
+    # its end (the ledger's), a part of it.
     for step_id, reported in by_step.items():
-        shown = rows["p1/e1", step_id]["last_duration_seconds"]
+        shown = rows["p1/e1", step_id]["last_run_step_seconds"]
         assert shown == pytest.approx(reported["duration_seconds"], abs=0.002), step_id
+        claimed = rows["p1/e1", step_id]["last_claimed_seconds"]
+        assert claimed is not None and claimed <= shown + 0.002, step_id
     # Who ran it: the worker (host:pid) named by each step's claim line, this process here.
     here = f"{socket.gethostname()}:{os.getpid()}"
     assert {r["worker"] for r in status["steps"]} == {here}
     totals = status["totals"]
     assert totals["completed"] == 4 and totals["running"] == totals["failed"] == 0
     assert totals["provider_calls"] == 7 and totals["queued_runs"] == 0
-    assert set(status["p95_duration_seconds"]) == {"source", "outline", "sketch", "probe"}
+    assert set(status["p95_claimed_seconds"]) == {"source", "outline", "sketch", "probe"}
 
     text = cli.ok("status").stdout
-    assert "p1/e1" in text and "p95 duration per step" in text
+    assert "p1/e1" in text and "claimed p95 per step" in text
 
 
 def test_status_shows_blocks_recoveries_and_pending(cli: CliEnv) -> None:

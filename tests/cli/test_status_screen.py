@@ -222,7 +222,24 @@ def test_the_last_hour_counts_endings_codes_and_durations(payload: dict[str, Any
         "step.execute_failed": 1,  # every item failed ("finish" to failed)
         "storage.full": 1,  # an OSError's text, typed by its errno
     }
-    assert (hour["p95_duration_seconds"], hour["max_duration_seconds"]) == (19.0, 20.0)
+    assert (hour["p95_claimed_seconds"], hour["max_claimed_seconds"]) == (19.0, 20.0)
+
+
+def test_each_duration_is_named_for_what_it_measures(payload: dict[str, Any], screen: str) -> None:
+    """Two measures, two names, the same on the screen and in --json: the step in its run
+    (``run step``: its Dagster events, judging, inputs, body and publish) and its claim to
+    its end (``claimed``: the ledger row and the history lines, which the last hour's p95
+    and max are taken from). One name ("last dur") showed both, one beside the other."""
+    state = next(s for s in payload["steps"] if s["step"] == BACKOFF)
+    assert state["last_claimed_seconds"] == 60.0  # claimed 6 min ago, ended 5 min ago
+    assert state["last_run_step_seconds"] is None  # the instance does not know its run
+    assert not [k for s in payload["steps"] for k in s if "duration" in k]
+    assert "p95_claimed_seconds" in payload and "p95_duration_seconds" not in payload
+    assert "last dur" not in screen and "duration" not in screen, screen
+    assert column(screen, "claimed")[BACKOFF] == "60.0s"
+    assert column(screen, "run step")[BACKOFF] == "-"
+    assert re.search(r"claimed p95 19\.0s\s+claimed max 20\.0s", screen), screen
+    assert "claimed p95 per step:" in screen
 
 
 # --------------------------------------------------------------------------- the screen
@@ -264,9 +281,9 @@ def test_the_screen_prints_the_summary_before_the_settings(screen: str) -> None:
         f"recoveries exhausted 1: {PARTITION} {EXHAUSTED}"
     )
     hour = index("last hour: ")
-    text = " ".join(line.strip() for line in lines[hour : index("p95 duration per step")])
+    text = " ".join(line.strip() for line in lines[hour : index("claimed p95 per step")])
     assert text == (
-        "last hour: completed 20  partial 0  p95 19.0s  max 20.0s  failed 3: "
+        "last hour: completed 20  partial 0  claimed p95 19.0s  claimed max 20.0s  failed 3: "
         "provider.retries_exhausted 1, step.execute_failed 1, storage.full 1"
     ), screen
     settings = " ".join(line.strip() for line in lines[index("settings in force: ") :])
@@ -327,7 +344,7 @@ def test_last_hour_times_a_takeover_from_its_own_claim_and_names_a_reset() -> No
     hour = last_hour(audit, NOW)
     assert (hour.completed, hour.partial, hour.failed) == (1, 1, 1)
     assert hour.failure_codes == (("reset_running", 1),)
-    assert (hour.p95_duration_seconds, hour.max_duration_seconds) == (60.0, 60.0)
+    assert (hour.p95_claimed_seconds, hour.max_claimed_seconds) == (60.0, 60.0)
     assert hour.since == "2026-06-01T11:00:00.000000Z"
 
 

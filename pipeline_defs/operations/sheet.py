@@ -232,9 +232,13 @@ def _character_names(canon: Mapping[str, Any]) -> dict[str, str]:
     }
 
 
-def _figure(picture: Picture | None, caption: str, detail: str = "") -> str:
+def _figure(picture: Picture | None, label: str, words: str = "", detail: str = "") -> str:
+    """One picture: ``label`` (its id, in bold) and ``words`` (what it shows) as its caption,
+    and the same as plain text for its ``alt`` (read out as text: no markup)."""
+    plain = f"{label} {words}".strip()
+    caption = f"<b>{_e(label)}</b>" + (f" {_e(words)}" if words else "")
     if picture is not None and picture.uri is not None:
-        image = f'<img src="{picture.uri}" alt="{_e(caption)}">'
+        image = f'<img src="{picture.uri}" alt="{_e(plain)}">'
     else:
         why = picture.problem if picture is not None else "not drawn yet"
         image = f'<div class="absent">{_e(why)}</div>'
@@ -269,7 +273,7 @@ def _shot_card(
     detail = f'<p class="prompt">{_e(variation.get("t2i_prompt") or "")}</p>' + (
         f'<p class="cast">{_e(", ".join(cast))}</p>' if cast else ""
     )
-    return _figure(picture, f"<b>{_e(item)}</b>", detail)
+    return _figure(picture, item, detail=detail)
 
 
 def _characters(reader: _Reader, report: SheetReport) -> str:
@@ -280,15 +284,15 @@ def _characters(reader: _Reader, report: SheetReport) -> str:
             continue
         cid = str(character.get("character_id"))
         figures: list[Picture | None] = [reader.picture("ref_image_gen", cid)]
-        captions = [f"<b>{_e(cid)}</b> reference"]
+        captions = [(cid, "reference")]
         for outlook in character.get("outlooks") or []:
             oid = str(outlook.get("outlook_id")) if isinstance(outlook, Mapping) else ""
             if not oid or oid == "O00":
                 continue
             figures.append(reader.picture("composite_image_gen", f"{cid}_{oid}"))
-            captions.append(f"<b>{_e(cid)}_{_e(oid)}</b> {_e(outlook.get('description') or '')}")
+            captions.append((f"{cid}_{oid}", str(outlook.get("description") or "")))
         report.pictures += sum(1 for f in figures if f is not None and f.uri is not None)
-        grid = "".join(_figure(f, c) for f, c in zip(figures, captions, strict=True))
+        grid = "".join(_figure(f, *c) for f, c in zip(figures, captions, strict=True))
         cards.append(
             f'<section class="character"><h3>{_e(character.get("name") or cid)} '
             f"<small>{_e(cid)} · {_e(character.get('description') or '')}</small></h3>"

@@ -46,8 +46,11 @@ class _Images(HTMLParser):
         super().__init__()
         self.sources: list[str] = []
         self.external: list[str] = []
+        self.alts: list[str] = []  # as a reader hears them (entities decoded)
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "img":
+            self.alts += [value or "" for name, value in attrs if name == "alt"]
         for name, value in attrs:
             if name in ("src", "href") and value:
                 (self.sources if value.startswith("data:") else self.external).append(value)
@@ -80,6 +83,22 @@ def test_the_page_shows_every_shot_and_reference_in_story_order(built: Env, tmp_
         png = base64.b64decode(uri.split(",", 1)[1])
         with Image.open(io.BytesIO(png)) as thumb:
             assert max(thumb.size) <= THUMBNAIL_SIDE
+
+
+def test_every_picture_has_plain_text_for_alt(built: Env, tmp_path: Path) -> None:
+    """An alt attribute is read out as text: the picture's id and what it shows, never the
+    caption's markup (``<b>S1_L0_V0</b>``, which the page showed escaped as ``&lt;b&gt;``)."""
+    out = tmp_path / "page.html"
+    sheet(built, out)
+    images = _Images()
+    images.feed(out.read_text(encoding="utf-8"))
+    assert images.alts and len(images.alts) == len(images.sources)
+    marked = [alt for alt in images.alts if re.search(r"[<>]|&\w+;|&#", alt)]
+    assert marked == [], marked
+    shots = data_of(built, "scene_image_pipeline")["expected"]
+    assert [alt for alt in images.alts if alt in shots] == list(shots)
+    refs = data_of(built, "ref_image_gen")["expected"]
+    assert {f"{cid} reference" for cid in refs} <= set(images.alts), images.alts
 
 
 def test_a_replaced_picture_is_marked_not_shown(built: Env, tmp_path: Path) -> None:

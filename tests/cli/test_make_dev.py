@@ -74,6 +74,8 @@ DOCS = ("README.md", "docs/OPERATING.md")
 # make, dagster or dg (any path to them), then ``dev``.
 _UI_COMMAND = r"(?:[A-Z_]+=\S* )*(?:\S*/)?(?:make|dagster|dg) dev\b[^`\n]*"
 UI_COMMAND = re.compile(rf"`({_UI_COMMAND})`|^[ \t]*({_UI_COMMAND})$", re.MULTILINE)
+# In prose, a span of the bare words names the program ("through a real `dagster dev`").
+PROGRAM_NAMES = {"dagster dev", "dg dev"}
 # The way that stops whole (any port, in the foreground or in the background).
 STOPS_WHOLE = re.compile(r"make dev(?: PORT=\d+)?(?: &)?")
 
@@ -83,7 +85,9 @@ def documented_ui_commands() -> dict[str, list[str]]:
     found: dict[str, list[str]] = {}
     for doc in DOCS:
         text = (ROOT / doc).read_text()
-        found[doc] = [a or b for a, b in UI_COMMAND.findall(text)]
+        spans = [a for a, _ in UI_COMMAND.findall(text) if a and a not in PROGRAM_NAMES]
+        lines = [b for _, b in UI_COMMAND.findall(text) if b]
+        found[doc] = spans + lines
     return found
 
 

@@ -21,6 +21,8 @@ class _NotJudged(enum.Enum):
 
 # ``claim(seen=...)`` default: no compare-and-set (operators and benchmarks claim blind).
 NOT_JUDGED: Final = _NotJudged.NOT_JUDGED
+# What a claim saw: the row the judge read, None for "no row", or NOT_JUDGED.
+Seen = LedgerRow | Literal[_NotJudged.NOT_JUDGED] | None
 
 
 class Claims:
@@ -42,7 +44,7 @@ class Claims:
         fresh: bool = False,
         reason: str | None = None,
         now: str | None = None,
-        seen: LedgerRow | Literal[_NotJudged.NOT_JUDGED] | None = NOT_JUDGED,
+        seen: Seen = NOT_JUDGED,
         audit: Audit | None = None,
         refused: Audit | None = None,
     ) -> bool:

@@ -7,10 +7,10 @@ lists in ``resume_config_keys``, so editing anything else never blocks or re-run
 import os
 import stat as stat_module
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from pipeline_defs.resume.decision import fingerprint
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
@@ -45,6 +45,12 @@ MAX_SEGMENT_CHARS = 1_000_000
 MAX_MENTIONS = 1_000_000
 
 
+# The kinds of endpoint a project's ``provider.kind`` may name: the one list. Each has its
+# models in the code location's router (``pipeline_defs/storyboard/providers.py``
+# ``PROVIDER_MODELS``, kept equal to this list by a test); a new kind is an entry in both.
+PROVIDER_KINDS: tuple[str, ...] = ("offline", "openai")
+
+
 class ProviderConfig(_Strict):
     """Which model endpoints the project's steps call, decided per project at run time.
 
@@ -53,7 +59,7 @@ class ProviderConfig(_Strict):
     (``mask_secrets``), ``repr`` hides it, the provider errors scrub it.
     """
 
-    kind: Literal["offline", "openai"] = "offline"
+    kind: str = "offline"  # one of PROVIDER_KINDS
     base_url: str | None = None
     text_model: str = "offline-text-v1"
     image_model: str = "offline-image-v1"
@@ -64,6 +70,13 @@ class ProviderConfig(_Strict):
     timeout_seconds: float = Field(
         default=60, gt=0, le=MAX_PROVIDER_TIMEOUT_SECONDS, allow_inf_nan=False
     )
+
+    @field_validator("kind")
+    @classmethod
+    def _known_kind(cls, kind: str) -> str:
+        if kind not in PROVIDER_KINDS:
+            raise ValueError(f"{kind!r} is not one of {', '.join(PROVIDER_KINDS)}")
+        return kind
 
 
 # What a step calling the text / image model lists in ``resume_config_keys``: switching the

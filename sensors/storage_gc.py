@@ -1,6 +1,6 @@
 """The ``storage_gc`` job and its daily schedule (off): garbage collection of the shared
 store as Dagster runs it. What may be deleted, and the core ``storyboard gc`` shares, is
-:mod:`resources.garbage`.
+:mod:`resources.storage_garbage`.
 
 The ``storage_gc_daily`` schedule runs the job once a day when turned on (it ships stopped:
 deleting is for whoever owns the bucket to switch on, and the job needs ``DeleteObject``,
@@ -12,8 +12,8 @@ from datetime import timedelta
 import dagster as dg
 
 from resources.checkpoints.published import scratch_cache_of
-from resources.garbage import DEFAULT_GRACE, collect_unnamed
 from resources.pipeline import PipelineResource
+from resources.storage_garbage import DEFAULT_GRACE, collect_unnamed
 
 GC_JOB = "storage_gc"
 GC_SCHEDULE = "storage_gc_daily"

@@ -1,13 +1,13 @@
 """``storyboard gc``: delete attempt prefixes on object storage that nothing names.
 
-The core is :func:`resources.garbage.collect_unnamed`, shared with the ``storage_gc`` job
+The core is :func:`resources.storage_garbage.collect_unnamed`, shared with the ``storage_gc`` job
 and its daily schedule (off by default); this is the command's view of it.
 """
 
 from datetime import datetime, timedelta
 
 from pipeline_defs.operations.workspace import Workspace
-from resources.garbage import DEFAULT_GRACE, GarbageReport, collect_unnamed
+from resources.storage_garbage import DEFAULT_GRACE, GarbageReport, collect_unnamed
 
 __all__ = ["DEFAULT_GRACE", "GarbageReport", "collect_garbage"]
 

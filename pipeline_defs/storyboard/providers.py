@@ -11,6 +11,9 @@ read at each request from the environment variable ``provider.api_key_env`` (def
 every project, as before.
 """
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 from pipeline_defs.project import ProviderConfig
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from resources.providers import (
@@ -54,10 +57,7 @@ def _openai_base_url(config: ProviderConfig) -> str:
     return config.base_url
 
 
-def text_model_for(config: ProviderConfig) -> TextModel:
-    """The text model a project's ``provider:`` section asks for."""
-    if config.kind == "offline":
-        return default_text_model()
+def _openai_text(config: ProviderConfig) -> TextModel:
     return OpenAITextModel(
         base_url=_openai_base_url(config),
         model=config.text_model,
@@ -67,10 +67,7 @@ def text_model_for(config: ProviderConfig) -> TextModel:
     )
 
 
-def image_model_for(config: ProviderConfig) -> ImageModel:
-    """The image model a project's ``provider:`` section asks for."""
-    if config.kind == "offline":
-        return default_image_model()
+def _openai_image(config: ProviderConfig) -> ImageModel:
     return OpenAIImageModel(
         base_url=_openai_base_url(config),
         model=config.image_model,
@@ -78,6 +75,32 @@ def image_model_for(config: ProviderConfig) -> ImageModel:
         api_key=config.api_key,
         timeout_seconds=config.timeout_seconds,
     )
+
+
+@dataclass(frozen=True)
+class ProviderModels:
+    """How one kind of endpoint (``provider.kind``) makes a project's text and image models."""
+
+    text: Callable[[ProviderConfig], TextModel]
+    image: Callable[[ProviderConfig], ImageModel]
+
+
+# Every kind ``provider.kind`` may name (``PROVIDER_KINDS``, the same list): a new kind of
+# endpoint is its models here and its name there.
+PROVIDER_MODELS: dict[str, ProviderModels] = {
+    "offline": ProviderModels(lambda _: default_text_model(), lambda _: default_image_model()),
+    "openai": ProviderModels(_openai_text, _openai_image),
+}
+
+
+def text_model_for(config: ProviderConfig) -> TextModel:
+    """The text model a project's ``provider:`` section asks for."""
+    return PROVIDER_MODELS[config.kind].text(config)
+
+
+def image_model_for(config: ProviderConfig) -> ImageModel:
+    """The image model a project's ``provider:`` section asks for."""
+    return PROVIDER_MODELS[config.kind].image(config)
 
 
 def provider_models(config: ProviderConfig) -> tuple[TextModel, ImageModel]:

@@ -38,6 +38,7 @@ READS = frozenset(
         "archived_artifacts",
         "episode_input_files",
         "artifact_sha256",
+        "episode_estimate",  # the spend cap's suggestion covers it (a ledger read)
     }
 )
 STORES = frozenset({"ledger", "checkpoints"})

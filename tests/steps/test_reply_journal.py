@@ -30,7 +30,6 @@ from resources.checkpoints.journal import (
     journal_prefix,
     request_digest,
 )
-from resources.garbage import collect_unnamed
 from resources.providers import (
     ImageCall,
     ImageReply,
@@ -42,6 +41,7 @@ from resources.providers import (
 )
 from resources.providers.base import HTTP_ERROR, provider_error
 from resources.storage.local import LocalStorage
+from resources.storage_garbage import collect_unnamed
 
 BACKENDS = ("sqlite", "postgresql", "s3")
 

@@ -6,9 +6,10 @@ compare-and-set replacements, typed errors that name the key and the storage.
 """
 
 from resources.storage.base import MAX_KEY_BYTES, ObjectMeta, Storage, mask_url, validate_key
+from resources.storage.bucket_location import BucketLocation, parse_bucket_url
 from resources.storage.local import LocalStorage
 from resources.storage.location import open_storage
-from resources.storage.object_store import BucketLocation, ObjectStorage, parse_bucket_url
+from resources.storage.object_store import ObjectStorage
 
 __all__ = [
     "MAX_KEY_BYTES",

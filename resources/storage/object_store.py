@@ -8,6 +8,12 @@ when the storage is opened — never from the URL (one with a user part or a que
 refused) and never written anywhere. Errors name the endpoint host and the bucket, and
 every credential value the process holds is cut out of a backend's error text.
 
+This module holds :class:`ObjectStorage`, the storage on obstore; the URL and the endpoint
+are :mod:`~resources.storage.bucket_location`'s, the retry budget and what a failure is
+:mod:`~resources.storage.retry_budget`'s, a failure's words
+:mod:`~resources.storage.backend_errors`'s, and the keys obstore cannot parse
+:mod:`~resources.storage.unparseable_keys`'.
+
 Create-only puts are ``If-None-Match: *`` and replacements ``If-Match: <e_tag>`` (plus the
 object version where the bucket is versioned): the bucket itself arbitrates, so both are
 exact whatever the caller holds.
@@ -39,17 +45,10 @@ says which folder. Our own keys start with a letter or a digit.
 """
 
 import logging
-import math
-import os
-import random
-import re
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from datetime import timedelta
-from typing import TYPE_CHECKING, TypeVar
-from urllib.parse import urlsplit
+from typing import TYPE_CHECKING
 
 import obstore
 from obstore.exceptions import (
@@ -65,240 +64,37 @@ from obstore.exceptions import (
 from obstore.store import AzureStore, GCSStore, S3Store
 
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
-from pipeline_defs.resume.settings import BUCKET_SCHEMES
+from resources.storage.backend_errors import (
+    BACKEND_ERRORS,
+    backend_cause,
+    credential_values,
+    says_bucket_missing,
+)
 from resources.storage.base import (
     TEMP_PREFIX,
     ObjectMeta,
     error_details,
-    mask_url,
     scrub,
     short_cause,
     validate_key,
 )
+from resources.storage.bucket_location import (
+    ALLOW_HTTP,
+    BUCKET_NAMES,
+    BucketLocation,
+    allows_http,
+    endpoint_host,
+    http_endpoint,
+    parse_bucket_url,
+)
+from resources.storage.retry_budget import RetryBudget, backoff, in_doubt, transient
+from resources.storage.unparseable_keys import bad_key, poisoned, resume_after
 
 if TYPE_CHECKING:
     from obstore import ObjectMeta as ObstoreMeta
     from obstore import PutMode, PutResult, UpdateVersion
-    from obstore.store import ClientConfig, RetryConfig
 
 _log = logging.getLogger(__name__)
-_T = TypeVar("_T")
-
-# What each scheme of the one list (``BUCKET_SCHEMES``, which the settings check too) names.
-BUCKET_NAMES = {"s3": "S3 bucket", "gs": "GCS bucket", "az": "Azure container"}
-# Bucket and container names of the three clouds (a superset: the cloud has the last word).
-_BUCKET = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{1,254}$")
-# Environment variables whose values are credentials, cut out of any error text.
-_CREDENTIAL_SOURCES = ("AWS_", "AZURE_", "GOOGLE_", "GCS_", "OBJECT_STORE_")
-_CREDENTIAL_NAME = re.compile(r"SECRET|TOKEN|PASSWORD|ACCESS_KEY|ACCOUNT_KEY|SAS|CREDENTIAL")
-# Failures of a backend that no code below types: the endpoint failed or refused us.
-_BACKEND_ERRORS = (BaseError, OSError)
-# What a backend says of a bucket or container that does not exist (S3/GCS XML, GCS JSON,
-# Azure): never to be read as a missing object.
-_NO_BUCKET = re.compile(
-    r"NoSuchBucket|ContainerNotFound|The specified bucket does not exist", re.IGNORECASE
-)
-# An XML error body of a backend: shown as its code and message, never raw.
-_XML_ERROR = re.compile(r"(?:<\?xml[^>]*\?>\s*)?<Error>(.*?)(?:</Error>|$)", re.DOTALL)
-_XML_FIELD = re.compile(r"<(Code|Message)>(.*?)</\1>", re.DOTALL)
-# obstore 0.12's error text (its debug part) says what failed: an HTTP status, or the kind
-# of transport error. Connect: nothing was sent; the others may have reached the store.
-_STATUS = re.compile(r"\bstatus: (\d{3})\b")
-_HTTP_KIND = re.compile(r"HttpError \{\s*kind: (\w+)")
-_TRANSIENT_KINDS = frozenset({"Connect", "Request", "Timeout", "Interrupted", "Decode"})
-_TRANSIENT_STATUS = frozenset({408, 429})
-# The bad key of an InvalidPathError (its debug part, Rust-escaped).
-_BAD_PATH = re.compile(r'path: "((?:[^"\\]|\\.)*)"')
-_RUST_ESCAPE = re.compile(r"\\(u\{([0-9a-fA-F]+)\}|.)")
-_OS_MESSAGE = re.compile(r'message: "([^"]{1,200})"')
-_TRUE = ("1", "true", "yes", "on", "y")
-# scheme -> the variable that lets obstore talk plain HTTP to that cloud's endpoint.
-_ALLOW_HTTP = {"s3": "AWS_ALLOW_HTTP", "gs": "GOOGLE_ALLOW_HTTP", "az": "AZURE_ALLOW_HTTP"}
-_INIT_BACKOFF_S = 0.1
-_MAX_BACKOFF_S = 15.0
-_UNCOUNTED = 1_000_000  # "no count": the budget in seconds ends the retries first
-
-
-@dataclass(frozen=True)
-class RetryBudget:
-    """How long a bucket storage keeps trying through transient failures."""
-
-    timeout_s: float = 30.0
-    # No count of its own by default: an outage is waited out by time, within ``budget_s``
-    # (ten quick retries of a refused connection were spent in seconds, and a step that
-    # had paid failed in a one-minute outage). ``PIPELINE_STORAGE_RETRIES`` caps it.
-    retries: int | None = None
-    budget_s: float = 120.0
-
-    ENV = {
-        "timeout_s": "PIPELINE_STORAGE_TIMEOUT_SECONDS",
-        "retries": "PIPELINE_STORAGE_RETRIES",
-        "budget_s": "PIPELINE_STORAGE_RETRY_BUDGET_SECONDS",
-    }
-
-    @classmethod
-    def from_env(cls, storage: str) -> "RetryBudget":
-        """The budget the ``PIPELINE_STORAGE_*`` variables set (read when opening)."""
-        values: dict[str, float | int] = {}
-        for field, name in cls.ENV.items():
-            text = os.environ.get(name, "").strip()
-            if not text:
-                continue
-            try:
-                value = int(text) if field == "retries" else float(text)
-            except ValueError:
-                value = -1
-            low = 0 if field == "retries" else 0.001
-            if not (math.isfinite(value) and low <= value <= 86_400):
-                cause = (
-                    f"{name}={text!r} is not a number of {field.split('_')[0]} in [{low}, 86400]"
-                )
-                raise PipelineError(
-                    ErrorCode.STORAGE_CONFIG,
-                    f"cannot open storage {storage}: {cause}",
-                    details=error_details(storage, None, cause),
-                )
-            values[field] = value
-        return cls(**values)  # type: ignore[arg-type]
-
-    @property
-    def max_retries(self) -> int:
-        """The count obstore and the put loop stop at: the cap, or none but the budget."""
-        return _UNCOUNTED if self.retries is None else self.retries
-
-    def describe(self) -> str:
-        tries = "with no count limit" if self.retries is None else f"up to {self.retries} retries"
-        return (
-            f"transient errors were retried {tries} within a budget "
-            f"of {_secs(self.budget_s)}, each request timing out after "
-            f"{_secs(self.timeout_s)} ({self.ENV['retries']}, {self.ENV['budget_s']}, "
-            f"{self.ENV['timeout_s']})"
-        )
-
-    def client_options(self, allow_http: bool) -> "ClientConfig":
-        options: ClientConfig = {
-            "timeout": timedelta(seconds=self.timeout_s),
-            "connect_timeout": timedelta(seconds=min(5.0, self.timeout_s)),
-        }
-        if allow_http:  # given options replace the environment's: keep its AWS_ALLOW_HTTP
-            options["allow_http"] = True
-        return options
-
-    def retry_config(self, retries: int | None = None) -> "RetryConfig":
-        return {
-            "max_retries": self.max_retries if retries is None else retries,
-            "retry_timeout": timedelta(seconds=self.budget_s),
-            "backoff": {
-                "init_backoff": timedelta(seconds=_INIT_BACKOFF_S),
-                "max_backoff": timedelta(seconds=min(_MAX_BACKOFF_S, self.budget_s)),
-                "base": 2,
-            },
-        }
-
-
-def _secs(value: float) -> str:
-    return f"{value:g} s"
-
-
-@dataclass(frozen=True)
-class BucketLocation:
-    """A parsed bucket URL: scheme, bucket (or Azure container) and key prefix."""
-
-    scheme: str
-    bucket: str
-    prefix: str
-
-    @property
-    def url(self) -> str:
-        """The display form: nothing but scheme, bucket and prefix (nothing secret)."""
-        base = f"{self.scheme}://{self.bucket}"
-        return f"{base}/{self.prefix}" if self.prefix else base
-
-
-def parse_bucket_url(url: str) -> BucketLocation:
-    """``scheme://bucket[/prefix]`` of a supported scheme, else ``storage.invalid_url``.
-
-    Credentials in the URL (a user part) and options (a query) are refused: both belong
-    in the environment, where they are neither logged nor shown.
-    """
-    shown = mask_url(url)
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError as exc:
-        raise _invalid_url(shown, f"it cannot be parsed ({exc})") from None
-    scheme = parts.scheme.lower()
-    if scheme not in BUCKET_SCHEMES:
-        raise _invalid_url(shown, f"the scheme {parts.scheme!r} is not one of {BUCKET_SCHEMES}")
-    if "@" in parts.netloc or parts.password is not None:
-        raise _invalid_url(
-            shown, "credentials in the URL are refused: give them in the environment"
-        )
-    if parts.query or parts.fragment:
-        raise _invalid_url(shown, "a query or fragment is refused: configure the environment")
-    if port is not None:
-        raise _invalid_url(shown, "a port is refused: set the endpoint in the environment")
-    if not _BUCKET.match(parts.netloc):
-        raise _invalid_url(shown, f"{parts.netloc!r} is not a {BUCKET_NAMES[scheme]} name")
-    prefix = parts.path.strip("/")
-    if prefix:
-        try:
-            validate_key(prefix, storage=shown, what="prefix")
-        except PipelineError as exc:
-            raise _invalid_url(shown, f"the prefix is invalid: {exc.details['cause']}") from None
-    return BucketLocation(scheme=scheme, bucket=parts.netloc, prefix=prefix)
-
-
-def _invalid_url(shown: str, cause: str) -> PipelineError:
-    return PipelineError(
-        ErrorCode.STORAGE_INVALID_URL,
-        f"invalid storage URL {shown}: {cause}",
-        details={"url": shown, "cause": cause},
-    )
-
-
-def _credential_values() -> list[str]:
-    """The values of the credential variables set now (read at error time, never stored)."""
-    return [
-        value
-        for name, value in os.environ.items()
-        if value
-        and name.upper().startswith(_CREDENTIAL_SOURCES)
-        and _CREDENTIAL_NAME.search(name.upper())
-    ]
-
-
-def _endpoint_host(scheme: str) -> str:
-    """The endpoint host[:port] the client will talk to, as configured (no user part)."""
-    env = os.environ
-    if scheme == "s3":
-        for name in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT"):
-            if env.get(name):
-                try:
-                    host = urlsplit(env[name]).netloc.rsplit("@", 1)[-1]
-                except ValueError:
-                    host = ""
-                return host or f"({name} is set)"
-        region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "us-east-1"
-        return f"s3.{region}.amazonaws.com"
-    if scheme == "gs":
-        return "storage.googleapis.com"
-    for name in ("AZURE_STORAGE_ENDPOINT", "AZURE_ENDPOINT"):
-        if env.get(name):
-            return _host_of(env[name], name)
-    if env.get("AZURE_STORAGE_USE_EMULATOR", "").lower() in ("1", "true"):
-        return _host_of(env.get("AZURITE_BLOB_STORAGE_URL") or "http://127.0.0.1:10000", "")
-    account = env.get("AZURE_STORAGE_ACCOUNT_NAME") or env.get("AZURE_STORAGE_ACCOUNT")
-    return f"{account}.blob.core.windows.net" if account else "the Azure Blob endpoint"
-
-
-def _host_of(url: str, name: str) -> str:
-    """host[:port] of an endpoint URL (never a user part), or which variable sets it."""
-    try:
-        host = urlsplit(url).netloc.rsplit("@", 1)[-1]
-    except ValueError:
-        host = ""
-    return host or f"({name} is set)"
 
 
 def _quoted(e_tag: str | None) -> str | None:
@@ -310,26 +106,11 @@ def _quoted(e_tag: str | None) -> str | None:
     return f'"{e_tag}"'
 
 
-def _http_endpoint(scheme: str) -> str | None:
-    """The configured endpoint URL when it is plain ``http://`` (S3 only; else None)."""
-    if scheme != "s3":
-        return None
-    for name in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT"):
-        value = os.environ.get(name, "").strip()
-        if value:
-            return name if value.lower().startswith("http://") else None
-    return None
-
-
-def _allows_http(scheme: str) -> bool:
-    return os.environ.get(_ALLOW_HTTP[scheme], "").strip().lower() in _TRUE
-
-
 def _build(
     location: BucketLocation, budget: RetryBudget, *, retries: int | None = None
 ) -> S3Store | GCSStore | AzureStore:
     prefix = location.prefix or None
-    options = budget.client_options(_allows_http(location.scheme))
+    options = budget.client_options(allows_http(location.scheme))
     retry = budget.retry_config(retries)
     if location.scheme == "s3":
         return S3Store(location.bucket, prefix=prefix, client_options=options, retry_config=retry)
@@ -346,18 +127,18 @@ class ObjectStorage:
     def __init__(self, url: str) -> None:
         self.location = parse_bucket_url(url)
         # Read when the storage is opened (never at import): for naming it in errors.
-        self.endpoint = _endpoint_host(self.location.scheme)
+        self.endpoint = endpoint_host(self.location.scheme)
         self.budget = RetryBudget.from_env(self.url)
         # Foreign keys met by list (full key in the bucket -> why obstore refused it).
         self.foreign_keys: dict[str, str] = {}
         self._reported: set[str] = set()
         self._bucket_seen = False
         self._lock = threading.Lock()
-        variable = _http_endpoint(self.location.scheme)
-        if variable is not None and not _allows_http(self.location.scheme):
+        variable = http_endpoint(self.location.scheme)
+        if variable is not None and not allows_http(self.location.scheme):
             cause = (
                 f"the endpoint {variable} is http:// and plain HTTP is off: set "
-                f"{_ALLOW_HTTP['s3']}=true (a local S3 such as MinIO or moto) or use https://"
+                f"{ALLOW_HTTP['s3']}=true (a local S3 such as MinIO or moto) or use https://"
             )
             raise PipelineError(
                 ErrorCode.STORAGE_CONFIG,
@@ -370,7 +151,7 @@ class ObjectStorage:
             self._store = _build(self.location, self.budget)
             self._put_store = _build(self.location, self.budget, retries=0)
         except (BaseError, ValueError, OSError) as exc:
-            cause = scrub(short_cause(exc), _credential_values())
+            cause = scrub(short_cause(exc), credential_values())
             raise PipelineError(
                 ErrorCode.STORAGE_CONFIG,
                 f"cannot open storage {self.url}: the environment does not configure a "
@@ -398,7 +179,7 @@ class ObjectStorage:
         except FileNotFoundError as exc:
             self._check_bucket(exc, key, "reading")
             raise self._missing(key, exc) from None
-        except _BACKEND_ERRORS as exc:
+        except BACKEND_ERRORS as exc:
             raise self._failure(exc, key, "reading") from None
 
     def head(self, key: str) -> ObjectMeta | None:
@@ -409,7 +190,7 @@ class ObjectStorage:
             self._check_bucket(exc, key, "reading")
             self._probe_bucket(key)  # a HEAD's 404 has no body to tell bucket from object
             return None
-        except _BACKEND_ERRORS as exc:
+        except BACKEND_ERRORS as exc:
             raise self._failure(exc, key, "reading") from None
         self._bucket_seen = True
         return meta
@@ -427,7 +208,7 @@ class ObjectStorage:
             if refusal.in_doubt and (ours := self._ours(key, data)) is not None:
                 return ours  # a try in doubt had landed: the object is our own bytes
             raise self._exists(key, exc) from None
-        except _BACKEND_ERRORS as exc:
+        except BACKEND_ERRORS as exc:
             raise self._failure(exc, key, "writing") from None
         return ObjectMeta(key, len(data), _quoted(result["e_tag"]), result["version"], None)
 
@@ -452,7 +233,7 @@ class ObjectStorage:
                 return ours  # a try in doubt had landed: the object is our own bytes
             # The object changed or is gone: either way it is not the version expected.
             raise self._precondition(key, expected, self._cause(exc)) from None
-        except _BACKEND_ERRORS as exc:
+        except BACKEND_ERRORS as exc:
             raise self._failure(exc, key, "writing") from None
         return ObjectMeta(key, len(data), _quoted(result["e_tag"]), result["version"], None)
 
@@ -471,7 +252,7 @@ class ObjectStorage:
         except FileNotFoundError as exc:
             self._check_bucket(exc, key, "deleting")
             return
-        except _BACKEND_ERRORS as exc:
+        except BACKEND_ERRORS as exc:
             raise self._failure(exc, key, "deleting") from None
 
     # -- conditional puts under retry ----------------------------------------------------
@@ -490,16 +271,16 @@ class ObjectStorage:
                 return obstore.put(self._put_store, key, data, mode=mode)
             except (AlreadyExistsError, PreconditionError, FileNotFoundError) as exc:
                 raise _Refusal(exc, doubt) from None
-            except _BACKEND_ERRORS as exc:
-                if not _transient(exc):
+            except BACKEND_ERRORS as exc:
+                if not transient(exc):
                     raise
-                delay = _backoff(attempt)
+                delay = backoff(attempt)
                 attempt += 1
                 if attempt > self.budget.max_retries or (
                     time.monotonic() - started + delay > self.budget.budget_s
                 ):
                     raise
-                doubt = doubt or _in_doubt(exc)
+                doubt = doubt or in_doubt(exc)
                 _log.info(
                     "storage %s: retrying a put of %r in %.2f s after %s",
                     self.url,
@@ -514,7 +295,7 @@ class ObjectStorage:
         try:
             found = obstore.get(self._store, key)
             stored = bytes(found.bytes())
-        except _BACKEND_ERRORS:
+        except BACKEND_ERRORS:
             return None
         if stored != data:
             return None
@@ -546,10 +327,10 @@ class ObjectStorage:
             except FileNotFoundError as exc:
                 self._check_bucket(exc, prefix or "(all)", "listing")
                 raise self._failure(exc, prefix or "(all)", "listing") from None
-            except _BACKEND_ERRORS as exc:
+            except BACKEND_ERRORS as exc:
                 raise self._failure(exc, prefix or "(all)", "listing") from None
             yield from self._relist_before(prefix, last, bad, seen)
-            resume = _resume_after(bad)
+            resume = resume_after(bad)
             if resume is None or (offset is not None and resume <= offset):
                 raise self._foreign_failure(bad, prefix)
             found = self._head_quiet(resume)
@@ -572,7 +353,7 @@ class ObjectStorage:
             except InvalidPathError as exc:
                 self._incomplete(parent, bad, exc)
                 return
-            except _BACKEND_ERRORS as exc:
+            except BACKEND_ERRORS as exc:
                 raise self._failure(exc, parent or "(all)", "listing") from None
             for item in listed["objects"]:
                 meta = self._meta(item)
@@ -588,7 +369,7 @@ class ObjectStorage:
                     continue
                 after = last if last is not None and last.startswith(child + "/") else None
                 yield from self._list(child, after, seen)
-            if _poisoned(on_path + "/"):
+            if poisoned(on_path + "/"):
                 return
 
     def _head_quiet(self, key: str) -> ObjectMeta | None:
@@ -596,12 +377,12 @@ class ObjectStorage:
             return self._meta(obstore.head(self._store, key))
         except FileNotFoundError:
             return None
-        except _BACKEND_ERRORS as exc:
+        except BACKEND_ERRORS as exc:
             raise self._failure(exc, key, "reading") from None
 
     def _foreign(self, exc: InvalidPathError, prefix: str) -> str:
         """The foreign key ``exc`` names (relative to the storage), reported once."""
-        full = _bad_key(exc)
+        full = bad_key(exc)
         base = f"{self.location.prefix}/" if self.location.prefix else ""
         if full is None or not full.startswith(base) or full == base:
             raise self._failure(exc, prefix or "(all)", "listing") from None
@@ -659,17 +440,8 @@ class ObjectStorage:
         )
 
     def _cause(self, exc: BaseException) -> str:
-        """The backend's one-line cause, an XML body as its code and message, scrubbed."""
-        text = _XML_ERROR.sub(_xml_summary, short_cause(exc, limit=4000))
-        kind = _HTTP_KIND.search(str(exc))
-        if kind is not None and kind.group(1) == "Timeout":
-            text += f" (the request timed out after {_secs(self.budget.timeout_s)})"
-        elif kind is not None and kind.group(1) == "Connect":
-            os_error = _OS_MESSAGE.search(str(exc))
-            text += f" (cannot connect: {os_error.group(1) if os_error else 'connect error'})"
-        if len(text) > 500:
-            text = text[:499] + "…"
-        return scrub(text, _credential_values())
+        """The backend's one-line cause, scrubbed (:func:`backend_cause`)."""
+        return backend_cause(exc, timeout_s=self.budget.timeout_s)
 
     def _probe_bucket(self, key: str) -> None:
         """Once per storage: make sure the bucket exists (one LIST of a key nobody has)."""
@@ -678,14 +450,14 @@ class ObjectStorage:
         try:
             for _ in obstore.list(self._store, prefix=f"{TEMP_PREFIX}probe"):
                 break
-        except _BACKEND_ERRORS as exc:
+        except BACKEND_ERRORS as exc:
             self._check_bucket(exc, key, "reading")
             raise self._failure(exc, key, "reading") from None
         self._bucket_seen = True
 
     def _check_bucket(self, exc: BaseException, key: str, action: str) -> None:
         """Raise ``storage.bucket_missing`` if ``exc`` says the bucket does not exist."""
-        if not _NO_BUCKET.search(str(exc)):
+        if not says_bucket_missing(exc):
             return
         what = BUCKET_NAMES[self.location.scheme]
         cause = f"the {what} {self.location.bucket!r} does not exist at {self.endpoint}"
@@ -724,7 +496,7 @@ class ObjectStorage:
                 f"{self._where()} cannot do {action} key {key!r} as configured: {cause}",
                 details=details,
             )
-        retried = f"; {self.budget.describe()}" if _transient(exc) else ""
+        retried = f"; {self.budget.describe()}" if transient(exc) else ""
         return PipelineError(
             ErrorCode.STORAGE_UNAVAILABLE,
             f"{self._where()} failed {action} key {key!r}: {cause}{retried}",
@@ -774,81 +546,3 @@ class _Refusal(Exception):
         super().__init__(str(error))
         self.error = error
         self.in_doubt = in_doubt
-
-
-def _transient(exc: BaseException) -> bool:
-    """A failure worth another try: a transport error or a 5xx/408/429 answer."""
-    text = str(exc)
-    status = _STATUS.search(text)
-    if status is not None:
-        code = int(status.group(1))
-        return code >= 500 or code in _TRANSIENT_STATUS
-    kind = _HTTP_KIND.search(text)
-    return kind is not None and kind.group(1) in _TRANSIENT_KINDS
-
-
-def _in_doubt(exc: BaseException) -> bool:
-    """Whether the failed try may have reached the store (all but a refused connection)."""
-    kind = _HTTP_KIND.search(str(exc))
-    return not (kind is not None and kind.group(1) == "Connect")
-
-
-def _backoff(attempt: int) -> float:
-    """Exponential backoff with jitter (half to full of 0.1 s x 2^attempt, capped)."""
-    ceiling: float = min(_MAX_BACKOFF_S, _INIT_BACKOFF_S * 2.0 ** min(attempt, 30))
-    return ceiling * (0.5 + random.random() / 2)
-
-
-def _xml_summary(match: "re.Match[str]") -> str:
-    fields = dict(_XML_FIELD.findall(match.group(1)))
-    code, message = fields.get("Code", ""), fields.get("Message", "")
-    summary = f"{code} ({message})" if code and message else code or message
-    return summary or "an XML error"
-
-
-def _bad_key(exc: BaseException) -> str | None:
-    """The key obstore refused to parse, unescaped from its error's debug text."""
-    found = _BAD_PATH.search(str(exc))
-    if found is None:
-        return None
-
-    def unescape(match: "re.Match[str]") -> str:
-        if match.group(2) is not None:
-            return chr(int(match.group(2), 16))
-        char = match.group(1)
-        return {"n": "\n", "t": "\t", "r": "\r", "0": "\0"}.get(char, char)
-
-    return _RUST_ESCAPE.sub(unescape, found.group(1))
-
-
-def _parses(key: str) -> bool:
-    """Whether obstore parses ``key`` as a path (its rules, not our stricter key rules)."""
-    return bool(key) and not any(
-        part in ("", ".", "..") or _CONTROL_CHAR.search(part) for part in key.split("/")
-    )
-
-
-_CONTROL_CHAR = re.compile(r"[\x00-\x1f\x7f]")
-
-
-def _poisoned(head: str) -> bool:
-    """Whether every key starting with ``head`` is unparseable: a control character, or
-    a complete part (one a '/' ends) that is empty, ``.`` or ``..``."""
-    if _CONTROL_CHAR.search(head):
-        return True
-    return any(part in ("", ".", "..") for part in head.split("/")[:-1])
-
-
-def _resume_after(bad: str) -> str | None:
-    """A parseable key to list after that skips ``bad`` and, of the keys just after it,
-    only unparseable ones (the key returned itself is probed apart): None if none."""
-    for end in range(1, len(bad) + 1):
-        if _poisoned(bad[:end]):
-            code = ord(bad[end - 1]) + 1
-            while _CONTROL_CHAR.match(chr(code)):
-                code += 1
-            candidate = bad[: end - 1] + chr(code)
-            break
-    else:
-        candidate = bad + " "  # bad + a control character is all that sorts between
-    return candidate if _parses(candidate) and candidate > bad else None

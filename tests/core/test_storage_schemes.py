@@ -9,8 +9,8 @@ import pytest
 
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.settings import BUCKET_SCHEMES, STORAGE_SCHEMES
+from resources.storage.bucket_location import BUCKET_NAMES
 from resources.storage.location import open_storage
-from resources.storage.object_store import BUCKET_NAMES
 
 
 def test_every_bucket_scheme_is_named_and_nothing_else() -> None:

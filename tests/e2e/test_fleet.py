@@ -69,7 +69,7 @@ from pipeline_defs.resume.status import LedgerRow, StepStatus
 from pipeline_defs.storyboard import STORYBOARD_STEPS, sample_stories
 from resources.ledger.store import LedgerStore, engine_for
 from resources.pipeline import ledger_for
-from resources.storage.object_store import RetryBudget
+from resources.storage.retry_budget import RetryBudget
 
 pytestmark = [pytest.mark.pg, pytest.mark.xdist_group("fleet")]
 
@@ -838,7 +838,7 @@ def test_a_storage_outage_mid_step_costs_no_extra_provider_call(
     fleet: Fleet, tmp_path: Path
 ) -> None:
     """A storage outage is waited out, never paid for twice (the shipped retry budget of
-    resources/storage/object_store.py, ``RetryBudget``; docs/DESIGN.md#fleet). Two workers
+    resources/storage/retry_budget.py, ``RetryBudget``; docs/DESIGN.md#fleet). Two workers
     reach the moto bucket through a proxy. Once a paid step has had a model call answered,
     with more to come, the proxy is cut for a minute: the step cannot publish without the
     bucket. Its lease (PostgreSQL, not behind the proxy) is renewed in both halves of the

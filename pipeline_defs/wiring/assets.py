@@ -19,8 +19,10 @@ from pipeline_defs.steps.judge import StepJudge
 from pipeline_defs.steps.lease import coordinator_alive
 from pipeline_defs.steps.redraw import REDRAW_TAG, parse_redraw
 from pipeline_defs.steps.runner import RunInfo, StepOutcome, StepRunner
+from pipeline_defs.steps.runner.recorded_verdicts import is_stop
 from pipeline_defs.steps.spec import Markdown, Step, step_import_path
 from pipeline_defs.wiring.io_manager import STEP_METADATA_KEY
+from pipeline_defs.wiring.run_retries import stop_run_retries
 from resources.checkpoints.envelope import Checkpoint
 from resources.checkpoints.store import CheckpointStore
 from resources.ledger.store import LedgerStore
@@ -355,6 +357,8 @@ def build_step_asset(step: Step, graph: StepGraph) -> dg.AssetsDefinition:
         except (dg.DagsterError, dg.Failure, dg.RetryRequested):
             raise  # Dagster's own control flow
         except PipelineError as error:
+            if is_stop(error):  # a BLOCK or the spend cap: Dagster's run retries leave it
+                stop_run_retries(context.instance, context.run.run_id, step.step_id, error)
             raise _failure(error, judge, context.partition_key, allow_retries=False) from error
         except Exception as exc:
             # Raised bare, Dagster describes it as its own wrapper ("Error occurred while

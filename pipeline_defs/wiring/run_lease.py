@@ -17,6 +17,7 @@ import dagster as dg
 
 from pipeline_defs.resume.settings import ResumeSettings
 from pipeline_defs.steps.lease import RunLease
+from pipeline_defs.wiring.run_retries import reopen_run_retries
 from resources.pipeline import PipelineResource
 
 _log = logging.getLogger(__name__)
@@ -52,6 +53,9 @@ class LeasedExecutor(dg.Executor):
         return getattr(self.inner, name)
 
     def execute(self, plan_context: Any, execution_plan: Any) -> Iterator[dg.DagsterEvent]:
+        # A re-execution copies its parent's tags: a run-retry stop among them is taken
+        # back before any step runs (docs/DESIGN.md#recovery-buttons).
+        reopen_run_retries(plan_context.instance, plan_context.dagster_run)
         with run_lease(self.pipeline, str(plan_context.run_id)):
             yield from self.inner.execute(plan_context, execution_plan)
 

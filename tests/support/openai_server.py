@@ -107,6 +107,8 @@ class FakeOpenAI:
         self.lock = threading.Lock()
         self.base_url = ""
         self.fallback = fallback
+        # Asked first for every request: a Reply answers it, None leaves it to the scripts.
+        self.rule: Callable[[str, dict[str, Any]], Reply | None] | None = None
 
     def script(self, path: str, *replies: Reply) -> None:
         with self.lock:
@@ -114,6 +116,9 @@ class FakeOpenAI:
 
     def next_reply(self, path: str, request: dict[str, Any]) -> Reply:
         with self.lock:
+            ruled = self.rule(path, request) if self.rule is not None else None
+            if ruled is not None:
+                return ruled
             queue = self.scripts.get(path)
             if queue and (len(queue) > 1 or self.fallback):
                 return queue.pop(0)

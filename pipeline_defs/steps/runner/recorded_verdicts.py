@@ -1,7 +1,7 @@
 """The judge's verdicts that run nothing, recorded: a SKIP (or the adoption of a verified
 orphan checkpoint), a BLOCK (raised), and a step not applicable to this partition."""
 
-from pipeline_defs.resume.decision import CODE_RECOVERY_EXHAUSTED, ResumeDecision
+from pipeline_defs.resume.decision import CODE_RECOVERY_EXHAUSTED, ResumeAction, ResumeDecision
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.resume.status import LedgerRow, StepStatus
@@ -85,6 +85,18 @@ def block(
         message,
         origin=decision.origin.value if decision.origin else None,
         details={"decision": decision.action.value},
+    )
+
+
+def is_stop(error: PipelineError) -> bool:
+    """Whether ``error`` is a stop that running the step again at once would meet again:
+    the judge's BLOCK (raised by :func:`block`), or the spend cap refusing a call part way
+    (``budget.exhausted``: the next judgement of the step is row 14's BLOCK). Dagster's
+    run retries do not relaunch a run failed by one (docs/DESIGN.md#recovery-buttons).
+    Nothing is judged here: the answer is the judge's, or the fact it would judge on."""
+    return (
+        error.details.get("decision") == ResumeAction.BLOCK.value
+        or error.code == ErrorCode.BUDGET_EXHAUSTED
     )
 
 

@@ -19,7 +19,7 @@ from sqlalchemy.engine import Connection
 from pipeline_defs.resume.decision import ResumeAction
 from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.resume.status import StepStatus
-from resources.ledger import statements
+from resources.ledger import history_statements
 
 
 class AuditAction(StrEnum):
@@ -183,8 +183,8 @@ def write_audit(conn: Connection, key: StepKey, audit: Audit, at: str, *, attemp
     """
     values = audit.values(key, at)
     if attempt > 1:
-        found = conn.execute(statements.history_line(values)).first()
+        found = conn.execute(history_statements.history_line(values)).first()
         if found is not None:
             return int(found[0])
     params = {f"a_{k}": v for k, v in values.items()}
-    return int(conn.execute(statements.APPEND_HISTORY, params).scalar_one())
+    return int(conn.execute(history_statements.APPEND_HISTORY, params).scalar_one())

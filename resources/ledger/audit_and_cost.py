@@ -11,7 +11,7 @@ from sqlalchemy.engine import Connection
 
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.partition import StepKey
-from resources.ledger import statements
+from resources.ledger import cost_statements, statements
 from resources.ledger.audit import Audit, write_audit
 from resources.ledger.session import LedgerSession, now_text
 
@@ -27,10 +27,10 @@ def _count_call(conn: Connection, key: StepKey, cap: int | None, *, sqlite: bool
     write lock (SQLite): of two steps of one episode racing for its last call, the second
     finds the count at the cap. A new episode's row starts at the calls it has recorded.
     """
-    conn.execute(statements.seed_episode_calls(sqlite, key))
-    if conn.execute(statements.count_call(key, cap)).rowcount == 1:
+    conn.execute(cost_statements.seed_episode_calls(sqlite, key))
+    if conn.execute(cost_statements.count_call(key, cap)).rowcount == 1:
         return
-    counted = statements.episode_call_count(key.project_id, key.episode_id)
+    counted = cost_statements.episode_call_count(key.project_id, key.episode_id)
     spent = int(conn.execute(counted).scalar_one())
     raise PipelineError(
         ErrorCode.BUDGET_EXHAUSTED,
@@ -130,7 +130,7 @@ class AuditAndCost:
             with self.session.write() as conn:  # BEGIN IMMEDIATE: the write lock, first
                 _still_claimed(conn, key, owner)
                 _count_call(conn, key, cap, sqlite=True)
-                inserted = conn.execute(statements.record_call(values)).scalar_one()
+                inserted = conn.execute(cost_statements.record_call(values)).scalar_one()
             return int(inserted)
         # PostgreSQL: the row's id is drawn from its sequence before the insert is sent, so
         # an insert retried after a lost answer names the same row and a paid call is never
@@ -140,25 +140,25 @@ class AuditAndCost:
         def body(_attempt: int) -> int:
             if not allocated:
                 with self.session.single() as conn:
-                    allocated.append(int(conn.execute(statements.NEXT_CALL_ID).scalar_one()))
+                    allocated.append(int(conn.execute(cost_statements.NEXT_CALL_ID).scalar_one()))
             with self.session.write() as conn:
                 # A retry after a commit whose answer was lost finds its own row: done.
-                if conn.execute(statements.call_by_id(allocated[0])).first() is None:
+                if conn.execute(cost_statements.call_by_id(allocated[0])).first() is None:
                     _still_claimed(conn, key, owner)
                     _count_call(conn, key, cap, sqlite=False)
-                    conn.execute(statements.record_call({"id": allocated[0], **values}))
+                    conn.execute(cost_statements.record_call({"id": allocated[0], **values}))
             return allocated[0]
 
         return self.session.retry("record a provider call", body)
 
     def finish_provider_call(self, call_id: int, *, units: int, model: str | None) -> None:
         # Fixed values by primary key: run twice after a lost answer, the same row results.
-        statement = statements.finish_call(call_id, units=units, model=model, now=now_text())
+        statement = cost_statements.finish_call(call_id, units=units, model=model, now=now_text())
         self.session.in_single("finish a provider call", lambda conn: conn.execute(statement))
 
     def note_episode_estimate(self, project_id: str, episode_id: str, estimated: int) -> None:
         """Record the calls an episode's story is estimated at (``add-episode``)."""
-        statement = statements.note_estimate(
+        statement = cost_statements.note_estimate(
             self.session.is_sqlite, project_id, episode_id, estimated
         )
         self.session.in_single("note the episode's estimate", lambda conn: conn.execute(statement))

@@ -9,7 +9,7 @@ from typing import Any, Final, Literal
 
 from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.resume.status import LedgerRow, StepStatus
-from resources.ledger import statements
+from resources.ledger import claim_statements
 from resources.ledger.audit import Audit, worker, write_audit
 from resources.ledger.session import LedgerSession, now_text
 from resources.ledger.statements import key_params
@@ -88,7 +88,9 @@ class Claims:
             params["c_expected_run_id"] = expected_run_id
         if beat:
             params["c_expected_heartbeat_at"] = expected_heartbeat_at
-        statement = statements.claim(self.session.is_sqlite, shape, steal, auto_recovery, beat)
+        statement = claim_statements.claim(
+            self.session.is_sqlite, shape, steal, auto_recovery, beat
+        )
 
         audited = audit is not None or refused is not None
 
@@ -116,7 +118,7 @@ class Claims:
 
         def body(attempt: int) -> str | None:
             with self.session.single() as conn:
-                value = conn.execute(statements.journal_lineage(key, run_id)).scalar()
+                value = conn.execute(claim_statements.journal_lineage(key, run_id)).scalar()
             return None if value is None else str(value)
 
         return self.session.retry("journal_lineage", body)
@@ -126,7 +128,7 @@ class Claims:
 
         def body(attempt: int) -> dict[StepKey, tuple[str, str | None]]:
             with self.session.single() as conn:
-                rows = conn.execute(statements.journal_lineages()).all()
+                rows = conn.execute(claim_statements.journal_lineages()).all()
             return {StepKey(p, e, s): (str(status), lineage) for p, e, s, status, lineage in rows}
 
         return self.session.retry("journal_lineages", body)
@@ -149,7 +151,7 @@ class Claims:
         ``audit``: its history line, in the same transaction.
         """
         ts = now or now_text()
-        statement = statements.adopt(
+        statement = claim_statements.adopt(
             self.session.is_sqlite, key, run_id, summary=summary, seal=seal, pointer=pointer, ts=ts
         )
 
@@ -179,7 +181,9 @@ class Claims:
         """Record that the step does not apply here; never touches a running row.
         ``audit``: its history line, in the same transaction."""
         ts = now or now_text()
-        statement = statements.mark_not_applicable(self.session.is_sqlite, key, run_id, reason, ts)
+        statement = claim_statements.mark_not_applicable(
+            self.session.is_sqlite, key, run_id, reason, ts
+        )
 
         # Run again after a lost answer, the upsert finds our not-applicable row (not
         # running) and writes the same values: the same answer.

@@ -2,7 +2,7 @@
 
 A step's published checkpoint on a bucket is the manifest in ``step_run.checkpoint_pointer``
 (resources.checkpoints.manifest). These writes (their SQL named in
-:mod:`resources.ledger.statements`) run inside the transaction of the
+:mod:`resources.ledger.pointer_statements`) run inside the transaction of the
 owner-aware transition that publishes (or of the review's compare-and-set on a victim),
 after the row is locked, so the pointer, the status and the archive of the pointer it
 replaces commit together or not at all: a worker that lost its row publishes nothing.
@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from sqlalchemy.engine import Connection
 
 from pipeline_defs.resume.partition import StepKey
-from resources.ledger import statements
+from resources.ledger import pointer_statements
 
 
 def current_pointer(conn: Connection, key: StepKey) -> str | None:
-    return conn.execute(statements.pointer_of(key)).scalar()
+    return conn.execute(pointer_statements.pointer_of(key)).scalar()
 
 
 def set_pointer(
@@ -44,13 +44,15 @@ def set_pointer(
     """
     if pointer == previous:
         return
-    conn.execute(statements.set_pointer(key, pointer))
+    conn.execute(pointer_statements.set_pointer(key, pointer))
     if previous is None:
         return
-    conn.execute(statements.archive_pointer(key, previous, reason=reason, run_id=run_id, now=now))
-    old_ids = [row[0] for row in conn.execute(statements.archives_beyond(key, keep))]
+    conn.execute(
+        pointer_statements.archive_pointer(key, previous, reason=reason, run_id=run_id, now=now)
+    )
+    old_ids = [row[0] for row in conn.execute(pointer_statements.archives_beyond(key, keep))]
     if old_ids:
-        conn.execute(statements.drop_archives(old_ids))
+        conn.execute(pointer_statements.drop_archives(old_ids))
 
 
 def replace_pointer(
@@ -89,7 +91,7 @@ def swap_pointer(
 ) -> bool:
     """Compare-and-set on a settled row's pointer (the review's edit of a victim): applied
     only while the row is not running and still names ``expected``; False otherwise."""
-    locked = conn.execute(statements.lock_settled_pointer(key)).first()
+    locked = conn.execute(pointer_statements.lock_settled_pointer(key)).first()
     if locked is None or locked[0] != expected:
         return False
     set_pointer(
@@ -102,10 +104,10 @@ def adopt_pointer(conn: Connection, key: StepKey, pointer: str, *, now: str) -> 
     """Give a settled row that publishes nothing yet its first pointer (a home moved into a
     bucket): only while the row is not running and names no pointer. Its seal, which names
     files of the old home, is cleared in the same statement: judged the long way next."""
-    locked = conn.execute(statements.lock_settled_pointer(key)).first()
+    locked = conn.execute(pointer_statements.lock_settled_pointer(key)).first()
     if locked is None or locked[0] is not None:
         return False
-    conn.execute(statements.adopt_pointer(key, pointer, now=now))
+    conn.execute(pointer_statements.adopt_pointer(key, pointer, now=now))
     return True
 
 
@@ -114,7 +116,7 @@ def clear_seal(conn: Connection, key: StepKey, seal: str, *, now: str) -> bool:
     it), only while the row still carries exactly it: a run that sealed again since keeps
     its own. ``updated_at`` moves, so every judge's next look at the row goes the long way
     (the sensor's cursor notices the change)."""
-    done = conn.execute(statements.clear_seal(key, seal, now=now))
+    done = conn.execute(pointer_statements.clear_seal(key, seal, now=now))
     return bool(done.rowcount)
 
 
@@ -133,7 +135,7 @@ def seal_unchanged(
     claimed or settled it since, a mutator that re-sealed it, a move into a bucket: the
     row is left alone. ``updated_at`` does not move: a seal changes no verdict, and a run
     that judged the row meanwhile must not lose its claim's compare-and-set over it."""
-    statement = statements.seal_unchanged(
+    statement = pointer_statements.seal_unchanged(
         key, seal, run_id=run_id, updated_at=updated_at, pointer=pointer
     )
     done = conn.execute(statement)
@@ -142,7 +144,7 @@ def seal_unchanged(
 
 def clear_episode_seals(conn: Connection, project_id: str, episode_id: str, *, now: str) -> int:
     """Drop every seal of one episode's rows (its inputs were replaced in the storage)."""
-    done = conn.execute(statements.clear_episode_seals(project_id, episode_id, now=now))
+    done = conn.execute(pointer_statements.clear_episode_seals(project_id, episode_id, now=now))
     return int(done.rowcount or 0)
 
 
@@ -158,10 +160,10 @@ class References:
 
 
 def referenced(conn: Connection) -> References:
-    current = conn.execute(statements.current_pointers())
-    archived = conn.execute(statements.every_archived_pointer())
-    claims = conn.execute(statements.claims_held())
-    running = conn.execute(statements.running_keys())
+    current = conn.execute(pointer_statements.current_pointers())
+    archived = conn.execute(pointer_statements.every_archived_pointer())
+    claims = conn.execute(pointer_statements.claims_held())
+    running = conn.execute(pointer_statements.running_keys())
     return References(
         pointers=[r[0] for r in current] + [r[0] for r in archived],
         claims=[(str(r[0]), str(r[1])) for r in claims],
@@ -171,5 +173,5 @@ def referenced(conn: Connection) -> References:
 
 def archived_pointers(conn: Connection, key: StepKey) -> list[str]:
     """The step's archived pointers, newest first."""
-    query = statements.archived_pointers(key)
+    query = pointer_statements.archived_pointers(key)
     return [r[0] for r in conn.execute(query)]

@@ -12,7 +12,7 @@ from sqlalchemy.engine import Connection
 
 from pipeline_defs.resume.partition import Episode, StepKey
 from pipeline_defs.resume.status import LedgerRow
-from resources.ledger import statements
+from resources.ledger import cost_statements, history_statements, statements
 from resources.ledger.audit import Transition
 from resources.ledger.session import LedgerSession
 
@@ -100,7 +100,7 @@ class Reads:
         """(highest transition_seq, latest updated_at): changes when any row or audit changes."""
 
         def read(conn: Connection) -> tuple[int, str]:
-            seq = conn.execute(statements.newest_transition_seq()).scalar()
+            seq = conn.execute(history_statements.newest_transition_seq()).scalar()
             updated = conn.execute(statements.newest_update()).scalar()
             return int(seq or 0), str(updated or "")
 
@@ -114,7 +114,7 @@ class Reads:
         episodes: Iterable[Episode] | None = None,
     ) -> list[Transition]:
         """History lines (of one step, of ``episodes``, or all), in commit order."""
-        ordered = statements.history(key, since_seq=since_seq, episodes=_pairs(episodes))
+        ordered = history_statements.history(key, since_seq=since_seq, episodes=_pairs(episodes))
         return self.session.in_read(
             "read transitions",
             lambda conn: [
@@ -125,7 +125,7 @@ class Reads:
     def episode_calls(self, project_id: str, episode_id: str) -> int:
         """How many provider calls the episode has recorded (sent, answered or not): its
         ``episode_calls`` count, the one the spend cap is checked against."""
-        query = statements.episode_call_count(project_id, episode_id)
+        query = cost_statements.episode_call_count(project_id, episode_id)
         return int(
             self.session.in_read("count provider calls", lambda conn: conn.execute(query).scalar())
             or 0
@@ -133,7 +133,7 @@ class Reads:
 
     def episode_estimate(self, project_id: str, episode_id: str) -> int | None:
         """The calls the episode's story was estimated at when registered (None: unknown)."""
-        query = statements.episode_estimate(project_id, episode_id)
+        query = cost_statements.episode_estimate(project_id, episode_id)
         value = self.session.in_read(
             "read the episode's estimate", lambda conn: conn.execute(query).scalar()
         )
@@ -150,7 +150,7 @@ class Reads:
         """Provider-call rows (of one step, an episode or ``episodes``, a run, or all)."""
         if key is not None:
             episode = key.episode
-        ordered = statements.provider_calls(
+        ordered = cost_statements.provider_calls(
             None if key is None else key.step_id,
             project_id=None if episode is None else episode.project_id,
             episode_id=None if episode is None else episode.episode_id,

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.engine import Connection
 
-from resources.ledger import statements
+from resources.ledger import run_lease_statements
 from resources.ledger.audit import worker
 from resources.ledger.session import LedgerSession, now_text
 
@@ -35,21 +35,21 @@ class RunLeases:
 
     def begin_run(self, run_id: str, now: str | None = None) -> None:
         """Take ``run_id``'s lease for this process (again, if a coordinator resumes it)."""
-        statement = statements.begin_run_lease(
+        statement = run_lease_statements.begin_run_lease(
             self.session.is_sqlite, run_id, now=now or now_text(), worker=worker()
         )
         self.session.in_single("begin a run lease", lambda conn: conn.execute(statement))
 
     def renew_run(self, run_id: str, now: str | None = None) -> bool:
         """Renew ``run_id``'s lease; False when it is ended (or was never taken)."""
-        statement = statements.renew_run_lease(run_id, now=now or now_text())
+        statement = run_lease_statements.renew_run_lease(run_id, now=now or now_text())
         return self.session.in_single(
             "renew a run lease", lambda conn: conn.execute(statement).rowcount == 1
         )
 
     def end_run(self, run_id: str, now: str | None = None) -> bool:
         """End ``run_id``'s lease (its coordinator finished, or its run was ended)."""
-        statement = statements.end_run_lease(run_id, now=now or now_text())
+        statement = run_lease_statements.end_run_lease(run_id, now=now or now_text())
         return self.session.in_single(
             "end a run lease", lambda conn: conn.execute(statement).rowcount == 1
         )
@@ -58,7 +58,7 @@ class RunLeases:
         self, run_ids: Sequence[str] | None = None, *, open_only: bool = False
     ) -> dict[str, RunLeaseRow]:
         """Run leases by run id (of ``run_ids``, or all; only open ones with ``open_only``)."""
-        query = statements.run_leases(run_ids, open_only=open_only)
+        query = run_lease_statements.run_leases(run_ids, open_only=open_only)
 
         def read(conn: Connection) -> dict[str, RunLeaseRow]:
             rows = conn.execute(query).mappings()

@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from pipeline_defs.resume.settings import validate_ledger_values
-from resources.ledger import statements
+from resources.ledger import settings_statements
 from resources.ledger.retry import is_dropped_connection
 from resources.ledger.session import LedgerSession, now_text
 from resources.ledger.tables import settings
@@ -50,7 +50,7 @@ class SettingsCache:
             database = sa.engine.make_url(self.session.url).database or ""
             if database in ("", ":memory:") or not Path(database).is_file():
                 return {}  # connecting would create the file
-        query = statements.every_setting()
+        query = settings_statements.every_setting()
         try:
             if self.session.is_sqlite:
                 conn = self.session.engine.connect().execution_options(read_only=True)
@@ -108,8 +108,8 @@ class SettingsCache:
         if not self.session.is_sqlite:
             # Serialize changes: two keys validated apart (lease, heartbeat) could make
             # a pair neither change alone would allow. SQLite's BEGIN IMMEDIATE does this.
-            conn.exec_driver_sql(statements.LOCK_SETTINGS)
-        rows = conn.execute(statements.every_setting()).all()
+            conn.exec_driver_sql(settings_statements.LOCK_SETTINGS)
+        rows = conn.execute(settings_statements.every_setting()).all()
         current = {str(k): str(v) for k, v in rows}
         wanted = {k: v for k, v in values.items() if not (keep and k in current)}
         merged = validate_ledger_values({**current, **wanted})  # raises: nothing written
@@ -120,11 +120,11 @@ class SettingsCache:
                 continue
             row = {"value": new, "updated_at": now, "updated_by": changed_by[key]}
             if old is None:
-                conn.execute(statements.insert_setting(key, **row))
+                conn.execute(settings_statements.insert_setting(key, **row))
             else:
-                conn.execute(statements.update_setting(key, **row))
+                conn.execute(settings_statements.update_setting(key, **row))
             conn.execute(
-                statements.record_setting_change(
+                settings_statements.record_setting_change(
                     key, old=old, new=new, at=now, changed_by=changed_by[key]
                 )
             )
@@ -133,7 +133,7 @@ class SettingsCache:
 
     def setting_changes(self) -> list[dict[str, Any]]:
         """The audit trail of the settings table, oldest first."""
-        query = statements.setting_changes()
+        query = settings_statements.setting_changes()
         return self.session.in_read(
             "read setting changes",
             lambda conn: [dict(r) for r in conn.execute(query).mappings()],

@@ -9,7 +9,8 @@ concern holding it, each in a module of its own. The store names their operation
 methods of its own, each with the part's signature and a one-line docstring, delegating
 to the part (the part's docstring says the rest):
 
-- :mod:`~resources.ledger.statements`: every SQL statement the parts run, by name;
+- :mod:`~resources.ledger.statements` and the ``*_statements`` modules beside it: every SQL
+  statement the parts run, by name;
 - :mod:`~resources.ledger.engine`: one engine per URL and process, SQLite pragmas;
 - :mod:`~resources.ledger.schema`: migrations to head;
 - :mod:`~resources.ledger.settings_cache`: the ``settings`` table, cached and audited;

@@ -11,7 +11,8 @@ from pipeline_defs.project import IMAGE_MODEL_KEYS
 from pipeline_defs.steps.context import VerifyContext
 from pipeline_defs.steps.spec import ItemSource
 from pipeline_defs.storyboard.entity_canon import DEFAULT_OUTLOOK
-from pipeline_defs.storyboard.images import ImageJob, ImagePlan, ImageStep, upstream_file
+from pipeline_defs.storyboard.image_jobs import ImageJob, ImagePlan, upstream_file
+from pipeline_defs.storyboard.images import ImageStep
 from resources.checkpoints.envelope import Checkpoint
 
 REF_STEP = "ref_image_gen"

@@ -1,4 +1,7 @@
-"""What the three image steps share: plan jobs, reuse valid images, draw only the rest.
+"""What the three image steps share: :class:`ImageStep`, which reuses valid images, draws
+only the rest and verifies what was drawn. Each step plans its jobs
+(:mod:`~pipeline_defs.storyboard.image_jobs`); a picture and its receipt on disk are
+:mod:`~pipeline_defs.storyboard.image_receipts`'.
 
 An image step is an upsert per entity/shot. A re-run keeps every existing PNG whose bytes
 still match the previous checkpoint's record for the same job (same seed = same prompt
@@ -11,15 +14,11 @@ Every file is reached through the checkpoint store (``artifact_path``, ``archive
 ``write_artifact``), which refuses a symlink on the way or in place (``checkpoint.symlink``,
 docs/DESIGN.md#no-escape); a step dir holding a link fails before any provider call. A drawn PNG and
 its receipt are written to the run's private ``.staging/`` directory and moved into place
-under the ledger row lock (``StepContext.fenced``): a worker that lost its lease cannot
-replace or archive what the step's new owner published.
+under the ledger row lock (``StepContext.fenced``, ``image_receipts.place``): a worker that
+lost its lease cannot replace or archive what the step's new owner published.
 """
 
-import contextlib
-import json
-import os
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +26,7 @@ from pipeline_defs.project import scoped_fingerprints
 from pipeline_defs.resume.completion import CompletionReport, Origin, Severity
 from pipeline_defs.resume.decision import config_hash
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
-from pipeline_defs.resume.files import SYMLINK_CODE, file_sha256, fsync_dir, read_nofollow
-from pipeline_defs.resume.layout import DataLayout
+from pipeline_defs.resume.files import SYMLINK_CODE, file_sha256, read_nofollow
 from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.steps.context import StepContext, VerifyContext
 from pipeline_defs.steps.judge import not_a_file
@@ -39,57 +37,18 @@ from pipeline_defs.storyboard.contact_sheet import (
     build_contact_sheet,
     thumbnail,
 )
-from resources.checkpoints.atomic import atomic_write_bytes
+from pipeline_defs.storyboard.image_jobs import ImageJob, ImagePlan
+from pipeline_defs.storyboard.image_receipts import (
+    RECEIPT_SUFFIX,
+    drawn_by_another_model,
+    drop_staging,
+    place,
+    reuse_receipt,
+)
 from resources.checkpoints.envelope import Artifact, Checkpoint, canonical_json, sha256_text
 from resources.providers import PNG_SIGNATURE, ImageCall
 
 MAX_LISTED = 20
-RECEIPT_SUFFIX = ".receipt.json"
-
-
-@dataclass(frozen=True)
-class ImageJob:
-    """One picture to have: where it goes, what to ask for, and why it may be impossible."""
-
-    item_id: str
-    path: str
-    prompt: str
-    caption: str
-    seed_parts: Sequence[Any] = ()
-    blocked: str | None = None
-    record: Mapping[str, Any] = field(default_factory=dict)
-    # The upstream pictures this one is drawn from (recorded: the dependents of a redraw).
-    sources: Sequence[ItemSource] = ()
-
-    @property
-    def seed(self) -> str:
-        """Content hash of everything the picture depends on: same seed, same picture."""
-        return sha256_text(canonical_json([self.item_id, self.prompt, list(self.seed_parts)]))
-
-    @property
-    def prompt_seed(self) -> str:
-        """Hash of what was asked for, without the upstream pictures it was drawn from."""
-        return sha256_text(canonical_json([self.item_id, self.prompt]))
-
-
-@dataclass
-class ImagePlan:
-    jobs: list[ImageJob]
-    skipped: list[dict[str, Any]] = field(default_factory=list)
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-def upstream_file(
-    ctx: VerifyContext, step_id: str, entry: Mapping[str, Any] | None
-) -> tuple[str, str] | None:
-    """(path, sha256) of a reference image another step recorded, if its bytes still match."""
-    if not entry or not isinstance(entry.get("path"), str):
-        return None
-    key = StepKey(ctx.key.project_id, ctx.key.episode_id, step_id)
-    path = ctx.checkpoints.artifact_path(key, entry["path"])
-    if not path.is_file() or file_sha256(path) != entry.get("sha256"):
-        return None
-    return entry["path"], str(entry["sha256"])
 
 
 class ImageStep(Step):
@@ -175,77 +134,6 @@ class ImageStep(Step):
             )
         return out
 
-    @staticmethod
-    def _archive_invalid(ctx: StepContext, job: ImageJob, *, receipt: bool = False) -> None:
-        """Move a present PNG (and for a redraw its receipt) aside before drawing it again:
-        nothing is lost."""
-        ctx.checkpoints.archive_artifact(ctx.key, job.path)
-        if receipt:
-            ctx.checkpoints.archive_artifact(ctx.key, job.path + RECEIPT_SUFFIX)
-
-    @staticmethod
-    def _receipt_path(ctx: StepContext, job: ImageJob) -> Path:
-        return ctx.artifact_path(job.path + RECEIPT_SUFFIX)
-
-    @staticmethod
-    def _staging(ctx: StepContext) -> str:
-        """The run's private directory under the step dir (relative), named by its owner."""
-        return DataLayout.run_staging(sha256_text(ctx.run_id or "no-run")[:16])
-
-    def _place(
-        self, ctx: StepContext, job: ImageJob, png: bytes, model: str, *, redraw: bool
-    ) -> Artifact:
-        """Write the PNG and its receipt (what it is, which model drew it) privately, then
-        move both into place, archiving what they replace, under the ledger row lock
-        (docs/DESIGN.md#fencing): a worker whose lease was taken over never replaces nor
-        archives a file the new owner published. The pair lands right after the call, so a
-        run killed before it publishes its checkpoint still leaves reusable work behind."""
-        staging = self._staging(ctx)
-        staged = ctx.write_artifact(f"{staging}/{job.path}", png)
-        artifact = Artifact(path=job.path, sha256=staged.sha256, bytes=staged.bytes)
-        receipt = {"seed": job.seed, "sha256": staged.sha256, "bytes": staged.bytes, "model": model}
-        receipt_path = job.path + RECEIPT_SUFFIX
-        atomic_write_bytes(
-            ctx.artifact_path(f"{staging}/{receipt_path}"), canonical_json(receipt).encode()
-        )
-
-        def into_place() -> None:
-            self._archive_invalid(ctx, job, receipt=redraw)
-            for relative in (job.path, receipt_path):
-                target = ctx.artifact_path(relative)  # refuses a link on the way or in place
-                target.parent.mkdir(parents=True, exist_ok=True)
-                os.replace(ctx.artifact_path(f"{staging}/{relative}"), target)
-            fsync_dir(ctx.artifact_path(job.path).parent)
-
-        ctx.fenced(into_place)
-        return artifact
-
-    def _drop_staging(self, ctx: StepContext) -> None:
-        """Remove the run's staging directories once empty; a file left there (a write the
-        fence refused) stays: nothing is deleted."""
-        root = ctx.artifact_path(self._staging(ctx))
-        if not root.is_dir():
-            return
-        for folder, _dirs, _files in os.walk(root, topdown=False):  # links are not followed
-            with contextlib.suppress(OSError):
-                os.rmdir(folder)
-        with contextlib.suppress(OSError):
-            os.rmdir(root.parent)
-
-    def _reuse_receipt(self, ctx: StepContext, job: ImageJob) -> Artifact | None:
-        try:
-            receipt = json.loads(read_nofollow(self._receipt_path(ctx, job)))
-        except (OSError, ValueError):
-            return None
-        if not isinstance(receipt, dict) or receipt.get("seed") != job.seed:
-            return None
-        path = ctx.artifact_path(job.path)
-        if not path.is_file() or path.stat().st_size != receipt.get("bytes"):
-            return None
-        if file_sha256(path) != receipt.get("sha256"):
-            return None
-        return Artifact(path=job.path, sha256=str(receipt["sha256"]), bytes=int(receipt["bytes"]))
-
     def _reuse(
         self,
         ctx: StepContext,
@@ -258,11 +146,11 @@ class ImageStep(Step):
         the checkpoint a force archived (:meth:`_recalled`). A picture another image model
         drew is not reused: after the project switches models (a scoped config change,
         which blocks), the operator's force asks for pictures by the new one."""
-        if self._drawn_by_another_model(ctx, job):
+        if drawn_by_another_model(ctx, job):
             return None
         return (
             self._reuse_published(ctx, previous, job)
-            or self._reuse_receipt(ctx, job)
+            or reuse_receipt(ctx, job)
             or self._reuse_published(ctx, recalled, job)
         )
 
@@ -280,19 +168,6 @@ class ImageStep(Step):
             return None
         now = config_hash(scoped_fingerprints(ctx.project.as_dict(), self.resume_config_keys))
         return recalled if recalled.config_hash == now else None
-
-    def _drawn_by_another_model(self, ctx: StepContext, job: ImageJob) -> bool:
-        """Its receipt names a model other than the one this run draws with (receipts
-        written before models were recorded name none, and count as this model's)."""
-        current = ctx.providers.image_model_name
-        if current is None:
-            return False
-        try:
-            receipt = json.loads(read_nofollow(self._receipt_path(ctx, job)))
-        except (OSError, ValueError):
-            return False
-        drawn_by = receipt.get("model") if isinstance(receipt, dict) else None
-        return drawn_by is not None and drawn_by != current
 
     def _kept_outdated(
         self, ctx: StepContext, previous: Checkpoint | None, job: ImageJob
@@ -389,7 +264,7 @@ class ImageStep(Step):
             artifact = None if redrawing else self._reuse(ctx, previous, job, recalled)
             kept = (
                 None
-                if redrawing or artifact or self._drawn_by_another_model(ctx, job)
+                if redrawing or artifact or drawn_by_another_model(ctx, job)
                 else self._kept_outdated(ctx, previous, job)
             )
             if kept is not None:
@@ -420,7 +295,7 @@ class ImageStep(Step):
                     failed.append({"item_id": job.item_id, "reason": reason})
                     sheet.append(SheetItem(job.item_id, ItemAction.FAILED, job.prompt, note=reason))
                     continue
-                artifact = self._place(ctx, job, reply.png, reply.model, redraw=redrawing)
+                artifact = place(ctx, job, reply.png, reply.model, redraw=redrawing)
                 drawn += 1
                 redrawn += redrawing
                 action = ItemAction.REDREW if redrawing else ItemAction.DREW
@@ -448,7 +323,7 @@ class ImageStep(Step):
                 images[job.item_id]["sources"] = [
                     {"step": s.step_id, "item": s.item_id, "sha256": s.sha256} for s in job.sources
                 ]
-        self._drop_staging(ctx)
+        drop_staging(ctx)
         data = {
             **plan.extra,
             "expected": [job.item_id for job in plan.jobs],

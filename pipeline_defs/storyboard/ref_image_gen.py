@@ -10,7 +10,8 @@ from pipeline_defs.project import IMAGE_MODEL_KEYS
 from pipeline_defs.steps.context import VerifyContext
 from pipeline_defs.storyboard.entity_canon import DEFAULT_OUTLOOK
 from pipeline_defs.storyboard.entity_t2i import entity_item_id
-from pipeline_defs.storyboard.images import ImageJob, ImagePlan, ImageStep
+from pipeline_defs.storyboard.image_jobs import ImageJob, ImagePlan
+from pipeline_defs.storyboard.images import ImageStep
 from resources.checkpoints.envelope import Checkpoint
 
 

@@ -12,7 +12,8 @@ from pipeline_defs.project import IMAGE_MODEL_KEYS
 from pipeline_defs.steps.context import VerifyContext
 from pipeline_defs.steps.spec import ItemSource
 from pipeline_defs.storyboard.entity_canon import DEFAULT_OUTLOOK
-from pipeline_defs.storyboard.images import ImageJob, ImagePlan, ImageStep, upstream_file
+from pipeline_defs.storyboard.image_jobs import ImageJob, ImagePlan, upstream_file
+from pipeline_defs.storyboard.images import ImageStep
 from pipeline_defs.storyboard.scene_detail import item_id, shot_id
 from resources.checkpoints.envelope import Checkpoint
 

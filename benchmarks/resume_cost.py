@@ -99,7 +99,7 @@ import yaml  # noqa: E402
 from pipeline_defs.definitions import build_resources  # noqa: E402
 from pipeline_defs.project import load_project_config  # noqa: E402
 from pipeline_defs.resume.clock import parse_timestamp  # noqa: E402
-from pipeline_defs.resume.decision import LaunchMode, ResumeAction  # noqa: E402
+from pipeline_defs.resume.decision_types import LaunchMode, ResumeAction  # noqa: E402
 from pipeline_defs.resume.files import file_sha256  # noqa: E402
 from pipeline_defs.resume.partition import Episode, StepKey  # noqa: E402
 from pipeline_defs.steps.graph import StepGraph  # noqa: E402

@@ -71,7 +71,7 @@ from pipeline_defs.judging.tick_result import TickConfig  # noqa: E402
 from pipeline_defs.project import ProjectConfig, scoped_fingerprints  # noqa: E402
 from pipeline_defs.resume.clock import format_timestamp  # noqa: E402
 from pipeline_defs.resume.completion import CompletionReport, Origin  # noqa: E402
-from pipeline_defs.resume.decision import config_hash  # noqa: E402
+from pipeline_defs.resume.decision_types import config_hash  # noqa: E402
 from pipeline_defs.resume.errors import PipelineError  # noqa: E402
 from pipeline_defs.resume.partition import StepKey  # noqa: E402
 from pipeline_defs.resume.settings import ResumeSettings  # noqa: E402

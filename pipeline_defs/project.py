@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from pipeline_defs.resume.decision import fingerprint
+from pipeline_defs.resume.decision_types import fingerprint
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.files import read_nofollow, symlink_error
 from pipeline_defs.resume.layout import DataLayout, stat_identity

@@ -53,7 +53,7 @@ from pipeline_defs.judging.stores import Stores
 from pipeline_defs.judging.tick import InFlight
 from pipeline_defs.judging.tick_result import TickConfig, TickResult
 from pipeline_defs.resume.clock import parse_timestamp
-from pipeline_defs.resume.decision import ResumeAction
+from pipeline_defs.resume.decision_types import ResumeAction
 from pipeline_defs.resume.errors import PipelineError, is_outage
 from pipeline_defs.resume.status import LedgerRow, StepStatus
 from pipeline_defs.steps.graph import order_steps

@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from datetime import datetime
 
 from pipeline_defs.project import ProjectConfig
-from pipeline_defs.resume.decision import (
+from pipeline_defs.resume.decision_types import (
     CheckpointSummary,
     LaunchMode,
     ResumeAction,

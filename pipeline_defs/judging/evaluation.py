@@ -60,7 +60,7 @@ from pipeline_defs.judging.step_evaluation import (
 from pipeline_defs.judging.stores import PipelineLike, ReadStores, Stores
 from pipeline_defs.resume.clock import MAX_CLOCK_SKEW, as_utc, parse_timestamp
 from pipeline_defs.resume.completion import Origin
-from pipeline_defs.resume.decision import (
+from pipeline_defs.resume.decision_types import (
     CODE_RESUME_BLOCKED,
     CODE_VERIFY_CRASHED,
     LaunchMode,

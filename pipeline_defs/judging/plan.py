@@ -21,7 +21,7 @@ from pipeline_defs.judging.memo import Memo, group_rows, row_fingerprint
 from pipeline_defs.judging.scan import PartitionScan, Scan
 from pipeline_defs.judging.step_evaluation import StepEvaluation
 from pipeline_defs.resume.clock import parse_timestamp
-from pipeline_defs.resume.decision import ResumeAction
+from pipeline_defs.resume.decision_types import ResumeAction
 from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.resume.status import LedgerRow
 

@@ -13,10 +13,7 @@ from pipeline_defs.project import (
     project_config_path,
     refuse_project_links,
 )
-from pipeline_defs.resume.decision import (
-    ScopedConfig,
-    config_hash,
-)
+from pipeline_defs.resume.decision_types import ScopedConfig, config_hash
 from pipeline_defs.resume.errors import PipelineError
 from pipeline_defs.resume.identity import (
     REFUSED,

@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 
 from pipeline_defs.resume.budget import CODE_BUDGET_EXHAUSTED, way_out_of
 from pipeline_defs.resume.clock import parse_timestamp
-from pipeline_defs.resume.decision import (
+from pipeline_defs.resume.decision_types import (
     CODE_ALREADY_RUNNING,
     CODE_RECOVERY_EXHAUSTED,
     CODE_VERIFY_CRASHED,

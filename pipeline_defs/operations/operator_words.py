@@ -6,7 +6,7 @@ import math
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-from pipeline_defs.resume.decision import FIRST_RUN_LABEL, FIRST_RUN_REASON, ResumeAction
+from pipeline_defs.resume.decision_types import FIRST_RUN_LABEL, FIRST_RUN_REASON, ResumeAction
 from pipeline_defs.resume.status import StepStatus
 from resources.ledger.audit import VERDICT_ACTIONS
 

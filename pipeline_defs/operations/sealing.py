@@ -22,7 +22,7 @@ from typing import Any
 
 from pipeline_defs.operations.workspace import Workspace
 from pipeline_defs.resume.completion import Origin
-from pipeline_defs.resume.decision import LaunchMode, ResumeAction
+from pipeline_defs.resume.decision_types import LaunchMode, ResumeAction
 from pipeline_defs.resume.partition import Episode, StepKey
 from pipeline_defs.resume.status import LedgerRow, StepStatus
 from pipeline_defs.steps.judge import StepJudge

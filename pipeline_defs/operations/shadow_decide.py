@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline_defs.operations.operator_words import FIRST_RUN, utc_now
 from pipeline_defs.operations.workspace import Workspace
-from pipeline_defs.resume.decision import ResumeAction
+from pipeline_defs.resume.decision_types import ResumeAction
 from pipeline_defs.resume.partition import Episode
 
 if TYPE_CHECKING:  # at run time it stays imported where judged (evaluate_now), as it was

@@ -32,7 +32,7 @@ from pipeline_defs.operations.status_summary import (
 )
 from pipeline_defs.operations.workspace import Workspace
 from pipeline_defs.resume.clock import parse_timestamp
-from pipeline_defs.resume.decision import (
+from pipeline_defs.resume.decision_types import (
     CLAIMING_ACTIONS,
     CODE_RECOVERY_EXHAUSTED,
     ResumeAction,

@@ -26,14 +26,14 @@ from pipeline_defs.project import (
 )
 from pipeline_defs.resume.budget import Budget, CallCap, cap_in_force
 from pipeline_defs.resume.completion import CompletionReport, Origin, Severity, merge_reports
-from pipeline_defs.resume.decision import (
+from pipeline_defs.resume.decision import decide
+from pipeline_defs.resume.decision_types import (
     CheckpointSummary,
     InTheWay,
     LaunchMode,
     ResumeAction,
     ResumeDecision,
     ScopedConfig,
-    decide,
 )
 from pipeline_defs.resume.errors import ErrorCode, PipelineError, is_outage
 from pipeline_defs.resume.files import SYMLINK_CODE

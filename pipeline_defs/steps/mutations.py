@@ -37,7 +37,7 @@ from typing import Any, Protocol
 
 from pipeline_defs.project import ProjectConfig
 from pipeline_defs.resume.completion import CompletionReport, Origin, Severity
-from pipeline_defs.resume.decision import ScopedConfig
+from pipeline_defs.resume.decision_types import ScopedConfig
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.resume.status import StepStatus

@@ -24,7 +24,7 @@ from typing import Any
 
 from pipeline_defs.project import scoped_fingerprints
 from pipeline_defs.resume.completion import CompletionReport, Origin, Severity
-from pipeline_defs.resume.decision import config_hash
+from pipeline_defs.resume.decision_types import config_hash
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.files import SYMLINK_CODE, file_sha256, read_nofollow
 from pipeline_defs.resume.partition import StepKey

@@ -9,7 +9,7 @@ from typing import Any
 import dagster as dg
 
 from pipeline_defs.resume.causes import root_cause
-from pipeline_defs.resume.decision import LaunchMode
+from pipeline_defs.resume.decision_types import LaunchMode
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.resume.settings import ResumeSettings

@@ -8,7 +8,7 @@ from typing import Any
 from urllib.parse import unquote_plus, urlsplit, urlunsplit
 
 from pipeline_defs.resume.completion import Origin
-from pipeline_defs.resume.decision import CheckpointSummary
+from pipeline_defs.resume.decision_types import CheckpointSummary
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.resume.status import StepStatus

@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline_defs.resume.decision import CheckpointSummary
+from pipeline_defs.resume.decision_types import CheckpointSummary
 from pipeline_defs.resume.partition import StepKey
 from resources.checkpoints.seal import ABSENT, Seal, summary_of, verdict_fields
 

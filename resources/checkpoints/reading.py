@@ -12,7 +12,7 @@ import threading
 from pathlib import Path
 
 from pipeline_defs.resume.completion import Origin
-from pipeline_defs.resume.decision import CheckpointSummary
+from pipeline_defs.resume.decision_types import CheckpointSummary
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.files import file_sha256, read_nofollow, symlink_error
 from pipeline_defs.resume.identity import FileIdentity, stat_identity

@@ -42,7 +42,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
-from pipeline_defs.resume.decision import CheckpointSummary
+from pipeline_defs.resume.decision_types import CheckpointSummary
 from pipeline_defs.resume.identity import (
     ABSENT_FILE,
     FileIdentity,

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from pipeline_defs.resume.decision import CheckpointSummary
+from pipeline_defs.resume.decision_types import CheckpointSummary
 from pipeline_defs.resume.identity import FileIdentity
 from pipeline_defs.resume.layout import DataLayout
 from pipeline_defs.resume.partition import StepKey

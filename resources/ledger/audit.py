@@ -16,7 +16,7 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
-from pipeline_defs.resume.decision import ResumeAction
+from pipeline_defs.resume.decision_types import ResumeAction
 from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.resume.status import StepStatus
 from resources.ledger import history_statements

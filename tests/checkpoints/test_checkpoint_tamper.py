@@ -26,7 +26,7 @@ from judge_steps import (
 from pipeline_defs.judging.evaluation import evaluate_partitions
 from pipeline_defs.judging.stores import Stores
 from pipeline_defs.resume.completion import Origin
-from pipeline_defs.resume.decision import LaunchMode, ResumeAction, ResumeDecision
+from pipeline_defs.resume.decision_types import LaunchMode, ResumeAction, ResumeDecision
 from pipeline_defs.resume.errors import PipelineError, status_of
 from pipeline_defs.resume.layout import ARCHIVE_DIR
 from pipeline_defs.resume.status import StepStatus

@@ -22,7 +22,7 @@ from judge_steps import THIEF_RUN_ID, calls, set_knobs, step_key
 from memory_machines import Machine, machines
 from memory_storage import MemoryStorage
 
-from pipeline_defs.resume.decision import ResumeAction
+from pipeline_defs.resume.decision_types import ResumeAction
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.status import StepStatus
 from pipeline_defs.steps.runner import OutcomeStatus

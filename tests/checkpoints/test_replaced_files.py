@@ -17,12 +17,12 @@ import pytest
 from storyboard_support import Env
 
 from pipeline_defs.resume.completion import CompletionReport, Origin
-from pipeline_defs.resume.decision import (
+from pipeline_defs.resume.decision import decide
+from pipeline_defs.resume.decision_types import (
     CheckpointSummary,
     LaunchMode,
     ResumeAction,
     ScopedConfig,
-    decide,
 )
 from pipeline_defs.resume.layout import ARCHIVE_DIR
 from pipeline_defs.resume.settings import ResumeSettings

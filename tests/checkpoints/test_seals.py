@@ -257,7 +257,7 @@ def test_racily_clean_files_are_hashed_again(tmp_path: Path) -> None:
 def _seal(
     home: Path, envelope: Path, artifacts: dict[str, str], *, sealed_ns: int, reads: Any = ()
 ) -> Seal | None:
-    from pipeline_defs.resume.decision import CheckpointSummary
+    from pipeline_defs.resume.decision_types import CheckpointSummary
 
     summary = CheckpointSummary(True, 1, StepStatus.COMPLETED, "h", {})
     sealed = make_seal(
@@ -309,7 +309,7 @@ def test_unreadable_seal_text_means_judge_the_long_way(stores: Stores, text: Any
 
 
 def _a_seal(version: str = "2026-12-02T15:00:00+00:00|run-1:0|0", path: str = "a/b.png") -> Seal:
-    from pipeline_defs.resume.decision import CheckpointSummary
+    from pipeline_defs.resume.decision_types import CheckpointSummary
 
     return Seal(
         checkpoint=(1_764_690_000_123_456_789, 2345, 12345678),

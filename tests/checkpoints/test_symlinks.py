@@ -37,7 +37,7 @@ from pipeline_defs.judging.evaluation import BatchJudge
 from pipeline_defs.judging.step_evaluation import Verdict
 from pipeline_defs.judging.stores import Stores
 from pipeline_defs.resume.completion import Origin
-from pipeline_defs.resume.decision import ResumeAction
+from pipeline_defs.resume.decision_types import ResumeAction
 from pipeline_defs.resume.errors import PipelineError, status_of
 from pipeline_defs.resume.layout import ARCHIVE_DIR, FORCE_MARKER
 from pipeline_defs.resume.partition import StepKey

@@ -259,7 +259,7 @@ ACCEPT_TAG = {"resume/mode": "accept"}
 
 
 def test_launch_modes_from_tags() -> None:
-    from pipeline_defs.resume.decision import LaunchMode
+    from pipeline_defs.resume.decision_types import LaunchMode
     from pipeline_defs.resume.errors import PipelineError
     from pipeline_defs.wiring.assets import launch_mode
 

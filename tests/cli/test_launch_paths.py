@@ -35,7 +35,7 @@ from pipeline_defs.definitions import build_resources
 from pipeline_defs.operations.operator_words import DECISION_ACTIONS
 from pipeline_defs.operations.workspace import Workspace, load_workspace
 from pipeline_defs.resume.clock import format_timestamp
-from pipeline_defs.resume.decision import LaunchMode
+from pipeline_defs.resume.decision_types import LaunchMode
 from pipeline_defs.resume.partition import Episode, StepKey
 from pipeline_defs.resume.status import LedgerRow
 from pipeline_defs.steps.graph import StepGraph

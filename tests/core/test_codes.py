@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from source_trees import parse_source
 
-from pipeline_defs.resume.decision import BLOCK_CODES
+from pipeline_defs.resume.decision_types import BLOCK_CODES
 from pipeline_defs.resume.errors import Code, ErrorCode, PipelineError, known_codes, status_of
 from pipeline_defs.resume.status import LedgerRow, StepStatus, parse_status
 from pipeline_defs.storyboard import STORYBOARD_STEPS

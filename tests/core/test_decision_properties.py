@@ -8,14 +8,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline_defs.resume.completion import CompletionReport, Origin
-from pipeline_defs.resume.decision import (
+from pipeline_defs.resume.decision import decide
+from pipeline_defs.resume.decision_types import (
     CheckpointSummary,
     LaunchMode,
     ResumeAction,
     ResumeDecision,
     ScopedConfig,
     config_hash,
-    decide,
 )
 from pipeline_defs.resume.errors import PipelineError
 from pipeline_defs.resume.settings import ResumeSettings

@@ -17,7 +17,8 @@ from pipeline_defs.resume.completion import (
     merge_reports,
     report_from_exception,
 )
-from pipeline_defs.resume.decision import (
+from pipeline_defs.resume.decision import decide
+from pipeline_defs.resume.decision_types import (
     CheckpointSummary,
     InTheWay,
     LaunchMode,
@@ -25,7 +26,6 @@ from pipeline_defs.resume.decision import (
     ResumeDecision,
     ScopedConfig,
     config_hash,
-    decide,
 )
 from pipeline_defs.resume.errors import PipelineError
 from pipeline_defs.resume.settings import ResumeSettings

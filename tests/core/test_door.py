@@ -208,12 +208,12 @@ def test_audit_running_puts_a_future_heartbeat_in_future_not_healthy(
 def test_a_heartbeat_beyond_the_skew_is_no_healthy_lease_for_the_judge() -> None:
     """The same judgement ``decide`` makes for the sensor (pure; see test_decision_table)."""
     from pipeline_defs.resume.completion import CompletionReport
-    from pipeline_defs.resume.decision import (
+    from pipeline_defs.resume.decision import decide
+    from pipeline_defs.resume.decision_types import (
         CheckpointSummary,
         LaunchMode,
         ResumeAction,
         ScopedConfig,
-        decide,
     )
     from pipeline_defs.resume.settings import ResumeSettings
 

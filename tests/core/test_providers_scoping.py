@@ -10,7 +10,7 @@ from pipeline_defs.project import (
     parse_project_config,
     scoped_fingerprints,
 )
-from pipeline_defs.resume.decision import fingerprint
+from pipeline_defs.resume.decision_types import fingerprint
 from pipeline_defs.resume.errors import PipelineError
 from pipeline_defs.storyboard import STORYBOARD_STEPS, ProjectImageModel, ProjectTextModel
 from resources.providers import (

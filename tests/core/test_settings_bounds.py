@@ -11,12 +11,12 @@ import pytest
 
 from pipeline_defs.resume.clock import format_timestamp
 from pipeline_defs.resume.completion import CompletionReport
-from pipeline_defs.resume.decision import (
+from pipeline_defs.resume.decision import decide
+from pipeline_defs.resume.decision_types import (
     CheckpointSummary,
     LaunchMode,
     ResumeAction,
     ScopedConfig,
-    decide,
 )
 from pipeline_defs.resume.errors import PipelineError
 from pipeline_defs.resume.settings import (

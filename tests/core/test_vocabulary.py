@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pipeline_defs.judging.step_evaluation import Verdict
 from pipeline_defs.operations.operator_words import DECISION_ACTIONS
-from pipeline_defs.resume.decision import ResumeAction
+from pipeline_defs.resume.decision_types import ResumeAction
 from pipeline_defs.resume.status import StepStatus
 from resources.ledger.audit import AuditAction
 

@@ -30,7 +30,7 @@ from storyboard_support import (
 )
 
 from pipeline_defs.resume.completion import Origin
-from pipeline_defs.resume.decision import ResumeAction
+from pipeline_defs.resume.decision_types import ResumeAction
 from resources.providers import ImageCall, ImageReply, OfflineImageModel
 from resources.providers.base import RETRIES_EXHAUSTED, provider_error
 

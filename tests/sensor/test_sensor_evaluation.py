@@ -30,7 +30,7 @@ from pipeline_defs.judging.evaluation import BatchJudge, evaluate_partitions
 from pipeline_defs.judging.step_evaluation import LAUNCH_ACTIONS, StepEvaluation, Verdict
 from pipeline_defs.judging.stores import Stores
 from pipeline_defs.resume.clock import format_timestamp
-from pipeline_defs.resume.decision import LaunchMode, ResumeAction
+from pipeline_defs.resume.decision_types import LaunchMode, ResumeAction
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.partition import Episode, StepKey
 from pipeline_defs.steps.graph import StepGraph

@@ -26,7 +26,7 @@ from pipeline_defs.judging.step_evaluation import StepEvaluation, Verdict
 from pipeline_defs.judging.tick import ResumeTicker
 from pipeline_defs.judging.tick_result import TickConfig, TickStats
 from pipeline_defs.resume.clock import format_timestamp
-from pipeline_defs.resume.decision import ResumeAction, ResumeDecision
+from pipeline_defs.resume.decision_types import ResumeAction, ResumeDecision
 from pipeline_defs.resume.identity import ABSENT
 from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.resume.settings import ResumeSettings

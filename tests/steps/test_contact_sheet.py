@@ -21,7 +21,7 @@ import pytest
 from PIL import Image
 from storyboard_support import TEST_CONFIG, Env, RunOutcome, scratch_dir, write_episode
 
-from pipeline_defs.resume.decision import ResumeAction
+from pipeline_defs.resume.decision_types import ResumeAction
 from pipeline_defs.resume.layout import ARCHIVE_DIR
 from pipeline_defs.steps.redraw import REDRAW_TAG
 from pipeline_defs.storyboard.contact_sheet import (

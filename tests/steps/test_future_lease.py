@@ -16,13 +16,13 @@ from cli_helpers import CliEnv
 from pipeline_defs.judging.evaluation import next_wake
 from pipeline_defs.resume.clock import MAX_CLOCK_SKEW, format_timestamp
 from pipeline_defs.resume.completion import CompletionReport
-from pipeline_defs.resume.decision import (
+from pipeline_defs.resume.decision import decide
+from pipeline_defs.resume.decision_types import (
     CheckpointSummary,
     LaunchMode,
     ResumeAction,
     ResumeDecision,
     ScopedConfig,
-    decide,
 )
 from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.resume.settings import ResumeSettings

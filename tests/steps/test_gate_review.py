@@ -16,7 +16,7 @@ from storyboard_support import EPISODE, Env
 from pipeline_defs.definitions import defs
 from pipeline_defs.operations.accept_command import accept
 from pipeline_defs.operations.workspace import Workspace, steps_of
-from pipeline_defs.resume.decision import ResumeAction
+from pipeline_defs.resume.decision_types import ResumeAction
 from pipeline_defs.resume.errors import PipelineError
 
 IMAGE_STEPS = ("ref_image_gen", "scene_image_pipeline")

@@ -25,13 +25,13 @@ from cli_helpers import CliEnv, make_env
 
 from pipeline_defs.resume.clock import format_timestamp
 from pipeline_defs.resume.completion import CompletionReport
-from pipeline_defs.resume.decision import (
+from pipeline_defs.resume.decision import decide
+from pipeline_defs.resume.decision_types import (
     CheckpointSummary,
     LaunchMode,
     ResumeAction,
     ResumeDecision,
     ScopedConfig,
-    decide,
 )
 from pipeline_defs.resume.partition import Episode, StepKey
 from pipeline_defs.resume.settings import ResumeSettings

@@ -27,7 +27,7 @@ from storyboard_support import (
     step_failure_messages,
 )
 
-from pipeline_defs.resume.decision import ResumeAction
+from pipeline_defs.resume.decision_types import ResumeAction
 from pipeline_defs.resume.files import file_sha256
 from pipeline_defs.resume.layout import ARCHIVE_DIR
 from pipeline_defs.steps.redraw import REDRAW_DEPENDENTS_TAG, REDRAW_TAG, dependents_of

@@ -19,7 +19,7 @@ import pytest
 from storyboard_support import Env
 
 from pipeline_defs.project import ProviderConfig
-from pipeline_defs.resume.decision import LaunchMode
+from pipeline_defs.resume.decision_types import LaunchMode
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.partition import StepKey
 from resources.checkpoints.journal import (

@@ -24,7 +24,7 @@ from storyboard_support import (
     write_episode,
 )
 
-from pipeline_defs.resume.decision import ResumeAction
+from pipeline_defs.resume.decision_types import ResumeAction
 from pipeline_defs.resume.errors import ErrorCode
 from resources.providers import (
     ImageCall,

@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 import pytest
 from storyboard_support import PRE_REVIEW, Env, cloned, scratch_dir, write_episode
 
-from pipeline_defs.resume.decision import ResumeAction
+from pipeline_defs.resume.decision_types import ResumeAction
 from pipeline_defs.resume.errors import PipelineError
 from pipeline_defs.storyboard import t2i_review
 from pipeline_defs.storyboard.t2i_review import (

@@ -13,7 +13,7 @@ import pytest
 from storyboard_support import STEPS, Env, cloned, scratch_dir, write_episode
 
 from pipeline_defs.resume.completion import CompletionReport, Origin, Severity
-from pipeline_defs.resume.decision import LaunchMode, ResumeAction
+from pipeline_defs.resume.decision_types import LaunchMode, ResumeAction
 from pipeline_defs.resume.errors import PipelineError
 from resources.checkpoints.envelope import Checkpoint
 

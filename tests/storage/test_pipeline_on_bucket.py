@@ -19,7 +19,7 @@ from counting_storage import counted
 from s3_server import S3Server
 from storyboard_support import STEP_IDS, Env, scratch_dir, write_episode
 
-from pipeline_defs.resume.decision import ResumeAction
+from pipeline_defs.resume.decision_types import ResumeAction
 from pipeline_defs.resume.layout import SCRATCH_DIR
 from pipeline_defs.storyboard import STORYBOARD_STEPS
 from resources.checkpoints.manifest import Manifest

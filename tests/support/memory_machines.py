@@ -22,7 +22,7 @@ from memory_storage import MemoryStorage
 from pipeline_defs.judging.evaluation import evaluate_partitions
 from pipeline_defs.judging.step_evaluation import StepEvaluation
 from pipeline_defs.judging.stores import Stores
-from pipeline_defs.resume.decision import LaunchMode, ResumeDecision
+from pipeline_defs.resume.decision_types import LaunchMode, ResumeDecision
 from pipeline_defs.resume.settings import ResumeSettings
 from pipeline_defs.steps.graph import StepGraph
 from pipeline_defs.steps.judge import StepJudge

@@ -23,7 +23,7 @@ import yaml
 
 from pipeline_defs.definitions import build_resources
 from pipeline_defs.operations.operator_words import DECISION_ACTIONS
-from pipeline_defs.resume.decision import LaunchMode, ResumeDecision
+from pipeline_defs.resume.decision_types import LaunchMode, ResumeDecision
 from pipeline_defs.resume.layout import FORCE_MARKER, SCRATCH_DIR
 from pipeline_defs.resume.partition import Episode, StepKey
 from pipeline_defs.resume.status import LedgerRow

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline_defs.project import ProjectConfig
-from pipeline_defs.resume.decision import ResumeAction, ResumeDecision
+from pipeline_defs.resume.decision_types import ResumeAction, ResumeDecision
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.resume.status import LedgerRow, StepStatus

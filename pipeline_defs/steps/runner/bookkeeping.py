@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from datetime import timedelta
 
 from pipeline_defs.resume.clock import format_timestamp
-from pipeline_defs.resume.decision import ResumeDecision
+from pipeline_defs.resume.decision_types import ResumeDecision
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.resume.status import StepStatus

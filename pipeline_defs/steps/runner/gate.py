@@ -4,7 +4,7 @@ Reads only (the ledger rows and checkpoints of the step's deps, and a mutator de
 judgement); a closed gate raises ``step.gate_blocked`` before any claim.
 """
 
-from pipeline_defs.resume.decision import LaunchMode, ResumeAction
+from pipeline_defs.resume.decision_types import LaunchMode, ResumeAction
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.resume.status import LedgerRow, StepStatus

@@ -6,7 +6,7 @@ from enum import StrEnum
 from typing import Any
 
 from pipeline_defs.resume.completion import CompletionReport
-from pipeline_defs.resume.decision import ResumeDecision
+from pipeline_defs.resume.decision_types import ResumeDecision
 from pipeline_defs.resume.status import StepStatus
 from pipeline_defs.steps.context import StepContext
 from pipeline_defs.steps.mutations import Intent

@@ -1,7 +1,11 @@
 """The judge's verdicts that run nothing, recorded: a SKIP (or the adoption of a verified
 orphan checkpoint), a BLOCK (raised), and a step not applicable to this partition."""
 
-from pipeline_defs.resume.decision import CODE_RECOVERY_EXHAUSTED, ResumeAction, ResumeDecision
+from pipeline_defs.resume.decision_types import (
+    CODE_RECOVERY_EXHAUSTED,
+    ResumeAction,
+    ResumeDecision,
+)
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.resume.status import LedgerRow, StepStatus

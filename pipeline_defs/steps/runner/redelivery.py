@@ -17,7 +17,7 @@ from collections.abc import Callable
 from datetime import timedelta
 
 from pipeline_defs.resume.clock import parse_timestamp
-from pipeline_defs.resume.decision import LaunchMode, ResumeAction
+from pipeline_defs.resume.decision_types import LaunchMode, ResumeAction
 from pipeline_defs.resume.errors import PipelineError
 from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.resume.status import StepStatus

@@ -3,7 +3,7 @@ claim), and, once drawn, the downstream items built from them (run metadata)."""
 
 import dataclasses
 
-from pipeline_defs.resume.decision import LaunchMode
+from pipeline_defs.resume.decision_types import LaunchMode
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.steps.judge import StepJudge

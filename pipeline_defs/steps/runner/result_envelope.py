@@ -6,7 +6,7 @@ from datetime import datetime
 
 from pipeline_defs.project import ProjectConfig, scoped_fingerprints
 from pipeline_defs.resume.clock import format_timestamp
-from pipeline_defs.resume.decision import config_hash
+from pipeline_defs.resume.decision_types import config_hash
 from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.resume.status import StepStatus
 from pipeline_defs.steps.runner.run_info import RunInfo

@@ -4,7 +4,7 @@ import dataclasses
 import secrets
 from dataclasses import dataclass
 
-from pipeline_defs.resume.decision import LaunchMode, ResumeDecision
+from pipeline_defs.resume.decision_types import LaunchMode, ResumeDecision
 from pipeline_defs.steps.judge import AUTOMATIC_LAUNCH_PATH
 from pipeline_defs.steps.redraw import Redraw
 from resources.ledger.audit import Audit, AuditAction

@@ -7,7 +7,7 @@ whose episode is at its cap (a fact it is given, :class:`Budget`).
 """
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
 
@@ -28,8 +28,9 @@ class CallCap:
     limit: int
     source: str = "default"  # project, env, resource, ledger or default
     project_file: str | None = None  # the project.yaml holding it (source project)
-    # The calls the episode's story was estimated at when registered (None: unknown).
-    estimated: int | None = None
+    # The calls the episode's story was estimated at when registered (None: unknown), asked
+    # only when a refusal or a block is worded: never on the way of a call or a claim.
+    estimate: Callable[[], int | None] | None = field(default=None, compare=False)
 
     def where(self) -> str:
         if self.source == SOURCE_PROJECT:
@@ -53,27 +54,29 @@ class CallCap:
             )
         return f"storyboard settings set {SETTING} {to}"
 
-    def suggestion(self, needed: int) -> int:
+    def suggestion(self, needed: int, estimated: int | None = None) -> int:
         """A raised cap to offer: twice the current one, or what is needed if more, and at
         least the episode's estimate (what a run of its story costs, so following the
         suggestion does not hit the cap again part way)."""
-        return max(2 * self.limit, needed, self.estimated or 0)
+        return max(2 * self.limit, needed, estimated or 0)
 
-    def way_out(self, spent: int) -> str:
+    def way_out(self, spent: int, estimated: int | None = None) -> str:
         """What an operator does to go on: the command that raises the cap, then resume."""
-        return f"{RAISE}{self.raise_command(self.suggestion(spent + 1))}{THEN_RESUME}"
+        to = self.suggestion(spent + 1, estimated)
+        return f"{RAISE}{self.raise_command(to)}{THEN_RESUME}"
 
     def exhausted(self, project_id: str, episode_id: str, spent: int) -> str:
         """Why a step of the episode is blocked, with the command that raises the cap."""
-        estimate = (
-            f" (its story was estimated at {self.estimated} when registered)"
-            if self.estimated is not None
+        estimated = None if self.estimate is None else self.estimate()
+        said = (
+            f" (its story was estimated at {estimated} when registered)"
+            if estimated is not None
             else ""
         )
         return (
             f"episode {project_id}/{episode_id} has recorded {spent} provider calls, at its "
-            f"cap of {self.limit} ({self.where()}){estimate}; no further call is sent. "
-            f"{self.way_out(spent)}"
+            f"cap of {self.limit} ({self.where()}){said}; no further call is sent. "
+            f"{self.way_out(spent, estimated)}"
         )
 
     def refusal(self, project_id: str, episode_id: str, spent: int, *, step: str) -> PipelineError:
@@ -91,12 +94,12 @@ def cap_in_force(
     settings_source: str,
     project_limit: int | None,
     project_file: str,
-    estimated: int | None = None,
+    estimate: Callable[[], int | None] | None = None,
 ) -> CallCap:
     """The project's own cap when its ``project.yaml`` sets one, else the settings'."""
     if project_limit is not None:
-        return CallCap(project_limit, SOURCE_PROJECT, project_file, estimated)
-    return CallCap(settings_limit, settings_source, estimated=estimated)
+        return CallCap(project_limit, SOURCE_PROJECT, project_file, estimate)
+    return CallCap(settings_limit, settings_source, estimate=estimate)
 
 
 @dataclass(frozen=True)

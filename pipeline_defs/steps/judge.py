@@ -234,13 +234,14 @@ class StepJudge:
 
     def call_cap(self, key: StepKey, project: ProjectConfig) -> CallCap:
         """The spend cap of ``key``'s episode: the project's own, else the setting's (with
-        the episode's estimate, which a refusal's suggestion covers)."""
+        the episode's estimate, read only when a refusal's suggestion is worded)."""
+        ledger = self.ledger
         return cap_in_force(
             self.settings.max_calls_per_episode,
             self.settings.max_calls_source,
             project.budget.max_calls_per_episode,
             str(project_config_path(self.checkpoints.home, key.project_id)),
-            self.ledger.episode_estimate(key.project_id, key.episode_id),
+            lambda: ledger.episode_estimate(key.project_id, key.episode_id),
         )
 
     def budget(self, key: StepKey, project: ProjectConfig) -> Budget:

@@ -20,6 +20,7 @@ A new backend is a new ``Publication``; a new cache policy changes the scratch c
 """
 
 import contextlib
+import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -175,10 +176,10 @@ class CheckpointStore:
         object storage nothing of the checkpoint tree (each process's own cache)."""
         return self.published.scan_layout
 
-    def journal(self, key: StepKey, lineage: str) -> ReplyJournal:
+    def journal(self, key: StepKey, lineage: str, log: logging.Logger) -> ReplyJournal:
         """The paid replies kept for ``key``'s work of ``lineage``
-        (docs/DESIGN.md#reply-journal)."""
-        return ReplyJournal(self.published.shared, key, lineage)
+        (docs/DESIGN.md#reply-journal), reported on ``log``."""
+        return ReplyJournal(self.published.shared, key, lineage, log)
 
     def step_dir(self, key: StepKey) -> Path:
         return self.tree.paths.step_dir(key)

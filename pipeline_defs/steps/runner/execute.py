@@ -57,8 +57,7 @@ def execute(
     lineage = writers.ledger.journal_lineage(key, run.run_id)
     journal = None
     if lineage is not None:  # None: the claim was lost already; the guard says so below
-        journal = writers.checkpoints.journal(key, lineage)
-        journal.log = judge.log
+        journal = writers.checkpoints.journal(key, lineage, judge.log)
     meter = ProviderMeter(
         writers.ledger,
         key,

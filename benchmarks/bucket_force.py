@@ -85,7 +85,12 @@ def main() -> None:
         default="t2i_review,world_guide",
         help="steps forced one after another, comma separated (default t2i_review,world_guide)",
     )
+    parser.add_argument(
+        "--smoke", action="store_true", help="a short run (CI): one forced step, t2i_review"
+    )
     args = parser.parse_args()
+    if args.smoke:
+        args.steps = "t2i_review"
     steps = [s for s in args.steps.split(",") if s]
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's access log, one line a request
     disk = measure(None, steps)

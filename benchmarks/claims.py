@@ -277,8 +277,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--pg-url",
-        default="postgresql+psycopg://postgres@127.0.0.1:5432/test",
-        help="a database on the server; a fresh bench database is created next to it",
+        default=os.environ.get("PIPELINE_BENCH_PG_URL")
+        or os.environ.get("PIPELINE_TEST_PG_URL")
+        or "postgresql+psycopg://postgres@127.0.0.1:5432/test",
+        help="a database on the server; a fresh bench database is created next to it "
+        "(default: PIPELINE_BENCH_PG_URL, else PIPELINE_TEST_PG_URL, else the local test db)",
+    )
+    parser.add_argument(
+        "--db-prefix",
+        default="bench_claims",
+        help="name prefix of the database it creates and drops (default bench_claims)",
     )
     parser.add_argument("--seconds", type=float, default=5.0, help="duration of each measurement")
     parser.add_argument("--workers", default="1,4,8", help="comma-separated worker/client counts")
@@ -287,12 +295,17 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="only compare audit lines in their change's transaction with audits apart",
     )
+    parser.add_argument(
+        "--smoke", action="store_true", help="a short run (CI): 1 worker, 1 s per measurement"
+    )
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.seconds, args.workers = 1.0, "1"
     counts = [int(w) for w in args.workers.split(",") if w.strip()]
     pgbench = find_pgbench()
 
     admin = sa.create_engine(args.pg_url, isolation_level="AUTOCOMMIT")
-    name = f"bench_claims_{uuid.uuid4().hex[:10]}"
+    name = f"{args.db_prefix}_{uuid.uuid4().hex[:10]}"
     with admin.connect() as conn:
         conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
     url = sa.make_url(args.pg_url).set(database=name).render_as_string(hide_password=False)

@@ -96,7 +96,10 @@ def watched(env: Env) -> ByArea:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3, help="clean runs measured (default 3)")
+    parser.add_argument("--smoke", action="store_true", help="a short run (CI): one round")
     args = parser.parse_args()
+    if args.smoke:
+        args.rounds = 1
     made: list[Env] = []
     with running_s3_server() as server:
         os.environ.update(server.env(SECRET))

@@ -89,11 +89,11 @@ def _timed(fn: Callable[[], Any]) -> float:
 
 
 @contextmanager
-def _postgres(server_url: str) -> Iterator[str]:
+def _postgres(server_url: str, prefix: str) -> Iterator[str]:
     for prefix in ("postgresql://", "postgres://", "postgresql+psycopg2://"):
         if server_url.startswith(prefix):
             server_url = "postgresql+psycopg://" + server_url[len(prefix) :]
-    name = f"bench_judge_{uuid.uuid4().hex[:12]}"
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
     admin = sa.create_engine(server_url, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
@@ -399,9 +399,19 @@ def main(argv: list[str] | None = None) -> int:
         help="PostgreSQL URL for the postgresql backend (default: PIPELINE_BENCH_PG_URL, else "
         "PIPELINE_TEST_PG_URL)",
     )
+    parser.add_argument(
+        "--db-prefix",
+        default="bench_judge",
+        help="name prefix of the PostgreSQL database it creates (default bench_judge)",
+    )
     parser.add_argument("--json", type=Path, help="also write the raw figures here")
+    parser.add_argument(
+        "--smoke", action="store_true", help="a short run (CI): 20 runs, 3 materializations"
+    )
     args = parser.parse_args(argv)
-    if args.runs < 500:
+    if args.smoke:
+        args.runs, args.dagster_runs = 20, 3
+    elif args.runs < 500:
         print("note: a stable figure needs >= 500 runs", file=sys.stderr)
     warnings.simplefilter("ignore", category=DeprecationWarning)
     os.environ.setdefault("DAGSTER_HOME", tempfile.mkdtemp(prefix="judge-bench-dagster-"))
@@ -412,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
             if not args.pg_url:
                 print("skipping postgresql: no --pg-url / PIPELINE_TEST_PG_URL", file=sys.stderr)
                 continue
-            with _postgres(args.pg_url) as url:
+            with _postgres(args.pg_url, args.db_prefix) as url:
                 results[backend] = run_backend(backend, url, args.runs, args.dagster_runs)
         elif backend == "sqlite":
             results[backend] = run_backend(backend, "", args.runs, args.dagster_runs)

@@ -40,8 +40,9 @@ period against moto (which scans every key of the bucket for each LIST).
 
 The publish part's ledger is the URL given (a throwaway table set is created in it through
 the store's migrations) or a temporary SQLite file; the tick part creates (and drops) a
-database of its own on that PostgreSQL server (``bench_object_store_<pid>``), or uses a
-temporary SQLite file. ``--episodes 20 --rounds 3`` is a smoke run.
+database of its own on that PostgreSQL server (``<--db-prefix>_<pid>``, by default
+``bench_object_store_<pid>``), or uses a temporary SQLite file. ``--smoke`` is a run of
+seconds (5 episodes, 2 rounds, one warm tick, a scrub period of 60 s).
 """
 
 import argparse
@@ -774,7 +775,7 @@ def bench_ticks(server: S3Server, db_url: str | None, args: argparse.Namespace) 
     made: str | None = None
     scratch = tempfile.mkdtemp(prefix="bench-os-ticks-")
     if db_url is not None and db_url.startswith("postgresql"):
-        made = f"bench_object_store_{os.getpid()}"
+        made = f"{args.db_prefix}_{os.getpid()}"
         admin = sa.create_engine(db_url, isolation_level="AUTOCOMMIT")
         with admin.connect() as conn:
             conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{made}" WITH (FORCE)')
@@ -842,6 +843,12 @@ def main() -> None:
     parser.add_argument(
         "--db-url", default=None, help="ledger URL (default: a SQLite file of its own)"
     )
+    parser.add_argument(
+        "--db-prefix",
+        default="bench_object_store",
+        help="name prefix of the tick part's PostgreSQL database: PREFIX_<pid> "
+        "(default bench_object_store)",
+    )
     parser.add_argument("--interval", type=float, default=30.0, help="seconds between ticks")
     parser.add_argument(
         "--warm-ticks", type=int, default=5, help="unchanged ticks timed after the first"
@@ -858,8 +865,15 @@ def main() -> None:
         help="then replace project.yaml in the bucket: ticks until the sensor sees it",
     )
     parser.add_argument("--json", default=None, help="also write the tick results here")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="a run of seconds (CI): 5 episodes, 2 rounds, one warm tick, scrub period 60 s",
+    )
     parser.add_argument("--sensor-process", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.smoke:
+        args.episodes, args.rounds, args.warm_ticks, args.scrub_period = 5, 2, 1, 60.0
     if args.sensor_process:  # the child: measure, print one JSON line
         spec = json.loads(Path(args.sensor_process).read_text())
         print(json.dumps(sensor_process(spec)))

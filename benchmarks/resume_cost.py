@@ -167,9 +167,13 @@ def downstream_of(step_ids: Iterable[str]) -> tuple[str, ...]:
 
 
 # ----------------------------------------------------------------------------- databases
+# The name prefix of the databases this run creates (``--db-prefix``).
+DB_PREFIX = "rc"
+
+
 def create_pg_database(server_url: str, template: str | None = None) -> str:
     """A new database on the server (optionally a copy of ``template``'s database)."""
-    name = f"rc_{uuid.uuid4().hex[:16]}"
+    name = f"{DB_PREFIX}_{uuid.uuid4().hex[:16]}"
     admin = sa.create_engine(server_url, isolation_level="AUTOCOMMIT")
     try:
         statement = f'CREATE DATABASE "{name}"'
@@ -813,10 +817,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=ROOT / "benchmarks/results/resume_cost.png",
         help="where the chart is written (default benchmarks/results/resume_cost.png)",
     )
+    parser.add_argument(
+        "--db-prefix",
+        default="rc",
+        help="name prefix of the PostgreSQL databases it creates and drops (default rc)",
+    )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="a short run (CI): scenario S2 only, the chart into a temporary directory",
+    )
     parser.add_argument("--child-run", nargs=2, metavar=("HOME", "DB_URL"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child_run:
         return child_main(*args.child_run)
+    global DB_PREFIX
+    DB_PREFIX = args.db_prefix
+    if args.smoke:
+        args.scenarios = "S2"
+        args.chart = Path(tempfile.mkdtemp(prefix="resume-cost-smoke-")) / "resume_cost.png"
 
     wanted = [s.strip() for s in args.scenarios.split(",") if s.strip()]
     started = time.perf_counter()

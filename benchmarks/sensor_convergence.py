@@ -23,7 +23,8 @@ over, and the runs per launched partition.
         --pg-url postgresql+psycopg://postgres@127.0.0.1:5432/test
 
 Creates (and drops, unless ``--keep``) two databases on that server,
-``bench_converge_<n>`` (the ledger) and ``bench_converge_dagster_<n>`` (Dagster's). At
+``<--db-prefix>_<n>`` (the ledger) and ``<--db-prefix>_dagster_<n>`` (Dagster's; the
+prefix defaults to ``bench_converge``). At
 100,000 episodes: ~8 min to generate 2.8 million files and 1,000,000 rows on a 2-core host,
 ~20 min of ticks, and ~10 min to delete the tree afterwards (the JSON result is printed
 after that; the per-tick lines go to stderr as they come). Stop it with SIGINT, not
@@ -149,8 +150,15 @@ def _tick_lines(log: Path) -> list[dict[str, Any]]:
     return found
 
 
-def run(episodes: int, server_url: str, every: int, timeout_s: float, keep: bool) -> dict[str, Any]:
-    ledger_db, dagster_db = f"bench_converge_{episodes}", f"bench_converge_dagster_{episodes}"
+def run(
+    episodes: int,
+    server_url: str,
+    every: int,
+    timeout_s: float,
+    keep: bool,
+    prefix: str = "bench_converge",
+) -> dict[str, Any]:
+    ledger_db, dagster_db = f"{prefix}_{episodes}", f"{prefix}_dagster_{episodes}"
     ledger_url = _database(server_url, ledger_db)
     dagster_url = (
         sa.make_url(_database(server_url, dagster_db))
@@ -272,9 +280,30 @@ def main() -> None:
         default=45.0,
         help="give up when not converged by then (default 45)",
     )
+    parser.add_argument(
+        "--db-prefix",
+        default="bench_converge",
+        help="name prefix of its two databases: PREFIX_<n>, PREFIX_dagster_<n> "
+        "(default bench_converge)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep databases and homes")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="a small run (CI): 20 episodes, one in 10 changed, given up after 4 minutes "
+        "(its length is the sensor's 30 s interval: two ticks at least)",
+    )
     args = parser.parse_args()
-    result = run(args.episodes, args.pg_url, args.every, args.timeout_minutes * 60, args.keep)
+    if args.smoke:
+        args.episodes, args.every, args.timeout_minutes = 20, 10, 4.0
+    result = run(
+        args.episodes,
+        args.pg_url,
+        args.every,
+        args.timeout_minutes * 60,
+        args.keep,
+        args.db_prefix,
+    )
     print(json.dumps(result, indent=1))
 
 

@@ -33,7 +33,8 @@ apart):
 
     .venv/bin/python benchmarks/sensor_tick.py --pg-url postgresql+psycopg://postgres@127.0.0.1:5432/test
 
-Each size creates (and drops) its own database ``bench_sensor_<n>`` on that server.
+Each size creates (and drops) its own database ``<--db-prefix>_<n>`` (``bench_sensor_<n>``)
+on that server; ``--smoke`` is a run of seconds (20 episodes, no unsealed tick).
 ``SENSOR_TICK_PROFILE=file`` writes a cProfile of the cold tick (``SENSOR_TICK_PROFILE_TICK``
 names another: warm, one_percent, full). The sensor context carries the instance's ref, as
 the daemon's does, so Dagster resolves the run requests the way it does in production.
@@ -366,9 +367,14 @@ def change_one_percent(home: Path, ledger: LedgerStore, keys: list[str]) -> int:
 
 # ----------------------------------------------------------------------------- one size
 def run_size(
-    episodes: int, server_url: str, keep: bool, workers: int | None, unsealed_tick: bool = True
+    episodes: int,
+    server_url: str,
+    keep: bool,
+    workers: int | None,
+    unsealed_tick: bool = True,
+    prefix: str = "bench_sensor",
 ) -> dict[str, Any]:
-    name = f"bench_sensor_{episodes}"
+    name = f"{prefix}_{episodes}"
     admin = sa.create_engine(server_url, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
@@ -638,6 +644,11 @@ def main() -> None:
         ),
         help="a PostgreSQL server database we may CREATE DATABASE from",
     )
+    parser.add_argument(
+        "--db-prefix",
+        default="bench_sensor",
+        help="name prefix of the databases it creates: PREFIX_<episodes> (default bench_sensor)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep databases and homes")
     parser.add_argument(
         "--workers", type=int, default=None, help="judge processes (default: one per CPU)"
@@ -648,20 +659,27 @@ def main() -> None:
         action="store_true",
         help="leave out the cold tick without seals (the slowest, ~17x the sealed one)",
     )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="a run of seconds (CI): 20 episodes, no cold tick without seals",
+    )
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.smoke:
+        args.sizes, args.skip_unsealed = "20", True
     if args.one:
-        print(
-            json.dumps(
-                run_size(args.one, args.pg_url, args.keep, args.workers, not args.skip_unsealed)
-            )
+        result = run_size(
+            args.one, args.pg_url, args.keep, args.workers, not args.skip_unsealed, args.db_prefix
         )
+        print(json.dumps(result))
         return
     results = []
     for size in (int(s) for s in args.sizes.split(",")):
         with tempfile.TemporaryDirectory(prefix="bench-dagster-") as dagster_home:
             child = subprocess.run(
                 [sys.executable, __file__, "--one", str(size), "--pg-url", args.pg_url]
+                + ["--db-prefix", args.db_prefix]
                 + (["--keep"] if args.keep else [])
                 + (["--workers", str(args.workers)] if args.workers else [])
                 + (["--skip-unsealed"] if args.skip_unsealed else []),

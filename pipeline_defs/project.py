@@ -6,6 +6,7 @@ lists in ``resume_config_keys``, so editing anything else never blocks or re-run
 
 import os
 import stat as stat_module
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +17,10 @@ from pipeline_defs.resume.decision_types import fingerprint
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.files import read_nofollow, symlink_error
 from pipeline_defs.resume.layout import DataLayout, stat_identity
+from pipeline_defs.resume.money import MoneyBudget, Price, to_micros
 from pipeline_defs.resume.partition import validate_id
 from pipeline_defs.resume.settings import MAX_CALLS_PER_EPISODE
+from pipeline_defs.resume.settings_registry import SETTINGS
 
 ABSENT = "<absent>"
 
@@ -26,7 +29,7 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-DEFAULT_API_KEY_ENV = "PIPELINE_PROVIDER_API_KEY"
+DEFAULT_API_KEY_ENV = SETTINGS["provider_api_key"].var
 
 
 # Upper bounds of the numeric knobs. Without them a typo'd exponent validated
@@ -45,10 +48,15 @@ MAX_SEGMENT_CHARS = 1_000_000
 MAX_MENTIONS = 1_000_000
 
 
-# The kinds of endpoint a project's ``provider.kind`` may name: the one list. Each has its
-# models in the code location's router (``pipeline_defs/storyboard/providers.py``
-# ``PROVIDER_MODELS``, kept equal to this list by a test); a new kind is an entry in both.
+# The kinds of endpoint a project's ``provider.kind`` may name: the one list. Each is a
+# module ``resources/providers/kinds/<kind>.py`` making its models, found by this name
+# (``resources/providers/provider_kinds.py``); a new kind is its module and its name here.
 PROVIDER_KINDS: tuple[str, ...] = ("offline", "openai")
+
+
+# Bounds of the rate limit's settings: far above any endpoint's, refusing only nonsense.
+MAX_REQUESTS_PER_MINUTE = 1_000_000
+MAX_TOKENS_PER_MINUTE = 1_000_000_000
 
 
 class ProviderConfig(_Strict):
@@ -70,6 +78,10 @@ class ProviderConfig(_Strict):
     timeout_seconds: float = Field(
         default=60, gt=0, le=MAX_PROVIDER_TIMEOUT_SECONDS, allow_inf_nan=False
     )
+    # One rate limit per base_url and model, shared by every process on the ledger
+    # (docs/DESIGN.md#rate-limit); None: no limit of ours (a 429's Retry-After still pauses).
+    requests_per_minute: int | None = Field(default=None, ge=1, le=MAX_REQUESTS_PER_MINUTE)
+    tokens_per_minute: int | None = Field(default=None, ge=1, le=MAX_TOKENS_PER_MINUTE)
 
     @field_validator("kind")
     @classmethod
@@ -115,10 +127,31 @@ class ImageKnobs(_Strict):
     ref_min_mentions: int = Field(default=2, ge=1, le=MAX_MENTIONS)
 
 
+# A money budget's bound: far above any sane budget, and it keeps micro-units in 64 bits.
+MAX_COST = Decimal(1_000_000_000)
+# Output tokens a text call is sent with (``max_tokens``) under a money budget: the worst
+# case a call reserves (docs/DESIGN.md#money-budgets).
+DEFAULT_MAX_OUTPUT_TOKENS = 4096
+
+
 class BudgetKnobs(_Strict):
     # The project's own spend cap (docs/DESIGN.md#spend-cap); unset, the setting
     # max_calls_per_episode applies.
     max_calls_per_episode: int | None = Field(default=None, ge=1, le=MAX_CALLS_PER_EPISODE)
+    # Budgets in money (docs/DESIGN.md#money-budgets), in the currency of ``pricing:``.
+    max_cost_per_episode: Decimal | None = Field(default=None, gt=0, le=MAX_COST)
+    max_cost_per_project_per_day: Decimal | None = Field(default=None, gt=0, le=MAX_COST)
+    max_output_tokens: int = Field(default=DEFAULT_MAX_OUTPUT_TOKENS, ge=1, le=1_000_000)
+
+
+class ModelPrice(_Strict):
+    """One model's price: text per 1M input, output (and cached input) tokens; images per
+    image by size (``"1024x1024"``, or ``"*"`` for any size)."""
+
+    input_per_1m: Decimal | None = Field(default=None, ge=0, le=MAX_COST)
+    output_per_1m: Decimal | None = Field(default=None, ge=0, le=MAX_COST)
+    cached_input_per_1m: Decimal | None = Field(default=None, ge=0, le=MAX_COST)
+    per_image: dict[str, Decimal] = Field(default_factory=dict)
 
 
 class ProjectConfig(_Strict):
@@ -134,6 +167,8 @@ class ProjectConfig(_Strict):
     images: ImageKnobs = ImageKnobs()
     provider: ProviderConfig = ProviderConfig()
     budget: BudgetKnobs = BudgetKnobs()
+    # Prices by model name (docs/DESIGN.md#money-budgets); the offline models are free.
+    pricing: dict[str, ModelPrice] = Field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
@@ -187,7 +222,7 @@ def parse_project_config(raw: Any, *, source: str) -> ProjectConfig:
             ErrorCode.CONFIG_INVALID, f"{source}: the project file must be a mapping"
         )
     try:
-        return ProjectConfig.model_validate(raw)
+        config = ProjectConfig.model_validate(raw)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "<root>"
@@ -197,6 +232,98 @@ def parse_project_config(raw: Any, *, source: str) -> ProjectConfig:
             f"{source}: {where}: {problem}",
             details={"path": source, "key": where},
         ) from None
+    refuse_unpriced(config, source=source)
+    return config
+
+
+# Models that cost nothing unless the project prices them: the offline ones.
+FREE_MODELS = (ProviderConfig().text_model, ProviderConfig().image_model)
+
+
+def _image_size(config: ProjectConfig) -> str:
+    return f"{config.image.width}x{config.image.height}"
+
+
+def model_prices(config: ProjectConfig) -> dict[str, Price]:
+    """Every priced model of the project by name: its ``pricing:`` entry (a text price
+    needs both token prices; an image price, one for the project's image size or ``*``),
+    and the offline models at 0 unless priced."""
+    prices = {name: Price(name) for name in FREE_MODELS}
+    size = _image_size(config)
+    for name, entry in config.pricing.items():
+        image = entry.per_image.get(size, entry.per_image.get("*"))
+        text = entry.input_per_1m is not None and entry.output_per_1m is not None
+        if not text and image is None:
+            prices.pop(name, None)
+            continue
+        prices[name] = Price(
+            name,
+            input_per_1m=entry.input_per_1m or Decimal(0),
+            output_per_1m=entry.output_per_1m or Decimal(0),
+            cached_input_per_1m=entry.cached_input_per_1m,
+            per_image=image or Decimal(0),
+        )
+    return prices
+
+
+def unpriced_models(config: ProjectConfig) -> list[tuple[str, str]]:
+    """The project's models a money budget could not price: (model, the key naming it)."""
+    text, image = config.provider.text_model, config.provider.image_model
+    missing: list[tuple[str, str]] = []
+    entry = config.pricing.get(text)
+    if text not in FREE_MODELS and (
+        entry is None or entry.input_per_1m is None or entry.output_per_1m is None
+    ):
+        missing.append((text, "provider.text_model"))
+    entry = config.pricing.get(image)
+    size = _image_size(config)
+    if image not in FREE_MODELS and (
+        entry is None or (size not in entry.per_image and "*" not in entry.per_image)
+    ):
+        missing.append((image, "provider.image_model"))
+    return missing
+
+
+def refuse_unpriced(config: ProjectConfig, *, source: str) -> None:
+    """``config.unpriced_model`` naming each model a money budget of the project cannot
+    price: a budget in money holds only if every call has a price before it is sent."""
+    budget = config.budget
+    if budget.max_cost_per_episode is None and budget.max_cost_per_project_per_day is None:
+        return
+    missing = unpriced_models(config)
+    if not missing:
+        return
+    named = "; ".join(
+        f"{model!r} ({key}): add pricing.{model}."
+        + (
+            "input_per_1m and output_per_1m"
+            if key.endswith("text_model")
+            else f"per_image.{_image_size(config)} (or per_image.*)"
+        )
+        for model, key in missing
+    )
+    raise PipelineError(
+        ErrorCode.CONFIG_UNPRICED_MODEL,
+        f"{source}: a money budget is set (budget.max_cost_per_episode or "
+        f"budget.max_cost_per_project_per_day) but a model has no price: {named}",
+        details={"path": source, "models": [model for model, _ in missing]},
+    )
+
+
+def money_budget(config: ProjectConfig, project_file: str) -> MoneyBudget:
+    """The project's money budgets and prices, as the provider meter applies them."""
+    budget = config.budget
+    return MoneyBudget(
+        per_episode=None
+        if budget.max_cost_per_episode is None
+        else to_micros(budget.max_cost_per_episode),
+        per_project_day=None
+        if budget.max_cost_per_project_per_day is None
+        else to_micros(budget.max_cost_per_project_per_day),
+        prices=model_prices(config),
+        max_output_tokens=budget.max_output_tokens,
+        project_file=project_file,
+    )
 
 
 _CACHE: dict[Path, tuple[tuple[int, int, int], ProjectConfig]] = {}

@@ -54,7 +54,7 @@ from pipeline_defs.judging.tick import InFlight
 from pipeline_defs.judging.tick_result import TickConfig, TickResult
 from pipeline_defs.resume.clock import parse_timestamp
 from pipeline_defs.resume.decision_types import ResumeAction
-from pipeline_defs.resume.errors import PipelineError, is_outage
+from pipeline_defs.resume.errors import OutageError
 from pipeline_defs.resume.status import LedgerRow, StepStatus
 from pipeline_defs.steps.graph import order_steps
 from pipeline_defs.steps.spec import Step
@@ -391,9 +391,7 @@ def build_resume_sensor(
         scrub = scrub_for(name)
         try:
             scrubbed = scrub.step(stores, partition_keys, cursor_extra(context.cursor, SCRUB_FIELD))
-        except PipelineError as exc:
-            if not is_outage(exc):
-                raise
+        except OutageError as exc:
             # No scrub this tick (its share waits for the next): the judging below still
             # defers just the partitions the outage reaches.
             context.log.warning(f"scrub: waits for {exc.code}: {exc.message}")
@@ -418,9 +416,7 @@ def build_resume_sensor(
             result = ticker.tick(
                 partition_keys, now, context.cursor, in_flight, stranded.holds, backfilling
             )
-        except PipelineError as exc:
-            if not is_outage(exc):
-                raise
+        except OutageError as exc:
             # Not a verdict on any partition: nothing is launched, reported or remembered
             # (the cursor stays), and the next tick judges as if this one never ran.
             why = (

@@ -18,13 +18,13 @@ from azurite_server import AzureServer, running_azurite
 from cli_helpers import CliEnv, make_env
 from fleet_support import require_broker
 from judge_steps import Harness, open_harness
-from memory_ledger import open_memory_ledger
 from pg_throwaway import ThrowawayPostgres
 from s3_server import SECRET, S3Server, running_s3_server
 from storyboard_support import Env, built_episode, cloned
 
 from pipeline_defs.resume.settings import ENV_NAMES
 from resources.ledger.store import LedgerStore, engine_for
+from resources.testing import open_memory_ledger
 
 
 def _require_pg() -> bool:
@@ -109,7 +109,7 @@ def store(db_url: str) -> LedgerStore:
 @pytest.fixture
 def memory_ledger() -> Iterator[LedgerStore]:
     """A migrated ledger on an in-memory SQLite database of its own (no file, no server;
-    tests/support/memory_ledger.py), for fast tests of the judge and the run protocol."""
+    resources/testing.py), for fast tests of the judge and the run protocol."""
     with open_memory_ledger() as ledger:
         yield ledger
 

@@ -11,6 +11,7 @@ from pipeline_defs.cli.render import render_table
 from pipeline_defs.cli.shared import operation
 from pipeline_defs.operations.workspace import load_workspace, safe_url
 from pipeline_defs.resume.settings import ENV_NAMES, env_ledger_values, format_value
+from pipeline_defs.resume.settings_registry import read
 from resources.ledger.store import worker
 
 
@@ -83,7 +84,7 @@ def settings_set(*, key: str, value: str, as_json: bool) -> dict[str, Any] | Non
     old, new = ws.ledger.set_setting(
         key, value, changed_by=f"storyboard settings set {_operator()}"
     )
-    overridden = bool(os.environ.get(ENV_NAMES[key], "").strip())
+    overridden = bool(read(ENV_NAMES[key]).strip())
     if as_json:
         return {"key": key, "old": old, "new": new, "overridden_here_by_env": overridden}
     click.echo(f"ledger setting {key}: {old if old is not None else '(unset)'} -> {new}")

@@ -1,6 +1,7 @@
 """``storyboard status``: per partition and step, then the queue, the leases, the last hour,
 the settings in force and where checkpoints are published."""
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -127,6 +128,8 @@ def _worker_lines(steps: Sequence[StepState], width: int) -> list[str]:
 
 
 def _sensor_now(state: StepState) -> str | None:
+    if state.running_healthy and state.rate_wait_seconds is not None:
+        return f"waiting for the rate limit, {math.ceil(state.rate_wait_seconds)} s"
     if state.running_healthy:
         return "running"
     if state.verdict == "deferred" and state.retry_in_seconds is not None:

@@ -12,7 +12,7 @@ import click
 
 from pipeline_defs.cli.render import emit_json
 from pipeline_defs.resume.causes import root_cause
-from pipeline_defs.resume.errors import ErrorCode, PipelineError
+from pipeline_defs.resume.errors import InternalError, PipelineError
 
 F = TypeVar("F", bound=Callable[..., Any])
 DEBUG_ENV = "STORYBOARD_DEBUG"
@@ -68,7 +68,7 @@ def operation(name: str) -> Callable[[F], F]:
                     emit_json({"ok": False, "command": name, "error": error_payload(cause)})
                 hint = (
                     f" (set {DEBUG_ENV}=1 for a traceback)"
-                    if cause.code == ErrorCode.INTERNAL
+                    if isinstance(cause, InternalError)
                     else ""
                 )
                 click.echo(f"error: {cause}{hint}", err=True)

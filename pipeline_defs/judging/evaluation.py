@@ -61,13 +61,14 @@ from pipeline_defs.judging.stores import PipelineLike, ReadStores, Stores
 from pipeline_defs.resume.clock import MAX_CLOCK_SKEW, as_utc, parse_timestamp
 from pipeline_defs.resume.completion import Origin
 from pipeline_defs.resume.decision_types import (
+    CODE_ALREADY_RUNNING,
     CODE_RESUME_BLOCKED,
     CODE_VERIFY_CRASHED,
     LaunchMode,
     ResumeAction,
     ResumeDecision,
 )
-from pipeline_defs.resume.errors import PipelineError, is_outage
+from pipeline_defs.resume.errors import OutageError, PipelineError
 from pipeline_defs.resume.identity import (
     ABSENT,
     FileIdentity,
@@ -308,12 +309,11 @@ class BatchJudge:
                         key, mode=LaunchMode.RESUME, row=row, now=now, loaded=(checkpoint, broken)
                     ).decision
             except Exception as exc:  # one bad partition must not sink the tick
-                if is_outage(exc):
+                if isinstance(exc, OutageError):
                     # No verdict on any of its steps (docs/DESIGN.md#sensor): the
                     # partition is deferred whole, and judged again next tick.
                     if not self.defer_outages:
                         raise
-                    assert isinstance(exc, PipelineError)
                     self.outages[pk] = Outage.of(exc)
                     return []
                 decision = _unjudgeable(exc)
@@ -428,6 +428,8 @@ def _verdict(
     if action is ResumeAction.NOT_APPLICABLE:
         # Never a run of its own; a run recorded it, or records it when a step below needs it.
         return Verdict.NOT_APPLICABLE, "not applicable here; never launched for its own sake"
+    if action is ResumeAction.BLOCK and decision.code == CODE_ALREADY_RUNNING:
+        return Verdict.RUNNING, "running: another run holds a live lease; nothing to do"
     if action is ResumeAction.BLOCK:
         return Verdict.BLOCKED, f"blocked ({decision.code}); reported as a failed check"
     if action not in LAUNCH_ACTIONS:  # FORCE_EXPLICIT cannot come out of resume mode

@@ -81,6 +81,9 @@ class Verdict(StrEnum):
     LAUNCH = "launch"
     DEFERRED = "deferred"
     WAITING = "waiting"
+    # Another run holds a live lease on it: no fault and nothing to do. The judge's answer is
+    # its BLOCK with ``step.already_running``; no surface counts or reports it as a block.
+    RUNNING = "running"
     BLOCKED = "blocked"
     SKIP = "skip"
     NOT_APPLICABLE = "not_applicable"

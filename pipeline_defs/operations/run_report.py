@@ -11,7 +11,7 @@ import dagster as dg
 from pipeline_defs.operations.operator_words import DECISION_ACTIONS, shown_action
 from pipeline_defs.operations.workspace import Workspace
 from pipeline_defs.resume.causes import root_cause_of_text
-from pipeline_defs.resume.errors import ErrorCode, PipelineError
+from pipeline_defs.resume.errors import InternalError, PipelineError, error_class_names
 from pipeline_defs.resume.partition import Episode
 
 
@@ -101,11 +101,21 @@ def _root_cause_of(error: Any) -> PipelineError:
         current = current.cause or current.context
     own = [e for e in chain if not str(e.cls_name or "").startswith("Dagster")] or chain
     causes = [root_cause_of_text(e.message) for e in own]
-    return next((c for c in causes if c.code != ErrorCode.INTERNAL), causes[0])
+    return next((c for c in causes if not isinstance(c, InternalError)), causes[0])
 
 
-# A typed error as Dagster serialized it: ``module.PipelineError: [code] message``.
-_TYPED_TEXT = re.compile(r"^[\w.]*PipelineError: \[([a-z0-9_.]+)\] (.*)$", re.DOTALL)
+# A typed error as Dagster serialized it: ``module.PipelineError: [code] message``, or a
+# subclass of it by its name (``module.BudgetExhausted: [budget.exhausted] ...``).
+_TYPED_TEXT = re.compile(r"^(?:[\w.]*\.)?(\w+): \[([a-z0-9_.]+)\] (.*)$", re.DOTALL)
+
+
+def typed_error_text(text: str) -> tuple[str, str] | None:
+    """Code and message of a ``PipelineError`` (or a subclass) as Dagster serialized it;
+    None for any other error's text."""
+    typed = _TYPED_TEXT.match(text.strip())
+    if typed is None or typed.group(1) not in error_class_names():
+        return None
+    return typed.group(2), typed.group(3).strip()
 
 
 def run_failure_cause(ws: Workspace, run_id: str) -> tuple[str, str] | None:
@@ -121,9 +131,9 @@ def run_failure_cause(ws: Workspace, run_id: str) -> tuple[str, str] | None:
         current: Any = data.error
         depth = 0
         while current is not None and depth < 20:  # a bound: it is data
-            typed = _TYPED_TEXT.match(str(current.message or "").strip())
+            typed = typed_error_text(str(current.message or ""))
             if typed is not None:
-                return typed.group(1), typed.group(2).strip()
+                return typed
             current, depth = current.cause or current.context, depth + 1
         cause = _root_cause_of(data.error)
         return cause.code, cause.message

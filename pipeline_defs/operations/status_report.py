@@ -114,6 +114,8 @@ class StepState:
     # Verdict "blocked" only because another run holds a live lease: not a fault, so
     # neither counted nor shown as a block (docs/DESIGN.md#leases).
     running_healthy: bool = False
+    # Seconds its run still waits for the shared rate limit (docs/DESIGN.md#rate-limit).
+    rate_wait_seconds: float | None = None
     provider_calls: int = 0
     # Calls recorded as sent whose reply never came (the worker died during them): most
     # likely paid, outcome unknown.
@@ -321,6 +323,7 @@ def status_report(
                 rows.get(key), call["run_id"], ws.settings.lease_seconds, now
             ):
                 unknown[key] += 1  # sent, never answered: its worker died during it
+    rate_waits = ws.ledger.rate_limits.waits()
     step_ids = [s.step_id for s in ws.steps]
     extra = sorted({k.step_id for k in rows} - set(step_ids))
     run_durations = _run_step_durations(ws, rows)
@@ -342,6 +345,15 @@ def status_report(
                 unknown_outcome_calls=unknown.get(key, 0),
                 worker=workers.get(key),
             )
+            wait = rate_waits.get(key)
+            until = parse_timestamp(wait.until) if wait is not None else None
+            if (
+                wait is not None
+                and until is not None
+                and row is not None
+                and row.run_id == wait.run_id
+            ):
+                state.rate_wait_seconds = max(0.0, (until - now).total_seconds())
             now_judged = judged.get((episode.partition_key, step_id))
             if now_judged is not None:
                 state.verdict = now_judged["verdict"]

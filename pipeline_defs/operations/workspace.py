@@ -19,10 +19,11 @@ from typing import Any
 import dagster as dg
 import sqlalchemy as sa
 
-from pipeline_defs.resume.errors import ErrorCode, PipelineError
+from pipeline_defs.resume.errors import ErrorCode, LedgerNotMigrated, PipelineError
 from pipeline_defs.resume.layout import DataLayout
 from pipeline_defs.resume.partition import Episode, validate_id
 from pipeline_defs.resume.settings import ENV_NAMES, EffectiveSettings, ResumeSettings
+from pipeline_defs.resume.settings_registry import read
 from pipeline_defs.steps.graph import StepGraph, order_steps
 from pipeline_defs.steps.judge import StepJudge
 from pipeline_defs.steps.lease import RunLease
@@ -235,9 +236,7 @@ class Workspace:
         """Whether the ledger exists at the head revision (checked without writing to it)."""
         try:
             self.require_migrated_ledger()
-        except PipelineError as exc:
-            if exc.code != ErrorCode.LEDGER_NOT_MIGRATED:
-                raise
+        except LedgerNotMigrated:
             return False
         return True
 
@@ -245,7 +244,7 @@ class Workspace:
         """Who set the data root (None: nobody, it is the default ``./.pipeline``)."""
         if self.pipeline.home:
             return "set by the code location's pipeline resource"
-        if os.environ.get(ENV_NAMES["home"], "").strip():
+        if read(ENV_NAMES["home"]).strip():
             return "from the environment"
         return None
 
@@ -258,7 +257,7 @@ class Workspace:
         """
         found = f"ledger database {database!r} does not exist"
         migrate = "or run `storyboard migrate` to create a new, empty ledger there"
-        if self.pipeline.db_url or os.environ.get(ENV_NAMES["db_url"], "").strip():
+        if self.pipeline.db_url or read(ENV_NAMES["db_url"]).strip():
             return f"{found} ({ENV_NAMES['db_url']}); check {ENV_NAMES['db_url']}, {migrate}"
         home = self.home.resolve()
         source = self.home_source()

@@ -10,10 +10,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
+from pipeline_defs.resume.money import CALLS
+from pipeline_defs.resume.settings_registry import SETTINGS
 
 CODE_BUDGET_EXHAUSTED = ErrorCode.BUDGET_EXHAUSTED.value
 SETTING = "max_calls_per_episode"
-ENV_NAME = "PIPELINE_MAX_CALLS_PER_EPISODE"
+ENV_NAME = SETTINGS[SETTING].var
 # The way out of a block, as its reason words it (``way_out_of`` finds it there again).
 RAISE = "To go on, raise the cap: "
 THEN_RESUME = "; then resume (what is already paid for is kept)"
@@ -85,7 +87,7 @@ class CallCap:
             ErrorCode.BUDGET_EXHAUSTED,
             f"{step}: a provider call was refused before it was sent: "
             + self.exhausted(project_id, episode_id, spent),
-            details={"cap": self.limit, "spent": spent, "setting": SETTING},
+            details={"cap": self.limit, "spent": spent, "setting": SETTING, "budget": CALLS},
         )
 
 

@@ -40,8 +40,7 @@ from pipeline_defs.resume.decision_types import (
     ScopedConfig,
     config_hash,
 )
-from pipeline_defs.resume.errors import PipelineError, is_outage
-from pipeline_defs.resume.files import SYMLINK_CODE
+from pipeline_defs.resume.errors import OutageError, PipelineError, SymlinkRefused
 from pipeline_defs.resume.settings import ResumeSettings
 from pipeline_defs.resume.status import LedgerRow, StepStatus
 
@@ -75,7 +74,7 @@ def _run_verify(verify: Callable[[], CompletionReport]) -> CompletionReport:
     try:
         report = verify()
     except Exception as exc:  # the verifier's failure is itself a verdict ...
-        if is_outage(exc):  # ... an outage is none (docs/DESIGN.md#stranded-runs)
+        if isinstance(exc, OutageError):  # ... an outage is none (docs/DESIGN.md#stranded-runs)
             raise
         return report_from_exception(exc)
     if not isinstance(report, CompletionReport):
@@ -412,11 +411,11 @@ def _in_the_way(decision: ResumeDecision, in_the_way: InTheWay | None) -> Resume
             # Not a regular file: the verifier calls it "missing" and a re-run (or a force)
             # would pay for the item, then fail to move it into place. An older copy: a
             # re-run would adopt it silently. A link: written through. Blocked before any.
-            origin = Origin.CONTRACT_DRIFT if found.code == SYMLINK_CODE else found.origin
+            origin = Origin.CONTRACT_DRIFT if isinstance(found, SymlinkRefused) else found.origin
             return _blocked_by(found, origin)
     if (
         unreadable is not None
-        and unreadable.code == SYMLINK_CODE
+        and isinstance(unreadable, SymlinkRefused)
         and decision.action is not ResumeAction.BLOCK
     ):
         # The table reaches the verifier (which reports the link) only for some rows; a

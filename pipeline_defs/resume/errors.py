@@ -2,7 +2,7 @@
 
 from collections.abc import Mapping
 from enum import StrEnum
-from typing import Any
+from typing import Any, ClassVar, Self
 
 
 class Code(StrEnum):
@@ -68,6 +68,8 @@ class ErrorCode(Code):
     INPUT_INVALID = "input.invalid", 400
     INPUT_STORY_EXISTS = "input.story_exists", 409
     CONFIG_INVALID = "config.invalid", 400
+    # A money budget is set but a model of the project has no price (docs/DESIGN.md#money-budgets).
+    CONFIG_UNPRICED_MODEL = "config.unpriced_model", 400
     CONFIG_DAGSTER_HOME = "config.dagster_home", 400
     # The Dagster instance's PostgreSQL storage named so SQLAlchemy opens it with psycopg 3,
     # on which dagster-postgres's NOTIFY fails (pipeline_defs/wiring/instance_storage.py).
@@ -145,7 +147,30 @@ def status_of(code: str) -> int:
 
 
 class PipelineError(Exception):
-    """A failure the operator can act on: ``code`` is stable, ``message`` names the culprit."""
+    """A failure the operator can act on: ``code`` is stable, ``message`` names the culprit.
+
+    The outcomes callers tell apart have a subclass each (below, docs/DESIGN.md#error-tree);
+    ``PipelineError(code, ...)`` returns the subclass its code has, so a raiser names the
+    code and a catcher the class (``except StorageObjectMissing:``). Every subclass keeps its
+    code and the constructor's signature, and pickles whole (code, status, origin, details).
+    """
+
+    # code text -> the class raised for it (each subclass names its own code).
+    _by_code: ClassVar[dict[str, "type[PipelineError]"]] = {}
+
+    def __init_subclass__(cls, *, code: Code | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if code is not None:
+            taken = PipelineError._by_code.setdefault(str(code), cls)
+            if taken is not cls:
+                raise TypeError(f"{code} is {taken.__name__}'s code, not {cls.__name__}'s")
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Self:
+        code = args[0] if args else kwargs.get("code")
+        subclass = PipelineError._by_code.get(str(code)) if code is not None else None
+        if subclass is not None and issubclass(subclass, cls):
+            cls = subclass  # a subclass of the one asked for
+        return super().__new__(cls, *args, **kwargs)
 
     def __init__(
         self,
@@ -156,6 +181,9 @@ class PipelineError(Exception):
         origin: str | None = None,
         details: Mapping[str, Any] | None = None,
     ) -> None:
+        codes = codes_of(type(self))
+        if codes and str(code) not in codes:
+            raise TypeError(f"{type(self).__name__} is raised for {sorted(codes)}, not {code}")
         # Kept as plain text: codes are compared and serialised as their stable strings.
         self.code = str(code)
         self.message = message
@@ -163,6 +191,11 @@ class PipelineError(Exception):
         self.origin = origin
         self.details = dict(details or {})
         super().__init__(f"[{self.code}] {message}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Rebuilt without calling __init__ (whose arguments ``args`` does not hold): the
+        # class, its args and every attribute, so another process gets the same error.
+        return (_restored, (type(self), self.args, self.__dict__))
 
     def as_metadata(self) -> dict[str, str]:
         """Flat text view for Dagster metadata and audit rows."""
@@ -176,12 +209,81 @@ class PipelineError(Exception):
         return out
 
 
-# An outage of what the pipeline stands on (the storage, the ledger), its retries spent: not
-# a verdict on any checkpoint. The judge raises it as it is, never classifies it as drift or
-# tampering (a block only a force lifts); the run fails, the next tick or launch tries again.
-OUTAGES = frozenset({ErrorCode.STORAGE_UNAVAILABLE, ErrorCode.LEDGER_UNAVAILABLE})
+def _restored(
+    cls: type[PipelineError], args: tuple[Any, ...], state: dict[str, Any]
+) -> PipelineError:
+    error = Exception.__new__(cls)
+    error.args = args
+    error.__dict__.update(state)
+    return error
 
 
-def is_outage(exc: BaseException) -> bool:
-    """``exc`` is an outage (:data:`OUTAGES`), not evidence about what was being read."""
-    return isinstance(exc, PipelineError) and exc.code in OUTAGES
+def codes_of(cls: type[PipelineError]) -> frozenset[str]:
+    """The codes ``cls`` is raised for (empty: any code, as ``PipelineError`` itself)."""
+    if cls is PipelineError:
+        return frozenset()
+    return frozenset(c for c, sub in PipelineError._by_code.items() if issubclass(sub, cls))
+
+
+def error_class_names() -> frozenset[str]:
+    """The names of ``PipelineError`` and every class below it (how a serialized error,
+    ``module.Name: [code] message``, is told typed)."""
+    found: set[str] = set()
+    classes: list[type[PipelineError]] = [PipelineError]
+    while classes:
+        cls = classes.pop()
+        found.add(cls.__name__)
+        classes.extend(cls.__subclasses__())
+    return frozenset(found)
+
+
+# The outcomes callers tell apart. A new one: a subclass naming its code, then ``except`` it.
+class StorageObjectMissing(PipelineError, code=ErrorCode.STORAGE_OBJECT_MISSING):
+    """No object at the key (a bucket that is missing is ``storage.bucket_missing``)."""
+
+
+class StorageObjectExists(PipelineError, code=ErrorCode.STORAGE_OBJECT_EXISTS):
+    """A create-only put met an object already at the key (another writer's, or ours)."""
+
+
+class IntegrityViolation(PipelineError, code=ErrorCode.IO_INTEGRITY_VIOLATION):
+    """Bytes that are not the ones recorded: edited outside the pipeline, or damaged."""
+
+
+class SymlinkRefused(PipelineError, code=ErrorCode.CHECKPOINT_SYMLINK):
+    """A link where a file or directory of ours should be: never followed nor removed."""
+
+
+class BudgetExhausted(PipelineError, code=ErrorCode.BUDGET_EXHAUSTED):
+    """The episode's provider calls reached its cap: nothing more is sent."""
+
+
+class OwnershipLost(PipelineError, code=ErrorCode.STEP_OWNERSHIP_LOST):
+    """The step's row is no longer this run's (its lease was taken over)."""
+
+
+class LedgerNotMigrated(PipelineError, code=ErrorCode.LEDGER_NOT_MIGRATED):
+    """The ledger is missing or not at the head revision."""
+
+
+class InternalError(PipelineError, code=ErrorCode.INTERNAL):
+    """An exception nobody typed, kept with its type and text."""
+
+
+class OutageError(PipelineError):
+    """An outage of what the pipeline stands on (the storage, the ledger), its retries spent:
+    not a verdict on any checkpoint. The judge raises it as it is, never classifies it as
+    drift or tampering (a block only a force lifts); the run fails, the next tick or launch
+    tries again."""
+
+
+class StorageUnavailable(OutageError, code=ErrorCode.STORAGE_UNAVAILABLE):
+    """The bucket's endpoint cannot be reached or answers with an error nobody typed."""
+
+
+class LedgerUnavailable(OutageError, code=ErrorCode.LEDGER_UNAVAILABLE):
+    """The PostgreSQL ledger stayed unreachable past the store's retry."""
+
+
+# The codes of an outage (:class:`OutageError`).
+OUTAGES = codes_of(OutageError)

@@ -3,36 +3,42 @@
 ``PIPELINE_EXECUTOR=celery`` hands each step of every run (launchpad, resume sensor,
 backfill, ``storyboard materialize``) to a Celery worker (``storyboard worker``) through the
 broker; the workers share only the ledger, the Dagster instance (PostgreSQL) and the
-storage (docs/DESIGN.md#fleet). Read at call time, never at import.
+storage (docs/DESIGN.md#fleet). Read at call time, never at import, each variable's name,
+default and bounds from its row of the settings registry.
 """
 
-import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
+from pipeline_defs.resume.settings_registry import SETTINGS, read
 
-EXECUTOR_ENV = "PIPELINE_EXECUTOR"
-BROKER_ENV = "PIPELINE_CELERY_BROKER_URL"
-BACKEND_ENV = "PIPELINE_CELERY_BACKEND_URL"
-QUEUE_ENV = "PIPELINE_CELERY_QUEUE"
-QUEUE_WAIT_ENV = "PIPELINE_CELERY_QUEUE_WAIT_SECONDS"
+_EXECUTOR = SETTINGS["executor"]
+_BROKER = SETTINGS["celery_broker_url"]
+_BACKEND = SETTINGS["celery_backend_url"]
+_QUEUE = SETTINGS["celery_queue"]
+_QUEUE_WAIT = SETTINGS["celery_queue_wait_seconds"]
+EXECUTOR_ENV = _EXECUTOR.var
+BROKER_ENV = _BROKER.var
+BACKEND_ENV = _BACKEND.var
+QUEUE_ENV = _QUEUE.var
+QUEUE_WAIT_ENV = _QUEUE_WAIT.var
 FLEET_ENV_NAMES = (EXECUTOR_ENV, BROKER_ENV, BACKEND_ENV, QUEUE_ENV, QUEUE_WAIT_ENV)
 
 MULTIPROCESS = "multiprocess"  # Dagster's default: a process per step beside the run worker
 CELERY = "celery"
 EXECUTORS = (MULTIPROCESS, CELERY)
 
-DEFAULT_BROKER_URL = "pyamqp://guest@127.0.0.1:5672//"
-DEFAULT_BACKEND_URL = "redis://127.0.0.1:6379/0"
-DEFAULT_QUEUE = "dagster"
+DEFAULT_BROKER_URL: str = _BROKER.default
+DEFAULT_BACKEND_URL: str = _BACKEND.default
+DEFAULT_QUEUE: str = _QUEUE.default
 # How long a run's coordinator lets a step wait on a queue no worker consumes before the run
 # fails naming the queue (it warns in the run's event log at once): long enough for a worker
 # to be started by hand or by an autoscaler, short enough that nobody waits for ever.
-DEFAULT_QUEUE_WAIT_SECONDS = 300.0
-QUEUE_WAIT_BOUNDS = (1.0, 86400.0)
+DEFAULT_QUEUE_WAIT_SECONDS: float = _QUEUE_WAIT.default
+QUEUE_WAIT_BOUNDS = _QUEUE_WAIT.closed_range()
 # The run tag a coordinator sets to the queue(s) its steps wait on while no worker consumes
 # them (empty once one does): what ``storyboard status`` reports without asking the broker.
 UNSERVED_QUEUE_TAG = "storyboard/unserved_queue"
@@ -126,26 +132,25 @@ class FleetSettings:
         cls, env: Mapping[str, str] | None = None, *, queue: str | None = None
     ) -> "FleetSettings":
         """The settings of ``env`` (default: this process's), each refused by its variable."""
-        source = os.environ if env is None else env
-        executor = source.get(EXECUTOR_ENV, "").strip().lower() or MULTIPROCESS
+        executor = read(EXECUTOR_ENV, env).strip().lower() or MULTIPROCESS
         if executor not in EXECUTORS:
             raise _invalid(EXECUTOR_ENV, executor, f"expected one of {', '.join(EXECUTORS)}")
         broker = _url(
-            BROKER_ENV, source.get(BROKER_ENV, "").strip() or DEFAULT_BROKER_URL, BROKER_SCHEMES
+            BROKER_ENV, read(BROKER_ENV, env).strip() or DEFAULT_BROKER_URL, BROKER_SCHEMES
         )
         backend = _url(
             BACKEND_ENV,
-            source.get(BACKEND_ENV, "").strip() or DEFAULT_BACKEND_URL,
+            read(BACKEND_ENV, env).strip() or DEFAULT_BACKEND_URL,
             BACKEND_SCHEMES,
         )
         if queue is not None and not queue.strip():
             raise _invalid("--queue", queue, "a queue name is 1-100 letters, digits, '_' or '-'")
-        name = queue if queue is not None else source.get(QUEUE_ENV, "").strip()
+        name = queue if queue is not None else read(QUEUE_ENV, env).strip()
         name = name or DEFAULT_QUEUE
         if not QUEUE_NAME.match(name):
             variable = QUEUE_ENV if queue is None else "--queue"
             raise _invalid(variable, name, "a queue name is 1-100 letters, digits, '_' or '-'")
-        wait = source.get(QUEUE_WAIT_ENV, "").strip()
+        wait = read(QUEUE_WAIT_ENV, env).strip()
         wait_seconds = (
             _seconds(QUEUE_WAIT_ENV, wait, QUEUE_WAIT_BOUNDS)
             if wait

@@ -1,6 +1,9 @@
-"""Validated settings of the judge and the ledger, read from ``PIPELINE_*`` variables."""
+"""Validated settings of the judge and the ledger, read from ``PIPELINE_*`` variables.
 
-import os
+Each field's variable, default, bounds and sources are a row of the settings registry
+(``pipeline_defs/resume/settings_registry.py``); this module validates them together.
+"""
+
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -9,7 +12,6 @@ from typing import Annotated, Any
 from pydantic import (
     BaseModel,
     ConfigDict,
-    Field,
     TypeAdapter,
     ValidationError,
     field_validator,
@@ -19,6 +21,19 @@ from pydantic import (
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.layout import DataLayout
 from pipeline_defs.resume.partition import ID_PATTERN
+from pipeline_defs.resume.settings_registry import (
+    ENV,
+    LEDGER,
+    RESOURCE,
+    SETTINGS,
+    read,
+)
+
+# The bounds, as the tests and the project file's own cap know them.
+from pipeline_defs.resume.settings_registry import MAX_CALLS_PER_EPISODE as MAX_CALLS_PER_EPISODE
+from pipeline_defs.resume.settings_registry import MAX_OFFLINE_LATENCY_MS as MAX_OFFLINE_LATENCY_MS
+from pipeline_defs.resume.settings_registry import MAX_RECOVERY_ATTEMPTS as MAX_RECOVERY_ATTEMPTS
+from pipeline_defs.resume.settings_registry import MAX_SETTING_SECONDS as MAX_SETTING_SECONDS
 
 ALLOWED_DB_SCHEMES = (
     "sqlite",
@@ -28,56 +43,21 @@ ALLOWED_DB_SCHEMES = (
     "postgresql+psycopg2",
 )
 
-# PIPELINE_STORAGE_URL schemes (resources/storage/location.py opens them).
-BUCKET_SCHEMES = ("s3", "gs", "az")
-STORAGE_SCHEMES = ("file", *BUCKET_SCHEMES)
-
-# setting name -> environment variable
-ENV_NAMES: dict[str, str] = {
-    "home": "PIPELINE_HOME",
-    "db_url": "PIPELINE_DB_URL",
-    "storage_url": "PIPELINE_STORAGE_URL",
-    "running_timeout_seconds": "PIPELINE_RUNNING_TIMEOUT_SECONDS",
-    "max_recovery_attempts": "PIPELINE_MAX_RECOVERY_ATTEMPTS",
-    "retry_backoff_seconds": "PIPELINE_RETRY_BACKOFF_SECONDS",
-    "offline_latency_ms": "PIPELINE_OFFLINE_LATENCY_MS",
-    "heartbeat_seconds": "PIPELINE_HEARTBEAT_SECONDS",
-    "lease_seconds": "PIPELINE_LEASE_SECONDS",
-    "scrub_period_seconds": "PIPELINE_SCRUB_PERIOD_SECONDS",
-    "max_calls_per_episode": "PIPELINE_MAX_CALLS_PER_EPISODE",
-}
-
-# Upper bounds. Without them a value validated and broke later instead: a timeout of
-# 10**22 s raised OverflowError in the judge (``timedelta``), and a huge backoff overflowed
-# ``now + attempts * backoff``. The bounds are far above any sane setting and keep that
-# arithmetic (at most 1000 x 30 days after now) well inside ``datetime``'s range.
-MAX_SETTING_SECONDS = 30 * 24 * 3600  # 30 days
-MAX_RECOVERY_ATTEMPTS = 1000
-MAX_OFFLINE_LATENCY_MS = 600_000  # 10 minutes per simulated call
-# The spend cap (docs/DESIGN.md#spend-cap): provider calls one episode may record, all its
-# runs together. The demo's episodes record 24 and 26 calls and ``add-episode`` estimates
-# 35 for each; 200 leaves room for several forced rebuilds of such an episode and refuses
-# a runaway story (a 1 MB story started 5,880 calls) before it spends.
-DEFAULT_MAX_CALLS_PER_EPISODE = 200
-MAX_CALLS_PER_EPISODE = 10_000_000
+# The schemes PIPELINE_STORAGE_URL may name: the one list. Each is a module
+# ``resources/storage/schemes/<scheme>.py`` opening it, found by this name
+# (``resources/storage/storage_schemes.py``); a new scheme is its module and its name here.
+STORAGE_SCHEMES: tuple[str, ...] = ("file", "s3", "gs", "az")
 
 # The judge's limits, which the sensor daemon and every run worker must share: these may live
-# in the ledger's ``settings`` table. ``home`` and ``db_url`` locate the ledger,
-# so they cannot be kept in it; ``offline_latency_ms`` is a per-process knob of the offline
-# models, no limit of the judge.
-LEDGER_KEYS: tuple[str, ...] = (
-    "running_timeout_seconds",
-    "lease_seconds",
-    "heartbeat_seconds",
-    "max_recovery_attempts",
-    "retry_backoff_seconds",
-    "max_calls_per_episode",
-)
+# in the ledger's ``settings`` table (the registry's rows with the ledger among their
+# sources). ``home`` and ``db_url`` locate the ledger, so they cannot be kept in it;
+# ``offline_latency_ms`` is a per-process knob of the offline models, no limit of the judge.
+LEDGER_KEYS: tuple[str, ...] = SETTINGS.keys_from(LEDGER)
 
 # Where a value in force came from, highest precedence first.
-SOURCE_RESOURCE = "resource"  # set in code, on the code location's PipelineResource
-SOURCE_ENV = "env"  # a PIPELINE_* variable of this process
-SOURCE_LEDGER = "ledger"  # the ledger's settings table
+SOURCE_RESOURCE = RESOURCE  # set in code, on the code location's PipelineResource
+SOURCE_ENV = ENV  # a PIPELINE_* variable of this process
+SOURCE_LEDGER = LEDGER  # the ledger's settings table
 SOURCE_DEFAULT = "default"
 
 
@@ -86,40 +66,35 @@ class ResumeSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    home: Path = Path(".pipeline")
-    db_url: str | None = None
+    # Each field's default, bounds and doc: its row in the settings registry.
+    home: Path = SETTINGS["home"].model_field()
+    db_url: str | None = SETTINGS["db_url"].model_field()
     # Where checkpoints and artifacts live (docs/DESIGN.md#storage): None, the home itself;
     # s3://, gs://, az:// a bucket (``home`` is then scratch that a worker can lose).
-    storage_url: str | None = None
-    running_timeout_seconds: int = Field(default=3600, gt=0, le=MAX_SETTING_SECONDS)
-    max_recovery_attempts: int = Field(default=3, ge=1, le=MAX_RECOVERY_ATTEMPTS)
-    retry_backoff_seconds: int = Field(default=30, ge=0, le=MAX_SETTING_SECONDS)
+    storage_url: str | None = SETTINGS["storage_url"].model_field()
+    running_timeout_seconds: int = SETTINGS["running_timeout_seconds"].model_field()
+    max_recovery_attempts: int = SETTINGS["max_recovery_attempts"].model_field()
+    retry_backoff_seconds: int = SETTINGS["retry_backoff_seconds"].model_field()
     # The offline models read PIPELINE_OFFLINE_LATENCY_MS again at each call (so a changed
     # value applies without a reload); it is validated here too so that a bad value refuses
     # when settings are read (start of a run, sensor tick, CLI command), not only at the
     # first provider call deep inside a run.
-    offline_latency_ms: int = Field(default=0, ge=0, le=MAX_OFFLINE_LATENCY_MS)
+    offline_latency_ms: int = SETTINGS["offline_latency_ms"].model_field()
     # Leases: a running step renews its row's heartbeat_at every
     # heartbeat_seconds; a running row whose heartbeat is older than lease_seconds is stale,
     # however long the step has run. running_timeout_seconds then applies only to rows that
-    # carry no heartbeat.
-    # ``allow_inf_nan=False``: "nan" and "inf" parse as floats, and nan fails every bound
-    # check, so they were refused with a bound they do not break; they are no number.
-    heartbeat_seconds: float = Field(default=10, gt=0, le=3600, allow_inf_nan=False)
-    lease_seconds: float = Field(default=60, gt=0, le=MAX_SETTING_SECONDS, allow_inf_nan=False)
+    # carry no heartbeat. Float fields refuse "nan" and "inf" (``Setting.model_field``).
+    heartbeat_seconds: float = SETTINGS["heartbeat_seconds"].model_field()
+    lease_seconds: float = SETTINGS["lease_seconds"].model_field()
     # On object storage the sensor compares every episode's published objects and inputs
     # with the ledger once per this period (one LIST each, spread over the ticks): how long
     # an object deleted or replaced behind the ledger's back can go unnoticed by a judge
     # that trusts seals. Runs and the IO manager always verify in full.
-    scrub_period_seconds: float = Field(
-        default=3600, gt=0, le=MAX_SETTING_SECONDS, allow_inf_nan=False
-    )
+    scrub_period_seconds: float = SETTINGS["scrub_period_seconds"].model_field()
     # The spend cap: the provider meter refuses, before sending, a call that would take the
     # episode's recorded calls past it; ``budget.max_calls_per_episode`` in a project's
     # ``project.yaml`` overrides it for that project (docs/DESIGN.md#spend-cap).
-    max_calls_per_episode: int = Field(
-        default=DEFAULT_MAX_CALLS_PER_EPISODE, ge=1, le=MAX_CALLS_PER_EPISODE
-    )
+    max_calls_per_episode: int = SETTINGS["max_calls_per_episode"].model_field()
     # Where ``max_calls_per_episode`` came from (one of the SOURCE_* below): the refusal
     # names the command that raises it there. Set by ``resolve_settings``; no variable.
     max_calls_source: str = "default"
@@ -226,14 +201,20 @@ class ResumeSettings(BaseModel):
         Finding the ledger must not depend on the limits kept in it; nor must one bad limit
         stop an operator from reaching the ledger to repair it (``storyboard settings set``).
         """
-        source = os.environ if env is None else env
         return cls.build(
-            home=home if home is not None else source.get(ENV_NAMES["home"]),
-            db_url=db_url if db_url is not None else source.get(ENV_NAMES["db_url"]),
+            home=home if home is not None else read(ENV_NAMES["home"], env),
+            db_url=db_url if db_url is not None else read(ENV_NAMES["db_url"], env),
             storage_url=(
-                storage_url if storage_url is not None else source.get(ENV_NAMES["storage_url"])
+                storage_url if storage_url is not None else read(ENV_NAMES["storage_url"], env)
             ),
         )
+
+
+# setting name -> environment variable, for every field but ``max_calls_source``, in the
+# fields' order (the order they are read and checked in).
+ENV_NAMES: dict[str, str] = SETTINGS.env_names(
+    tuple(name for name in ResumeSettings.model_fields if name != "max_calls_source")
+)
 
 
 def _where(name: str, source: str, value: object) -> str:
@@ -288,13 +269,12 @@ def resolve_settings(
 ) -> EffectiveSettings:
     """The one precedence: resource override, then ``PIPELINE_*`` variable, then the ledger's
     settings table, then the default. The environment is read at call time, never at import."""
-    source = os.environ if env is None else env
     values: dict[str, object] = {}
     sources: dict[str, str] = {}
     for name, var in ENV_NAMES.items():
         for origin, value in (
             (SOURCE_RESOURCE, overrides.get(name)),
-            (SOURCE_ENV, source.get(var)),
+            (SOURCE_ENV, read(var, env)),
             (SOURCE_LEDGER, (ledger or {}).get(name) if name in LEDGER_KEYS else None),
         ):
             if value is not None and value != "":
@@ -348,10 +328,8 @@ def validate_ledger_values(values: Mapping[str, str]) -> dict[str, str]:
 
 def env_ledger_values(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """The ledger-kept settings this environment sets (what ``storyboard migrate`` seeds)."""
-    source = os.environ if env is None else env
-    return {
-        key: source[ENV_NAMES[key]] for key in LEDGER_KEYS if source.get(ENV_NAMES[key], "") != ""
-    }
+    texts = {key: read(ENV_NAMES[key], env) for key in LEDGER_KEYS}
+    return {key: text for key, text in texts.items() if text != ""}
 
 
 def check_environment(env: Mapping[str, str] | None = None) -> None:
@@ -362,8 +340,8 @@ def check_environment(env: Mapping[str, str] | None = None) -> None:
     which is not read here (the check runs before any database is reached; see
     :func:`check_environment_against_ledger`). ``PIPELINE_CRASH_AT`` must name a stage.
     """
-    source = os.environ if env is None else env
-    set_vars = {name: source[var] for name, var in ENV_NAMES.items() if source.get(var, "") != ""}
+    texts = {name: read(var, env) for name, var in ENV_NAMES.items()}
+    set_vars = {name: text for name, text in texts.items() if text != ""}
     for name, value in set_vars.items():
         if name in ("home", "db_url", "storage_url"):
             ResumeSettings.build(_sources=None, **{name: value})
@@ -377,7 +355,7 @@ def check_environment(env: Mapping[str, str] | None = None) -> None:
             lease_seconds=set_vars["lease_seconds"],
             heartbeat_seconds=set_vars["heartbeat_seconds"],
         )
-    check_crash_point(source)
+    check_crash_point(env)
 
 
 # The pair one ``PIPELINE_*`` variable may set half of while the ledger holds the other.
@@ -396,8 +374,8 @@ def check_environment_against_ledger(
     only case the two sources can disagree (both set were checked together already, and
     the table is validated as a whole when it is written).
     """
-    source = os.environ if env is None else env
-    in_env = [n for n in LEASE_PAIR if source.get(ENV_NAMES[n], "") != ""]
+    texts = {name: read(ENV_NAMES[name], env) for name in LEASE_PAIR}
+    in_env = [n for n in LEASE_PAIR if texts[n] != ""]
     if len(in_env) != 1:
         return
     ledger = read_ledger()
@@ -405,7 +383,7 @@ def check_environment_against_ledger(
     sources: dict[str, str] = {}
     for name in LEASE_PAIR:
         if name in in_env:
-            values[name], sources[name] = source[ENV_NAMES[name]], SOURCE_ENV
+            values[name], sources[name] = texts[name], SOURCE_ENV
         elif ledger.get(name, "") != "":
             values[name], sources[name] = ledger[name], SOURCE_LEDGER
         else:
@@ -417,7 +395,7 @@ def check_environment_against_ledger(
 # stages live here, in the core, so that the start-up check of every ``PIPELINE_*``
 # variable can refuse a misspelt one: a value naming no stage was accepted and then never
 # fired, and a crash test believed it had killed the process where it had not.
-CRASH_ENV = "PIPELINE_CRASH_AT"
+CRASH_ENV = SETTINGS["crash_at"].var
 CRASH_STAGES: tuple[str, ...] = (
     "claimed",
     "executed",
@@ -440,8 +418,7 @@ def _is_stage(stage: str) -> bool:
 
 def check_crash_point(env: Mapping[str, str] | None = None) -> None:
     """``PIPELINE_CRASH_AT`` unset, ``<stage>`` or ``<step>:<stage>`` with a known stage."""
-    source = os.environ if env is None else env
-    value = source.get(CRASH_ENV, "")
+    value = read(CRASH_ENV, env)
     if value == "":
         return
     step, colon, stage = value.rpartition(":")

@@ -15,10 +15,12 @@ from typing import TypeVar
 
 from pipeline_defs.project import ProjectConfig
 from pipeline_defs.resume.budget import CallCap
-from pipeline_defs.resume.errors import ErrorCode, PipelineError
+from pipeline_defs.resume.errors import BudgetExhausted, ErrorCode, PipelineError
+from pipeline_defs.resume.money import MoneyBudget, Reservation
 from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.resume.settings import REPLIED_STAGE
 from pipeline_defs.steps.faults import crash_point
+from pipeline_defs.steps.metered_money import price_call
 from pipeline_defs.steps.readers import CheckpointReader, LedgerReader
 from resources.checkpoints.envelope import Artifact, Checkpoint
 from resources.checkpoints.journal import KeptReply, ReplyJournal, request_digest
@@ -26,6 +28,7 @@ from resources.checkpoints.store import CheckpointStore
 from resources.ledger.store import LedgerStore
 from resources.providers import ImageCall, ImageReply, TextCall, TextReply
 from resources.providers.base import IMAGE, TEXT, Model, ModelKind, Reply
+from resources.providers.throttle import Throttle, throttled
 
 C = TypeVar("C")
 R = TypeVar("R", bound=Reply)
@@ -72,16 +75,30 @@ class ProviderMeter:
     taken: Counter[str] = field(default_factory=Counter)
     # How often this run asked each request (its digest): the n-th ask takes the n-th reply.
     asked: Counter[str] = field(default_factory=Counter)
+    # The shared rate limit the calls wait for (docs/DESIGN.md#rate-limit); None: none.
+    throttle: Throttle | None = None
 
-    def _start(self, kind: str) -> int:
-        """Record the call about to be sent, within the cap (reserved in the ledger)."""
+    # The project's prices and money budgets (docs/DESIGN.md#money-budgets): each call's
+    # worst case is reserved with it, and settled to its reported usage after.
+    money: MoneyBudget | None = None
+
+    def _start(self, kind: str, reservation: Reservation | None = None) -> int:
+        """Record the call about to be sent, within the cap and the money budgets (reserved
+        in the ledger)."""
         limit = None if self.cap is None else self.cap.limit
         try:
             return self.ledger.start_provider_call(
-                self.key, self.run_id, kind=kind, cap=limit, claimed=self.claimed
+                self.key,
+                self.run_id,
+                kind=kind,
+                cap=limit,
+                claimed=self.claimed,
+                reservation=reservation,
             )
-        except PipelineError as exc:
-            if exc.code != ErrorCode.BUDGET_EXHAUSTED or self.cap is None:
+        except BudgetExhausted as exc:
+            if "budget" in exc.details and self.money is not None:  # a money budget's
+                raise self.money.refusal(str(self.key), exc.details) from None
+            if self.cap is None:
                 raise
             spent = int(exc.details.get("spent", limit or 0))
             raise self.cap.refusal(
@@ -105,17 +122,28 @@ class ProviderMeter:
             if kept is not None:  # paid for by an earlier attempt of this work
                 self.taken[kind.name] += 1
                 return self._answered(kind.revive(kept.payload, kept.units, kept.model))
-        call_id = self._start(kind.name)
+        priced = price_call(self.money, kind.name, _name(model), call, step=str(self.key))
+        call_id = self._start(kind.name, priced.reservation)
         self.sent[kind.name] += 1
         try:
-            reply = kind.ask(model, call)
-        except BaseException:  # failed, answered: still names the model asked
+            with throttled(self.throttle):
+                reply = kind.ask(model, priced.call)
+        except BaseException:  # failed, answered: still names the model asked; the call
+            # keeps its reservation (its cost unknown: the worst case stands)
             self.ledger.finish_provider_call(call_id, units=0, model=_name(model))
             raise
         if self.journal is not None and self.run_id is not None:
             kept = KeptReply(kind.keep(reply), reply.units, reply.model)
             self.journal.keep(request, occurrence, kept, claim=self.run_id, call_id=call_id)
-        self.ledger.finish_provider_call(call_id, units=reply.units, model=reply.model)
+        usage = getattr(reply, "usage", None)  # a kind's reply may report none
+        self.ledger.finish_provider_call(
+            call_id,
+            units=reply.units,
+            model=reply.model,
+            usage=usage,
+            cost_micros=priced.cost(usage),
+            reserved_micros=priced.reserved,
+        )
         crash_point(f"{REPLIED_STAGE}{self.calls}", self.key.step_id)
         return self._answered(reply)
 

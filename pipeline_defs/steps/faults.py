@@ -18,12 +18,13 @@ import signal
 
 # Defined in the core, where the start-up check of every PIPELINE_* variable reads them.
 from pipeline_defs.resume.settings import CRASH_ENV, CRASH_STAGES, check_crash_point
+from pipeline_defs.resume.settings_registry import read
 
 STAGES = CRASH_STAGES
 __all__ = ["CRASH_ENV", "STAGES", "check_crash_point", "crash_point"]
 
 
 def crash_point(stage: str, step_id: str) -> None:
-    wanted = os.environ.get(CRASH_ENV)
+    wanted = read(CRASH_ENV)
     if wanted and wanted in (stage, f"{step_id}:{stage}"):
         os.kill(os.getpid(), signal.SIGKILL)

@@ -35,8 +35,7 @@ from pipeline_defs.resume.decision_types import (
     ResumeDecision,
     ScopedConfig,
 )
-from pipeline_defs.resume.errors import ErrorCode, PipelineError, is_outage
-from pipeline_defs.resume.files import SYMLINK_CODE
+from pipeline_defs.resume.errors import ErrorCode, OutageError, PipelineError, SymlinkRefused
 from pipeline_defs.resume.partition import Episode, StepKey
 from pipeline_defs.resume.settings import ResumeSettings
 from pipeline_defs.resume.status import LedgerRow, StepStatus
@@ -268,9 +267,9 @@ class StepJudge:
     def load_checkpoint(self, key: StepKey) -> Loaded:
         try:
             return self.checkpoints.load(key), None
+        except OutageError:  # the storage down says nothing of the checkpoint
+            raise
         except PipelineError as exc:
-            if is_outage(exc):  # the storage down says nothing of the checkpoint
-                raise
             return None, exc
 
     # ------------------------------------------------------------------ verifying
@@ -411,9 +410,7 @@ class StepJudge:
             """What stands where a claiming run would write (read-only file probes)."""
             try:  # a link anywhere in its way blocks it first
                 self.refuse_links_to_write(key, action)
-            except PipelineError as exc:
-                if exc.code != SYMLINK_CODE:
-                    raise
+            except SymlinkRefused as exc:
                 return exc
             found = self.not_a_file(key, checkpoint)
             if found is None and auto_recovery:

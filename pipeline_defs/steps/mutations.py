@@ -38,7 +38,7 @@ from typing import Any, Protocol
 from pipeline_defs.project import ProjectConfig
 from pipeline_defs.resume.completion import CompletionReport, Origin, Severity
 from pipeline_defs.resume.decision_types import ScopedConfig
-from pipeline_defs.resume.errors import ErrorCode, PipelineError
+from pipeline_defs.resume.errors import ErrorCode, IntegrityViolation, PipelineError
 from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.resume.status import StepStatus
 from pipeline_defs.steps.context import StepContext, VerifyContext
@@ -115,7 +115,7 @@ def held_intents(
 def _blocked_victim(victim: str, mutator: str, exc: PipelineError) -> str:
     """A victim the mutator cannot read, as the operator should read it: the victim is
     blocked (its own judgement says why and what to do) and the mutator waits on it."""
-    if exc.code == ErrorCode.IO_INTEGRITY_VIOLATION:
+    if isinstance(exc, IntegrityViolation):
         way_out = f"accept the edit (storyboard accept) or force a rebuild of {victim}"
         what = "edited outside the pipeline, so it is blocked"
     else:

@@ -25,8 +25,8 @@ from typing import Any
 from pipeline_defs.project import scoped_fingerprints
 from pipeline_defs.resume.completion import CompletionReport, Origin, Severity
 from pipeline_defs.resume.decision_types import config_hash
-from pipeline_defs.resume.errors import ErrorCode, PipelineError
-from pipeline_defs.resume.files import SYMLINK_CODE, file_sha256, read_nofollow
+from pipeline_defs.resume.errors import BudgetExhausted, PipelineError, SymlinkRefused
+from pipeline_defs.resume.files import file_sha256, read_nofollow
 from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.steps.context import StepContext, VerifyContext
 from pipeline_defs.steps.judge import not_a_file
@@ -109,9 +109,9 @@ class ImageStep(Step):
     def _previous(self, ctx: StepContext) -> Checkpoint | None:
         try:
             return ctx.upstream(self.step_id)
-        except PipelineError as exc:
-            if exc.code == SYMLINK_CODE:
-                raise  # not "corrupt": a link in our directory stops the step
+        except SymlinkRefused:
+            raise  # not "corrupt": a link in our directory stops the step
+        except PipelineError:
             return None  # a corrupt previous checkpoint offers nothing to reuse
 
     def cleanup_artifacts(self, ctx: StepContext) -> CleanupReport:
@@ -281,11 +281,11 @@ class ImageStep(Step):
                 call = ImageCall(job.prompt, job.caption, size.width, size.height, seed)
                 try:
                     reply = ctx.providers.image(call)
+                except BudgetExhausted:
+                    # No item can be drawn past the cap: the step fails on it (what it
+                    # drew is placed with its receipt and reused when it resumes).
+                    raise
                 except PipelineError as exc:
-                    if exc.code == ErrorCode.BUDGET_EXHAUSTED:
-                        # No item can be drawn past the cap: the step fails on it (what it
-                        # drew is placed with its receipt and reused when it resumes).
-                        raise
                     reason = f"[{exc.code}] {exc.message}"
                     failed.append({"item_id": job.item_id, "reason": reason})
                     sheet.append(SheetItem(job.item_id, ItemAction.FAILED, job.prompt, note=reason))

@@ -8,14 +8,12 @@ get what ``projects/<p>/project.yaml`` says, with no resource override. ``offlin
 default) is the deterministic pair; ``openai`` is any OpenAI-compatible endpoint, its key
 read at each request from the environment variable ``provider.api_key_env`` (default
 ``PIPELINE_PROVIDER_API_KEY``). A model passed in explicitly (a test's fake) answers for
-every project, as before.
+every project, as before. Each kind's models are made by its module in
+``resources/providers/kinds/`` (the registry: :mod:`resources.providers.provider_kinds`).
 """
 
-from collections.abc import Callable
-from dataclasses import dataclass
-
 from pipeline_defs.project import ProviderConfig
-from pipeline_defs.resume.errors import ErrorCode, PipelineError
+from pipeline_defs.resume.errors import PipelineError
 from resources.providers import (
     CONFIG_ERROR,
     ImageCall,
@@ -23,13 +21,12 @@ from resources.providers import (
     ImageReply,
     OfflineImageModel,
     OfflineTextModel,
-    OpenAIImageModel,
-    OpenAITextModel,
     TextCall,
     TextModel,
     TextReply,
 )
 from resources.providers.base import IMAGE, TEXT, provider_error, simulated_latency_ms
+from resources.providers.provider_kinds import image_model_for, text_model_for
 
 PER_PROJECT = "per-project"
 
@@ -47,60 +44,6 @@ def default_text_model() -> TextModel:
 def default_image_model() -> ImageModel:
     """Offline image model; its latency comes from the environment at each call."""
     return OfflineImageModel()
-
-
-def _openai_base_url(config: ProviderConfig) -> str:
-    if not config.base_url:
-        raise PipelineError(
-            ErrorCode.CONFIG_INVALID, "provider.kind is openai but provider.base_url is not set"
-        )
-    return config.base_url
-
-
-def _openai_text(config: ProviderConfig) -> TextModel:
-    return OpenAITextModel(
-        base_url=_openai_base_url(config),
-        model=config.text_model,
-        api_key_env=config.api_key_env,
-        api_key=config.api_key,
-        timeout_seconds=config.timeout_seconds,
-    )
-
-
-def _openai_image(config: ProviderConfig) -> ImageModel:
-    return OpenAIImageModel(
-        base_url=_openai_base_url(config),
-        model=config.image_model,
-        api_key_env=config.api_key_env,
-        api_key=config.api_key,
-        timeout_seconds=config.timeout_seconds,
-    )
-
-
-@dataclass(frozen=True)
-class ProviderModels:
-    """How one kind of endpoint (``provider.kind``) makes a project's text and image models."""
-
-    text: Callable[[ProviderConfig], TextModel]
-    image: Callable[[ProviderConfig], ImageModel]
-
-
-# Every kind ``provider.kind`` may name (``PROVIDER_KINDS``, the same list): a new kind of
-# endpoint is its models here and its name there.
-PROVIDER_MODELS: dict[str, ProviderModels] = {
-    "offline": ProviderModels(lambda _: default_text_model(), lambda _: default_image_model()),
-    "openai": ProviderModels(_openai_text, _openai_image),
-}
-
-
-def text_model_for(config: ProviderConfig) -> TextModel:
-    """The text model a project's ``provider:`` section asks for."""
-    return PROVIDER_MODELS[config.kind].text(config)
-
-
-def image_model_for(config: ProviderConfig) -> ImageModel:
-    """The image model a project's ``provider:`` section asks for."""
-    return PROVIDER_MODELS[config.kind].image(config)
 
 
 def provider_models(config: ProviderConfig) -> tuple[TextModel, ImageModel]:

@@ -27,7 +27,7 @@ import dagster as dg
 from celery import Celery
 from dagster_celery.executor import CeleryExecutor
 from dagster_celery.make_app import make_app
-from dagster_celery.tasks import create_execute_job_task, create_resume_job_task, create_task
+from dagster_celery.tasks import create_execute_job_task, create_resume_job_task
 from kombu.entity import Queue
 
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
@@ -39,7 +39,7 @@ from pipeline_defs.resume.fleet_settings import (
     masked,
 )
 from pipeline_defs.wiring.fleet_queues import FleetExecutor
-from pipeline_defs.wiring.fleet_tasks import FleetTask
+from pipeline_defs.wiring.fleet_tasks import FleetTask, create_step_task
 from pipeline_defs.wiring.run_lease import leased
 from resources.pipeline import PipelineResource
 
@@ -80,9 +80,10 @@ def worker_app(settings: FleetSettings) -> Celery:
     whose run launcher is dagster-celery's ``CeleryRunLauncher`` (deploy/README.md), its run
     tasks. A run task is acknowledged when taken: delivered again after its worker died, it
     would start a second orchestration of a run already started. Each is dagster-celery's
-    task on :class:`FleetTask` (a run of another instance fails typed, naming both)."""
+    task on :class:`FleetTask` (a run of another instance fails typed, naming both); the
+    step task keeps its Dagster instance per worker process (``create_step_task``)."""
     app = celery_app(settings)
-    create_task(app, base=FleetTask)  # type: ignore[no-untyped-call]
+    create_step_task(app, base=FleetTask)
     create_execute_job_task(app, acks_late=False, base=FleetTask)  # type: ignore[arg-type]
     create_resume_job_task(app, acks_late=False, base=FleetTask)  # type: ignore[arg-type]
     return app

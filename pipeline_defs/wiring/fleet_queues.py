@@ -25,7 +25,6 @@ from typing import Any
 import dagster as dg
 from celery.exceptions import DuplicateTaskNameWarning
 from dagster_celery.config import TASK_EXECUTE_PLAN_NAME
-from dagster_celery.core_execution_loop import core_celery_execution_loop
 from dagster_celery.executor import CeleryExecutor, _submit_task
 
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
@@ -36,6 +35,7 @@ from pipeline_defs.resume.fleet_settings import (
     masked,
     worker_command,
 )
+from pipeline_defs.wiring.fleet_loop import fleet_execution_loop
 
 _log = logging.getLogger(__name__)
 
@@ -282,8 +282,9 @@ class WatchedResult:
 
 
 class FleetExecutor(dg.Executor):
-    """dagster-celery's executor (composition: its app, retries and loop), its steps'
-    queues watched; a run that fails on a typed error of the fleet fails with that error."""
+    """dagster-celery's executor (composition: its app and retries; its loop with a short
+    poll tick, ``fleet_loop``), its steps' queues watched; a run that fails on a typed error
+    of the fleet fails with that error."""
 
     def __init__(self, inner: CeleryExecutor, settings: FleetSettings) -> None:
         self.inner = inner
@@ -327,9 +328,7 @@ class FleetExecutor(dg.Executor):
             return watched
 
         try:
-            yield from core_celery_execution_loop(  # type: ignore[no-untyped-call]
-                plan_context, execution_plan, step_execution_fn=submit
-            )
+            yield from fleet_execution_loop(plan_context, execution_plan, step_execution_fn=submit)
         except Exception as exc:
             if watch.error is None:
                 raise

@@ -12,17 +12,36 @@ factories take Celery's task options): the task runs unchanged, and only when it
 the door look, with the task's own arguments, whether the run is missing from the instance
 the task opened; then the failure is ``fleet.instance_mismatch`` naming both instances (the
 one the task carries, the worker's own), passwords masked, and what to do.
+
+The step task is dagster-celery's, with what it rebuilt for every step kept per worker
+process (:func:`create_step_task`): the Dagster instance of the reference the task carries is
+opened once per process and holds a database connection between queries (dagster-postgres
+opens one per query otherwise), where dagster-celery's task opened it again for each step
+and never closed it (BENCHMARKS.md#the-fleet-steps-on-celery-workers). What the step reads
+of its run (the run itself, its tags) is read from the database per task, as before.
 """
 
 import json
 import os
 import re
+import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import dagster as dg
 import yaml
-from celery import Task
+from celery import Celery, Task
+from dagster_celery.config import TASK_EXECUTE_PLAN_NAME
+from dagster_celery.tasks import (  # type: ignore[attr-defined]  # what its own task uses
+    DELEGATE_MARKER,
+    CeleryExecutor,
+    EngineEventData,
+    ExecuteStepArgs,
+    ReconstructableJob,
+    create_execution_plan,
+    execute_plan_iterator,
+    unpack_value,
+)
 
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.fleet_settings import masked
@@ -32,6 +51,13 @@ STEP_TASK = "execute_plan"  # dagster-celery's step task: the instance its refer
 PACKED_ARGS = ("ExecuteStepArgs", "ExecuteRunArgs", "ResumeRunArgs")
 # ``scheme://user:password@``: the password, wherever a URL sits in a text.
 _PASSWORD = re.compile(r"(://[^/\s:@]*:)[^@\s/]*@")
+# A worker process's instances hold one connection each, more while a step writes from a
+# second thread; one that idled this long is opened again.
+POOL_RECYCLE_SECONDS = 300
+POOL_MAX_OVERFLOW = 4
+
+_instances: dict[str, dg.DagsterInstance] = {}  # this process's, by their reference
+_instances_lock = threading.Lock()
 
 
 def scrub(text: str) -> str:
@@ -71,6 +97,82 @@ class FleetTask(Task):  # type: ignore[misc]  # celery's Task is untyped
             if problem is None:
                 raise
             raise RemotePipelineError.of(problem) from exc
+
+
+def worker_instance(ref: Any) -> dg.DagsterInstance:
+    """The instance ``ref`` names, opened once in this worker process and kept: its storages
+    hold a connection each instead of opening one per query."""
+    key = dg.serialize_value(ref)
+    with _instances_lock:
+        instance = _instances.get(key)
+        if instance is None:
+            instance = dg.DagsterInstance.from_ref(ref)
+            # dagster-postgres's pooled engine, as its webserver uses (no statement timeout:
+            # a step's writes are not a page's reads).
+            instance.optimize_for_webserver(
+                statement_timeout=0,
+                pool_recycle=POOL_RECYCLE_SECONDS,
+                max_overflow=POOL_MAX_OVERFLOW,
+            )
+            _instances[key] = instance
+        return instance
+
+
+def close_worker_instances() -> None:
+    """Close the instances this process kept (a worker process ending, a test)."""
+    with _instances_lock:
+        kept = list(_instances.values())
+        _instances.clear()
+    for instance in kept:
+        instance.dispose()
+
+
+def create_step_task(app: Celery, **task_kwargs: Any) -> Any:
+    """dagster-celery's ``execute_plan`` task (``dagster_celery.tasks.create_task``), the same
+    steps in the same order, on the process's kept instance (:func:`worker_instance`)."""
+
+    @app.task(bind=True, name=TASK_EXECUTE_PLAN_NAME, **task_kwargs)  # type: ignore[untyped-decorator]
+    def _execute_plan(
+        self: Any, execute_step_args_packed: dict[str, Any], executable_dict: dict[str, Any]
+    ) -> list[str]:
+        args = unpack_value(execute_step_args_packed, as_type=ExecuteStepArgs)
+        instance = worker_instance(args.instance_ref)
+        recon_job = ReconstructableJob.from_dict(executable_dict)
+        dagster_run = instance.get_run_by_id(args.run_id)
+        if dagster_run is None:
+            raise dg.DagsterInvariantViolationError(f"Could not load run {args.run_id}")
+        step_keys_str = ", ".join(args.step_keys_to_execute or [])
+        execution_plan = create_execution_plan(
+            recon_job,
+            dagster_run.run_config,
+            step_keys_to_execute=args.step_keys_to_execute,
+            known_state=args.known_state,
+        )
+        step_handle = execution_plan.step_handle_for_single_step_plans()
+        engine_event = instance.report_engine_event(
+            f"Executing steps {step_keys_str} in celery worker",
+            dagster_run,
+            EngineEventData(
+                {"step_keys": step_keys_str, "Celery worker": self.request.hostname},
+                marker_end=DELEGATE_MARKER,
+            ),
+            CeleryExecutor,
+            step_key=step_handle.to_key() if step_handle is not None else None,
+        )
+        events = [engine_event]
+        events.extend(
+            execute_plan_iterator(
+                execution_plan=execution_plan,
+                job=recon_job,
+                dagster_run=dagster_run,
+                instance=instance,
+                retry_mode=args.retry_mode,
+                run_config=dagster_run.run_config,
+            )
+        )
+        return [dg.serialize_value(event) for event in events]
+
+    return _execute_plan
 
 
 def instance_mismatch(

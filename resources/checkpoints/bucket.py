@@ -37,7 +37,12 @@ from uuid import uuid4
 
 from pipeline_defs.resume.clock import format_timestamp
 from pipeline_defs.resume.completion import Origin
-from pipeline_defs.resume.errors import ErrorCode, PipelineError
+from pipeline_defs.resume.errors import (
+    ErrorCode,
+    PipelineError,
+    StorageObjectExists,
+    StorageObjectMissing,
+)
 from pipeline_defs.resume.layout import CHECKPOINTS
 from pipeline_defs.resume.partition import StepKey
 from resources.checkpoints.envelope import EDITED_OUTSIDE, Checkpoint
@@ -141,9 +146,7 @@ class Attempt:
         digest = sha256_bytes(data)
         try:
             meta = self.storage.put_create(key, data)
-        except PipelineError as exc:
-            if exc.code != ErrorCode.STORAGE_OBJECT_EXISTS:
-                raise
+        except StorageObjectExists:
             if sha256_bytes(self.storage.get(key)) != digest:
                 raise
             found = self.storage.head(key)
@@ -269,10 +272,8 @@ class BucketCheckpoints:
         edit, which an accept validates itself; every other read verifies."""
         try:
             return self.storage.get(key)
-        except PipelineError as exc:
-            if exc.code == ErrorCode.STORAGE_OBJECT_MISSING:
-                return None
-            raise
+        except StorageObjectMissing:
+            return None
 
     @staticmethod
     def _matches(ref: ObjectRef, payload: bytes) -> bool:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from pipeline_defs.resume.errors import ErrorCode, PipelineError
+from pipeline_defs.resume.errors import PipelineError, StorageObjectExists, StorageObjectMissing
 from pipeline_defs.resume.partition import StepKey
 from resources.storage import Storage
 
@@ -40,8 +40,11 @@ _MAX_HEADER = 64 * 1024
 
 def request_digest(step_id: str, kind: str, model: str | None, call: object) -> str:
     """The sha256 naming one request: the step, the kind of model, the model asked and
-    every field of the call. Another prompt, model, size or seed is another request."""
+    every field of the call (but an unset one: a field added later names no new request).
+    Another prompt, model, size or seed is another request."""
     fields = dataclasses.asdict(call) if dataclasses.is_dataclass(call) else call  # type: ignore[arg-type]
+    if isinstance(fields, dict):
+        fields = {name: value for name, value in fields.items() if value is not None}
     body = {"step": step_id, "kind": kind, "model": model, "call": fields}
     text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=repr)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
@@ -128,10 +131,8 @@ class ReplyJournal:
             return None
         try:
             data = self.storage.get(object_key)
-        except PipelineError as exc:
-            if exc.code is ErrorCode.STORAGE_OBJECT_MISSING:  # collected since the listing
-                return None
-            raise
+        except StorageObjectMissing:  # collected since the listing
+            return None
         head, sep, payload = data.partition(b"\n")
         try:
             header = json.loads(head) if sep and len(head) <= _MAX_HEADER else None
@@ -172,10 +173,10 @@ class ReplyJournal:
         object_key = self.entry_key(request, occurrence)
         try:
             self.storage.put_create(object_key, data)
+        except StorageObjectExists:
+            # Another delivery of this lineage kept it first: its bytes stay.
+            return True
         except PipelineError as exc:
-            if exc.code is ErrorCode.STORAGE_OBJECT_EXISTS:
-                # Another delivery of this lineage kept it first: its bytes stay.
-                return True
             self.log.warning(
                 "%s: a paid reply could not be kept in the journal (%s); the step goes on "
                 "with it, a later attempt would pay for it again",

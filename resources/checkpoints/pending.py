@@ -9,8 +9,8 @@ import contextlib
 import json
 from pathlib import Path
 
-from pipeline_defs.resume.errors import PipelineError
-from pipeline_defs.resume.files import SYMLINK_CODE, read_nofollow
+from pipeline_defs.resume.errors import PipelineError, SymlinkRefused
+from pipeline_defs.resume.files import read_nofollow
 from pipeline_defs.resume.layout import DataLayout
 from pipeline_defs.resume.partition import StepKey
 from resources.checkpoints.atomic import atomic_write_bytes
@@ -49,11 +49,9 @@ class PendingFiles:
         try:
             raw = json.loads(read_nofollow(path))
             return Checkpoint.from_dict(raw, source=str(path))
-        except PipelineError as exc:
-            if exc.code == SYMLINK_CODE:
-                raise
-            return None
-        except (OSError, ValueError):
+        except SymlinkRefused:
+            raise
+        except (OSError, ValueError, PipelineError):
             return None
 
     def drop_pending(self, mutator: StepKey, victim: str) -> None:

@@ -4,7 +4,7 @@
 import json
 from pathlib import Path
 
-from pipeline_defs.resume.errors import ErrorCode, PipelineError
+from pipeline_defs.resume.errors import PipelineError, StorageObjectMissing
 from pipeline_defs.resume.layout import DataLayout
 from pipeline_defs.resume.partition import StepKey
 from resources.checkpoints.bucket import BucketCheckpoints
@@ -40,10 +40,8 @@ class PublishedPending:
         key = self._pending_key(mutator, victim)
         try:
             payload = self.storage.get(key)
-        except PipelineError as exc:
-            if exc.code == ErrorCode.STORAGE_OBJECT_MISSING:
-                return None
-            raise
+        except StorageObjectMissing:
+            return None
         try:
             raw = json.loads(payload.decode("utf-8"))
             return Checkpoint.from_dict(raw, source=f"{self.storage.url}/{key}")

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline_defs.resume.completion import Origin
-from pipeline_defs.resume.errors import ErrorCode, PipelineError
+from pipeline_defs.resume.errors import ErrorCode, IntegrityViolation, PipelineError
 from pipeline_defs.resume.files import file_sha256, read_nofollow
 from pipeline_defs.resume.identity import FileIdentity
 from pipeline_defs.resume.layout import DataLayout
@@ -304,9 +304,7 @@ class ScratchCache:
         for relative, ref in sorted(manifest.artifacts.items()):
             try:
                 self._fetch(key, relative, ref, held)
-            except PipelineError as exc:
-                if exc.code != ErrorCode.IO_INTEGRITY_VIOLATION:
-                    raise
+            except IntegrityViolation:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(
                         self.tree.links.artifact_path(key, relative)

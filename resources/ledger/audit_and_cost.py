@@ -10,8 +10,9 @@ import re
 from sqlalchemy.engine import Connection
 
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
+from pipeline_defs.resume.money import Reservation, Usage
 from pipeline_defs.resume.partition import StepKey
-from resources.ledger import cost_statements, statements
+from resources.ledger import cost_statements, spend, statements
 from resources.ledger.audit import Audit, write_audit
 from resources.ledger.session import LedgerSession, now_text
 
@@ -94,6 +95,7 @@ class AuditAndCost:
         kind: str,
         cap: int | None = None,
         claimed: bool = False,
+        reservation: Reservation | None = None,
     ) -> int:
         """Record a call before it is sent (a kill during it leaves it unfinished).
 
@@ -109,6 +111,11 @@ class AuditAndCost:
         records it: two steps of one episode running at once never both take its last
         call. A call that would take the count past ``cap`` is refused, recording
         nothing: ``budget.exhausted`` with the count in ``details["spent"]``.
+
+        ``reservation``: the call's worst case in money and the budgets it must fit
+        (docs/DESIGN.md#money-budgets), reserved in the same transaction after the count
+        (``resources.ledger.spend``); ``budget.exhausted`` naming the budget in
+        ``details["budget"]`` when it does not fit, recording nothing.
         """
         if not _KIND_WORD.fullmatch(kind):
             raise PipelineError(
@@ -125,11 +132,15 @@ class AuditAndCost:
             "units": 0,
             "at": now_text(),
         }
+        held = reservation or Reservation(0)
+        values.update(reserved_micros=held.micros, price=held.price)
+        day = str(values["at"])[:10]
         owner = run_id if claimed else None
         if self.session.is_sqlite:  # never retried (see _retry): the id comes back with the insert
             with self.session.write() as conn:  # BEGIN IMMEDIATE: the write lock, first
                 _still_claimed(conn, key, owner)
                 _count_call(conn, key, cap, sqlite=True)
+                spend.reserve(conn, key, held, sqlite=True, day=day)
                 inserted = conn.execute(cost_statements.record_call(values)).scalar_one()
             return int(inserted)
         # PostgreSQL: the row's id is drawn from its sequence before the insert is sent, so
@@ -146,15 +157,35 @@ class AuditAndCost:
                 if conn.execute(cost_statements.call_by_id(allocated[0])).first() is None:
                     _still_claimed(conn, key, owner)
                     _count_call(conn, key, cap, sqlite=False)
+                    spend.reserve(conn, key, held, sqlite=False, day=day)
                     conn.execute(cost_statements.record_call({"id": allocated[0], **values}))
             return allocated[0]
 
         return self.session.retry("record a provider call", body)
 
-    def finish_provider_call(self, call_id: int, *, units: int, model: str | None) -> None:
-        # Fixed values by primary key: run twice after a lost answer, the same row results.
-        statement = cost_statements.finish_call(call_id, units=units, model=model, now=now_text())
-        self.session.in_single("finish a provider call", lambda conn: conn.execute(statement))
+    def finish_provider_call(
+        self,
+        call_id: int,
+        *,
+        units: int,
+        model: str | None,
+        usage: Usage | None = None,
+        cost_micros: int | None = None,
+        reserved_micros: int = 0,
+    ) -> None:
+        """Record what a started call used and cost (``resources.ledger.spend``)."""
+        if cost_micros is None or cost_micros == reserved_micros:
+            # Fixed values by primary key: run twice after a lost answer, the same row
+            # results (the reservation stands as its cost, or is its cost exactly).
+            statement = cost_statements.finish_call(
+                call_id, units=units, model=model, now=now_text(), usage=usage, cost=cost_micros
+            )
+            self.session.in_single("finish a provider call", lambda conn: conn.execute(statement))
+            return
+        # Its cost in place of its reservation, in the same transaction, once.
+        spend.Spend(self.session).settle(
+            call_id, units=units, model=model, usage=usage, cost_micros=cost_micros
+        )
 
     def note_episode_estimate(self, project_id: str, episode_id: str, estimated: int) -> None:
         """Record the calls an episode's story is estimated at (``add-episode``)."""

@@ -12,6 +12,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from pipeline_defs.resume.money import Usage
 from pipeline_defs.resume.partition import StepKey
 from resources.ledger.statements import of_episodes, upsert
 from resources.ledger.tables import episode_calls, provider_call
@@ -107,12 +108,27 @@ def call_by_id(call_id: int) -> sa.Select[Any]:
     return sa.select(provider_call.c.id).where(provider_call.c.id == call_id)
 
 
-def finish_call(call_id: int, *, units: int, model: str | None, now: str) -> sa.Update:
-    return (
-        sa.update(provider_call)
-        .where(provider_call.c.id == call_id)
-        .values(units=units, model=model, finished_at=now)
-    )
+def finish_call(
+    call_id: int,
+    *,
+    units: int,
+    model: str | None,
+    now: str,
+    usage: Usage | None = None,
+    cost: int | None = None,
+) -> sa.Update:
+    """A call's reply (or failure): what it used as its endpoint reported it, and its cost
+    when that is its reservation exactly (else ``resources.ledger.spend`` settles it)."""
+    values: dict[str, Any] = {"units": units, "model": model, "finished_at": now}
+    if usage is not None:
+        values.update(
+            input_tokens=usage.input_tokens,
+            output_tokens=usage.output_tokens,
+            cached_input_tokens=usage.cached_input_tokens,
+        )
+    if cost is not None:
+        values["cost_micros"] = cost
+    return sa.update(provider_call).where(provider_call.c.id == call_id).values(values)
 
 
 def provider_calls(

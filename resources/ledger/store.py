@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy.engine import Engine, make_url
 
+from pipeline_defs.resume.money import Reservation, Usage
 from pipeline_defs.resume.partition import Episode, StepKey
 from pipeline_defs.resume.status import LedgerRow, StepStatus
 from resources.ledger.audit import Audit, Transition, serve_as, worker
@@ -35,11 +36,13 @@ from resources.ledger.claims import NOT_JUDGED, Claims, Seen
 from resources.ledger.engine import APPLICATION_NAME, CONNECT_TIMEOUT_SECONDS, engine_for
 from resources.ledger.pointers import References
 from resources.ledger.publishing import Publishing
+from resources.ledger.rate_limits import RateLimits
 from resources.ledger.reads import Reads
 from resources.ledger.run_leases import RunLeaseRow, RunLeases
 from resources.ledger.schema import MIGRATIONS_DIR
 from resources.ledger.session import LedgerSession
 from resources.ledger.settings_cache import SETTINGS_MAX_AGE_SECONDS, SettingsCache
+from resources.ledger.spend import Spend
 from resources.ledger.status_writes import StatusWrites
 
 __all__ = [
@@ -70,6 +73,10 @@ class LedgerStore:
         self._publishing = Publishing(self.session)
         self._audit = AuditAndCost(self.session)
         self._runs = RunLeases(self.session)
+        # Calls settled in money and the spend read back (docs/DESIGN.md#money-budgets).
+        self.spend = Spend(self.session)
+        # The shared rate limit per endpoint and model (docs/DESIGN.md#rate-limit).
+        self.rate_limits = RateLimits(self.session)
 
     @property
     def url(self) -> str:
@@ -444,13 +451,34 @@ class LedgerStore:
         kind: str,
         cap: int | None = None,
         claimed: bool = False,
+        reservation: Reservation | None = None,
     ) -> int:
-        """Record (and count against ``cap``) a call before it is sent; its row id."""
-        return self._audit.start_provider_call(key, run_id, kind=kind, cap=cap, claimed=claimed)
+        """Record (and count against ``cap``, reserve ``reservation`` under its money
+        budgets) a call before it is sent; its row id."""
+        return self._audit.start_provider_call(
+            key, run_id, kind=kind, cap=cap, claimed=claimed, reservation=reservation
+        )
 
-    def finish_provider_call(self, call_id: int, *, units: int, model: str | None) -> None:
-        """Record what a started call cost and which model answered."""
-        self._audit.finish_provider_call(call_id, units=units, model=model)
+    def finish_provider_call(
+        self,
+        call_id: int,
+        *,
+        units: int,
+        model: str | None,
+        usage: Usage | None = None,
+        cost_micros: int | None = None,
+        reserved_micros: int = 0,
+    ) -> None:
+        """Record what a started call used and cost and which model answered (its cost in
+        place of its reservation; None: the reservation stands)."""
+        self._audit.finish_provider_call(
+            call_id,
+            units=units,
+            model=model,
+            usage=usage,
+            cost_micros=cost_micros,
+            reserved_micros=reserved_micros,
+        )
 
     def note_episode_estimate(self, project_id: str, episode_id: str, estimated: int) -> None:
         """Record the calls an episode's story is estimated at (``add-episode``)."""

@@ -114,6 +114,16 @@ provider_call = sa.Table(
     sa.Column("model", sa.Text),
     sa.Column("at", sa.Text, nullable=False),  # when the call was sent
     sa.Column("finished_at", sa.Text),  # when its reply came; NULL: outcome unknown
+    # Usage as the endpoint reported it (NULL: not reported), the price applied (JSON, NULL:
+    # the model has none), the worst case reserved before it was sent and the cost settled
+    # from the usage after, in micro-units (docs/DESIGN.md#money-budgets). A call never
+    # settled (failed, or its outcome unknown) keeps its reservation as what it spent.
+    sa.Column("input_tokens", sa.Integer),
+    sa.Column("output_tokens", sa.Integer),
+    sa.Column("cached_input_tokens", sa.Integer),
+    sa.Column("price", sa.Text),
+    sa.Column("reserved_micros", sa.BigInteger, nullable=False, server_default=sa.text("0")),
+    sa.Column("cost_micros", sa.BigInteger),
 )
 sa.Index(
     "ix_provider_call_key",
@@ -134,6 +144,20 @@ episode_calls = sa.Table(
     sa.Column("calls", sa.Integer, nullable=False),
     # The calls its story was estimated at when registered (NULL: none known).
     sa.Column("estimated", sa.Integer),
+    # Money spent or reserved by its calls, micro-units (docs/DESIGN.md#money-budgets): a
+    # call's worst case added before it is sent (a conditional UPDATE under the episode's
+    # money budget), its real cost put in its place when it is settled.
+    sa.Column("cost_micros", sa.BigInteger, nullable=False, server_default=sa.text("0")),
+)
+
+# Money spent or reserved per project and UTC day, micro-units: the project-day budget's
+# counter, kept like ``episode_calls.cost_micros`` by every call that carries money.
+project_day_spend = sa.Table(
+    "project_day_spend",
+    metadata,
+    sa.Column("project_id", sa.String(64), primary_key=True),
+    sa.Column("day", sa.String(10), primary_key=True),  # YYYY-MM-DD, UTC
+    sa.Column("cost_micros", sa.BigInteger, nullable=False),
 )
 
 # The judge's limits shared by the sensor daemon and every run worker: one row
@@ -204,4 +228,33 @@ run_lease = sa.Table(
     sa.Column("heartbeat_at", sa.Text, nullable=False),
     sa.Column("ended_at", sa.Text),  # NULL: the coordinator has not said it finished
     sa.Column("worker", sa.String(160), nullable=False),  # host:pid of the coordinator
+)
+
+# The shared rate limit (docs/DESIGN.md#rate-limit): one row per endpoint (base_url) and
+# model, the GCRA state every process reserves its calls from under the row lock
+# (resources.ledger.gcra). Seconds on the ledger's clock (PostgreSQL's, SQLite's host's),
+# not ISO text: only ever compared with the same clock, in the same transaction.
+rate_limit = sa.Table(
+    "rate_limit",
+    metadata,
+    sa.Column("endpoint", sa.String(512), primary_key=True),
+    sa.Column("model", sa.String(256), primary_key=True),
+    sa.Column("request_at", sa.Double, nullable=False),
+    sa.Column("token_at", sa.Double, nullable=False),
+    sa.Column("paused_until", sa.Double, nullable=False),
+    sa.Column("updated_at", sa.Text, nullable=False),
+)
+
+# A step waiting for the rate limit now (what ``storyboard status`` shows): written when its
+# wait starts, deleted when its call goes. ``until`` is the waiter's estimate, ISO text.
+rate_wait = sa.Table(
+    "rate_wait",
+    metadata,
+    sa.Column("project_id", sa.String(64), primary_key=True),
+    sa.Column("episode_id", sa.String(64), primary_key=True),
+    sa.Column("step_id", sa.String(64), primary_key=True),
+    sa.Column("run_id", sa.String(128)),
+    sa.Column("endpoint", sa.String(512), nullable=False),
+    sa.Column("model", sa.String(256), nullable=False),
+    sa.Column("until", sa.Text, nullable=False),
 )

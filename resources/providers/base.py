@@ -6,7 +6,6 @@ can count (docs/DESIGN.md#reference-pipeline).
 """
 
 import json
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
@@ -15,6 +14,8 @@ import dagster as dg
 
 from pipeline_defs.project import IMAGE_MODEL_KEYS, TEXT_MODEL_KEYS
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
+from pipeline_defs.resume.money import Usage
+from pipeline_defs.resume.settings_registry import SETTINGS, read
 
 if TYPE_CHECKING:
     from pipeline_defs.project import ProviderConfig
@@ -48,15 +49,20 @@ class TextCall:
     task: str
     prompt: str
     payload: Mapping[str, Any]
+    # The most output tokens the model may answer with (sent as ``max_completion_tokens``);
+    # set by the provider meter under a money budget, the worst case it reserves.
+    max_output_tokens: int | None = None
 
 
 @dataclass(frozen=True)
 class TextReply:
-    """The parsed JSON object a model answered, with billable ``units`` (tokens, or 1 offline)."""
+    """The parsed JSON object a model answered, with billable ``units`` (tokens, or 1 offline)
+    and its ``usage`` as the endpoint reported it (None: it reported none)."""
 
     data: dict[str, Any]
     units: int
     model: str
+    usage: Usage | None = None
 
 
 @dataclass(frozen=True)
@@ -72,11 +78,12 @@ class ImageCall:
 
 @dataclass(frozen=True)
 class ImageReply:
-    """PNG bytes of one generated image, with billable ``units``."""
+    """PNG bytes of one generated image, with billable ``units`` and its ``usage``."""
 
     png: bytes
     units: int
     model: str
+    usage: Usage | None = None
 
 
 def check_image_size(call: ImageCall) -> None:
@@ -220,7 +227,7 @@ IMAGE: ModelKind[ImageCall, ImageReply] = ModelKind(
 MODEL_KINDS: tuple[ModelKind[Any, Any], ...] = (TEXT, IMAGE)
 
 
-LATENCY_ENV = "PIPELINE_OFFLINE_LATENCY_MS"
+LATENCY_ENV = SETTINGS["offline_latency_ms"].var
 
 
 def simulated_latency_ms(configured: int | None) -> int:
@@ -230,7 +237,7 @@ def simulated_latency_ms(configured: int | None) -> int:
     """
     if configured is not None:
         return configured
-    raw = os.environ.get(LATENCY_ENV, "").strip()
+    raw = read(LATENCY_ENV).strip()
     if not raw:
         return 0
     try:

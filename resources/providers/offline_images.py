@@ -13,6 +13,7 @@ import time
 from PIL import Image, ImageDraw, ImageFont
 from pydantic import Field
 
+from pipeline_defs.resume.money import Usage
 from pipeline_defs.resume.settings import MAX_OFFLINE_LATENCY_MS
 
 from .base import ImageCall, ImageModel, ImageReply, check_image_size, simulated_latency_ms
@@ -174,4 +175,4 @@ class OfflineImageModel(ImageModel):
         delay = simulated_latency_ms(self.latency_ms)
         if delay > 0:
             time.sleep(delay / 1000)
-        return ImageReply(png=png, units=1, model=OFFLINE_IMAGE_MODEL)
+        return ImageReply(png=png, units=1, model=OFFLINE_IMAGE_MODEL, usage=Usage(images=1))

@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import Field
 
+from pipeline_defs.resume.money import Usage
 from pipeline_defs.resume.settings import MAX_OFFLINE_LATENCY_MS
 
 from .base import (
@@ -105,8 +106,11 @@ class OfflineTextModel(TextModel):
             ) from None
         # Rough token count, deterministic, so the cost ledger has something to add up.
         size = len(call.prompt) + len(json.dumps(dict(call.payload), default=str))
-        units = max(1, (size + len(json.dumps(data))) // 4)
+        answer = len(json.dumps(data))
+        units = max(1, (size + answer) // 4)
+        # Deterministic usage in the same rough tokens, split as an endpoint reports it.
+        usage = Usage(input_tokens=size // 4, output_tokens=units - size // 4)
         delay = simulated_latency_ms(self.latency_ms)
         if delay > 0:
             time.sleep(delay / 1000)
-        return TextReply(data=data, units=units, model=OFFLINE_TEXT_MODEL)
+        return TextReply(data=data, units=units, model=OFFLINE_TEXT_MODEL, usage=usage)

@@ -24,6 +24,9 @@ from typing import TYPE_CHECKING, Any
 import dagster as dg
 from pydantic import Field
 
+from pipeline_defs.resume.money import Usage
+from pipeline_defs.resume.settings_registry import SETTINGS
+
 from .base import (
     BAD_RESPONSE,
     CONFIG_ERROR,
@@ -41,11 +44,12 @@ from .base import (
     check_image_size,
     provider_error,
 )
+from .throttle import current_throttle, estimate_tokens, retry_after_seconds
 
 if TYPE_CHECKING:
     import openai
 
-DEFAULT_API_KEY_ENV = "PIPELINE_PROVIDER_API_KEY"
+DEFAULT_API_KEY_ENV = SETTINGS["provider_api_key"].var
 # 408/409/429 and 5xx are what the SDK retries: failing on them means it gave up.
 RETRYABLE_STATUSES = frozenset({408, 409, 429})
 EXCERPT_CHARS = 200
@@ -141,6 +145,7 @@ def _client_for(
         if client is None:
             client = openai.OpenAI(
                 api_key=functools.partial(resolve_api_key, api_key_env, literal),
+                http_client=openai.DefaultHttpxClient(event_hooks={"response": [_hand_429_back]}),
                 base_url=base_url,
                 timeout=timeout,
                 max_retries=max_retries,
@@ -150,6 +155,14 @@ def _client_for(
             )
             _CLIENTS[cache_key] = client
         return client
+
+
+def _hand_429_back(response: Any) -> None:
+    """A 429 met under a shared rate limit is the caller's to wait for, not the SDK's: it
+    pauses every process's calls to the endpoint (docs/DESIGN.md#rate-limit), then asks
+    again through the limit. Elsewhere the SDK retries it as before."""
+    if response.status_code == 429 and current_throttle() is not None:
+        response.headers["x-should-retry"] = "false"
 
 
 class OpenAIConnection(dg.ConfigurableResource["OpenAIConnection"]):
@@ -269,16 +282,40 @@ class OpenAIConnection(dg.ConfigurableResource["OpenAIConnection"]):
             details={"url": where},
         )
 
-    def _call(self, path: str, send: Any) -> Any:
-        """Run one SDK request; every failure leaves as a typed, scrubbed provider error."""
+    def _call(self, path: str, send: Any, tokens: int = 0) -> Any:
+        """Run one SDK request; every failure leaves as a typed, scrubbed provider error.
+
+        Under a shared rate limit (the metered call's throttle) the request waits for its
+        slot first, and a 429 pauses every process's calls to the endpoint before it is
+        asked again, at most ``max_retries`` times (docs/DESIGN.md#rate-limit)."""
         import openai  # loaded already by ``_client``
 
         client = self._client()
-        try:
-            return send(client)
-        # ValueError: a 2xx JSON content type whose body is not JSON.
-        except (openai.OpenAIError, ValueError) as exc:
-            error = self._mapped(exc, path)
+        throttle = current_throttle()
+        endpoint = _safe_url(self.base_url.strip().rstrip("/"))
+        limited = 0
+        while True:
+            if throttle is not None:
+                throttle.before_send(endpoint, self.model, tokens)
+            try:
+                response = send(client)
+            except openai.APIStatusError as exc:
+                if throttle is not None and exc.status_code == 429:
+                    wait = retry_after_seconds(exc.response.headers)
+                    throttle.rate_limited(endpoint, self.model, wait)
+                    limited += 1
+                    if limited <= self.max_retries:
+                        continue
+                error = self._mapped(exc, path)
+                break
+            # ValueError: a 2xx JSON content type whose body is not JSON.
+            except (openai.OpenAIError, ValueError) as exc:
+                error = self._mapped(exc, path)
+                break
+            used = _field(_field(response, "usage"), "total_tokens")
+            if throttle is not None and tokens and isinstance(used, int) and used > 0:
+                throttle.settle(endpoint, self.model, tokens, used)
+            return response
         # Raised outside the handler: not even ``__context__`` keeps the SDK's exception,
         # whose text may quote the request (and an echoing server, the key).
         raise error
@@ -308,12 +345,46 @@ def _message_text(content: Any) -> str | None:
     return None
 
 
+def _count(value: Any) -> int:
+    """A reported token count, else 0 (absent, null, or not a count)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def reported_usage(response: Any, *, images: int = 0) -> Usage | None:
+    """Usage as the endpoint reports it: chat completions' ``prompt_tokens``,
+    ``completion_tokens`` and ``prompt_tokens_details.cached_tokens``, the images API's
+    ``input_tokens``/``output_tokens`` (and ``input_tokens_details.cached_tokens``). None for
+    a text reply that reports none; an image reply is always one image."""
+    usage = _field(response, "usage")
+    if usage is None and not images:
+        return None
+    prompt = _count(_field(usage, "prompt_tokens")) or _count(_field(usage, "input_tokens"))
+    details = _field(usage, "prompt_tokens_details") or _field(usage, "input_tokens_details")
+    output = _count(_field(usage, "completion_tokens")) or _count(_field(usage, "output_tokens"))
+    if not (prompt or output or images):
+        return None
+    return Usage(
+        input_tokens=prompt,
+        output_tokens=output,
+        cached_input_tokens=min(_count(_field(details, "cached_tokens")), prompt),
+        images=images,
+    )
+
+
 def _usage_units(response: Any) -> int:
     """Billable units of a reply: its reported ``usage.total_tokens``, else one per call."""
     tokens = _field(_field(response, "usage"), "total_tokens")
     if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens > 0:
         return tokens
     return 1
+
+
+def _output_limit(call: TextCall) -> dict[str, int]:
+    """The output limit a call is sent with, if it has one (the worst case a money budget
+    reserves): ``max_completion_tokens``, the chat API's name for it."""
+    if call.max_output_tokens is None:
+        return {}
+    return {"max_completion_tokens": call.max_output_tokens}
 
 
 class OpenAITextModel(OpenAIConnection, TextModel):
@@ -341,7 +412,9 @@ class OpenAITextModel(OpenAIConnection, TextModel):
                 model=self.model,
                 messages=messages,
                 response_format={"type": "json_object"},
+                **_output_limit(call),
             ),
+            tokens=estimate_tokens(messages[0]["content"] + messages[1]["content"]),
         )
         where = f"chat completion for task {call.task!r}"
         if isinstance(response, str):  # the SDK hands back a non-JSON body as text
@@ -370,6 +443,7 @@ class OpenAITextModel(OpenAIConnection, TextModel):
             data=data,
             units=_usage_units(response),
             model=reported if isinstance(reported, str) and reported else self.model,
+            usage=reported_usage(response),
         )
 
 
@@ -410,4 +484,9 @@ class OpenAIImageModel(OpenAIConnection, ImageModel):
                 BAD_RESPONSE,
                 f"image generation returned {len(png)} bytes without a PNG signature",
             )
-        return ImageReply(png=png, units=_usage_units(response), model=self.model)
+        return ImageReply(
+            png=png,
+            units=_usage_units(response),
+            model=self.model,
+            usage=reported_usage(response, images=1),
+        )

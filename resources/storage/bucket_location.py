@@ -11,11 +11,12 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
-from pipeline_defs.resume.settings import BUCKET_SCHEMES
 from resources.storage.base import mask_url, validate_key
 
-# What each scheme of the one list (``BUCKET_SCHEMES``, which the settings check too) names.
+# The schemes a bucket storage (obstore's clients) speaks, and what each names. Each is also
+# a storage scheme (``STORAGE_SCHEMES``, with its module in ``resources/storage/schemes/``).
 BUCKET_NAMES = {"s3": "S3 bucket", "gs": "GCS bucket", "az": "Azure container"}
+BUCKET_SCHEMES = tuple(BUCKET_NAMES)
 # Bucket and container names of the three clouds (a superset: the cloud has the last word).
 _BUCKET = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{1,254}$")
 _TRUE = ("1", "true", "yes", "on", "y")

@@ -11,7 +11,8 @@ every credential value the process holds is cut out of a backend's error text.
 This module holds :class:`ObjectStorage`, the storage on obstore; the URL and the endpoint
 are :mod:`~resources.storage.bucket_location`'s, the retry budget and what a failure is
 :mod:`~resources.storage.retry_budget`'s, a failure's words
-:mod:`~resources.storage.backend_errors`'s, and the keys obstore cannot parse
+:mod:`~resources.storage.backend_errors`'s and its error
+:mod:`~resources.storage.bucket_failures`', and the keys obstore cannot parse
 :mod:`~resources.storage.unparseable_keys`'.
 
 Create-only puts are ``If-None-Match: *`` and replacements ``If-Match: <e_tag>`` (plus the
@@ -55,20 +56,14 @@ from obstore.exceptions import (
     AlreadyExistsError,
     BaseError,
     InvalidPathError,
-    NotSupportedError,
-    PermissionDeniedError,
     PreconditionError,
-    UnauthenticatedError,
-    UnknownConfigurationKeyError,
 )
 from obstore.store import AzureStore, GCSStore, S3Store
 
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from resources.storage.backend_errors import (
     BACKEND_ERRORS,
-    backend_cause,
     credential_values,
-    says_bucket_missing,
 )
 from resources.storage.base import (
     TEMP_PREFIX,
@@ -78,6 +73,7 @@ from resources.storage.base import (
     short_cause,
     validate_key,
 )
+from resources.storage.bucket_failures import BucketFailures
 from resources.storage.bucket_location import (
     ALLOW_HTTP,
     BUCKET_NAMES,
@@ -129,6 +125,7 @@ class ObjectStorage:
         # Read when the storage is opened (never at import): for naming it in errors.
         self.endpoint = endpoint_host(self.location.scheme)
         self.budget = RetryBudget.from_env(self.url)
+        self._failures = BucketFailures(self.location, self.endpoint, self.budget)
         # Foreign keys met by list (full key in the bucket -> why obstore refused it).
         self.foreign_keys: dict[str, str] = {}
         self._reported: set[str] = set()
@@ -177,21 +174,21 @@ class ObjectStorage:
         try:
             return bytes(obstore.get(self._store, key).bytes())
         except FileNotFoundError as exc:
-            self._check_bucket(exc, key, "reading")
-            raise self._missing(key, exc) from None
+            self._failures.check_bucket(exc, key, "reading")
+            raise self._failures.missing(key, exc) from None
         except BACKEND_ERRORS as exc:
-            raise self._failure(exc, key, "reading") from None
+            raise self._failures.failure(exc, key, "reading") from None
 
     def head(self, key: str) -> ObjectMeta | None:
         validate_key(key, storage=self.url)
         try:
             meta = self._meta(obstore.head(self._store, key))
         except FileNotFoundError as exc:
-            self._check_bucket(exc, key, "reading")
+            self._failures.check_bucket(exc, key, "reading")
             self._probe_bucket(key)  # a HEAD's 404 has no body to tell bucket from object
             return None
         except BACKEND_ERRORS as exc:
-            raise self._failure(exc, key, "reading") from None
+            raise self._failures.failure(exc, key, "reading") from None
         self._bucket_seen = True
         return meta
 
@@ -202,23 +199,25 @@ class ObjectStorage:
             result = self._put(key, data, "create")
         except _Refusal as refusal:
             exc = refusal.error
-            self._check_bucket(exc, key, "writing")
+            self._failures.check_bucket(exc, key, "writing")
             if isinstance(exc, FileNotFoundError):
-                raise self._failure(exc, key, "writing") from None
+                raise self._failures.failure(exc, key, "writing") from None
             if refusal.in_doubt and (ours := self._ours(key, data)) is not None:
                 return ours  # a try in doubt had landed: the object is our own bytes
-            raise self._exists(key, exc) from None
+            raise self._failures.exists(key, exc) from None
         except BACKEND_ERRORS as exc:
-            raise self._failure(exc, key, "writing") from None
+            raise self._failures.failure(exc, key, "writing") from None
         return ObjectMeta(key, len(data), _quoted(result["e_tag"]), result["version"], None)
 
     def put_if_match(self, key: str, data: bytes, expected: ObjectMeta) -> ObjectMeta:
         """``If-Match: <e_tag>`` (and the version, on a versioned bucket)."""
         validate_key(key, storage=self.url)
         if expected.key != key:
-            raise self._precondition(key, expected, f"the expected version is of {expected.key!r}")
+            raise self._failures.precondition(
+                key, expected, f"the expected version is of {expected.key!r}"
+            )
         if expected.e_tag is None and expected.version is None:
-            raise self._precondition(key, expected, "the expected version names no e_tag")
+            raise self._failures.precondition(key, expected, "the expected version names no e_tag")
         mode: UpdateVersion = {}
         if expected.e_tag is not None:
             mode["e_tag"] = expected.e_tag
@@ -228,13 +227,13 @@ class ObjectStorage:
             result = self._put(key, data, mode)
         except _Refusal as refusal:
             exc = refusal.error
-            self._check_bucket(exc, key, "writing")
+            self._failures.check_bucket(exc, key, "writing")
             if refusal.in_doubt and (ours := self._ours(key, data)) is not None:
                 return ours  # a try in doubt had landed: the object is our own bytes
             # The object changed or is gone: either way it is not the version expected.
-            raise self._precondition(key, expected, self._cause(exc)) from None
+            raise self._failures.precondition(key, expected, self._failures.cause(exc)) from None
         except BACKEND_ERRORS as exc:
-            raise self._failure(exc, key, "writing") from None
+            raise self._failures.failure(exc, key, "writing") from None
         return ObjectMeta(key, len(data), _quoted(result["e_tag"]), result["version"], None)
 
     def list(self, prefix: str = "") -> Iterator[ObjectMeta]:
@@ -250,10 +249,10 @@ class ObjectStorage:
         try:
             obstore.delete(self._store, key)
         except FileNotFoundError as exc:
-            self._check_bucket(exc, key, "deleting")
+            self._failures.check_bucket(exc, key, "deleting")
             return
         except BACKEND_ERRORS as exc:
-            raise self._failure(exc, key, "deleting") from None
+            raise self._failures.failure(exc, key, "deleting") from None
 
     # -- conditional puts under retry ----------------------------------------------------
 
@@ -286,7 +285,7 @@ class ObjectStorage:
                     self.url,
                     key,
                     delay,
-                    self._cause(exc),
+                    self._failures.cause(exc),
                 )
                 time.sleep(delay)
 
@@ -325,14 +324,14 @@ class ObjectStorage:
             except InvalidPathError as exc:
                 bad = self._foreign(exc, prefix)
             except FileNotFoundError as exc:
-                self._check_bucket(exc, prefix or "(all)", "listing")
-                raise self._failure(exc, prefix or "(all)", "listing") from None
+                self._failures.check_bucket(exc, prefix or "(all)", "listing")
+                raise self._failures.failure(exc, prefix or "(all)", "listing") from None
             except BACKEND_ERRORS as exc:
-                raise self._failure(exc, prefix or "(all)", "listing") from None
+                raise self._failures.failure(exc, prefix or "(all)", "listing") from None
             yield from self._relist_before(prefix, last, bad, seen)
             resume = resume_after(bad)
             if resume is None or (offset is not None and resume <= offset):
-                raise self._foreign_failure(bad, prefix)
+                raise self._failures.foreign_failure(bad, prefix)
             found = self._head_quiet(resume)
             if found is not None and found.key not in seen:
                 seen.add(found.key)
@@ -354,7 +353,7 @@ class ObjectStorage:
                 self._incomplete(parent, bad, exc)
                 return
             except BACKEND_ERRORS as exc:
-                raise self._failure(exc, parent or "(all)", "listing") from None
+                raise self._failures.failure(exc, parent or "(all)", "listing") from None
             for item in listed["objects"]:
                 meta = self._meta(item)
                 if meta.key not in seen:
@@ -378,15 +377,15 @@ class ObjectStorage:
         except FileNotFoundError:
             return None
         except BACKEND_ERRORS as exc:
-            raise self._failure(exc, key, "reading") from None
+            raise self._failures.failure(exc, key, "reading") from None
 
     def _foreign(self, exc: InvalidPathError, prefix: str) -> str:
         """The foreign key ``exc`` names (relative to the storage), reported once."""
         full = bad_key(exc)
         base = f"{self.location.prefix}/" if self.location.prefix else ""
         if full is None or not full.startswith(base) or full == base:
-            raise self._failure(exc, prefix or "(all)", "listing") from None
-        reason = self._cause(exc).split(" whilst ", 1)[0]
+            raise self._failures.failure(exc, prefix or "(all)", "listing") from None
+        reason = self._failures.cause(exc).split(" whilst ", 1)[0]
         with self._lock:
             first = full not in self._reported
             self._reported.add(full)
@@ -396,7 +395,7 @@ class ObjectStorage:
                 "skipped a foreign object %r in %s: obstore cannot parse its key (%s); it is "
                 "none of ours and is left as it is (rename or remove it)",
                 full,
-                self._where(),
+                self._failures.where(),
                 reason,
             )
         return full[len(base) :]
@@ -410,22 +409,11 @@ class ObjectStorage:
             _log.warning(
                 "listing %s: objects directly under %r sorting before %r may be left out "
                 "(a key there cannot be parsed: %s)",
-                self._where(),
+                self._failures.where(),
                 parent or "(root)",
                 bad,
-                self._cause(exc),
+                self._failures.cause(exc),
             )
-
-    def _foreign_failure(self, bad: str, prefix: str) -> PipelineError:
-        cause = f"the listing cannot get past the foreign key {bad!r} (rename or remove it)"
-        return PipelineError(
-            ErrorCode.STORAGE_UNAVAILABLE,
-            f"{self._where()} failed listing key {prefix or '(all)'!r}: {cause}",
-            details={
-                **error_details(self.url, prefix or "(all)", cause),
-                "endpoint": self.endpoint,
-            },
-        )
 
     # -- helpers -----------------------------------------------------------------------
 
@@ -439,10 +427,6 @@ class ObjectStorage:
             last_modified=item["last_modified"],
         )
 
-    def _cause(self, exc: BaseException) -> str:
-        """The backend's one-line cause, scrubbed (:func:`backend_cause`)."""
-        return backend_cause(exc, timeout_s=self.budget.timeout_s)
-
     def _probe_bucket(self, key: str) -> None:
         """Once per storage: make sure the bucket exists (one LIST of a key nobody has)."""
         if self._bucket_seen:
@@ -451,92 +435,9 @@ class ObjectStorage:
             for _ in obstore.list(self._store, prefix=f"{TEMP_PREFIX}probe"):
                 break
         except BACKEND_ERRORS as exc:
-            self._check_bucket(exc, key, "reading")
-            raise self._failure(exc, key, "reading") from None
+            self._failures.check_bucket(exc, key, "reading")
+            raise self._failures.failure(exc, key, "reading") from None
         self._bucket_seen = True
-
-    def _check_bucket(self, exc: BaseException, key: str, action: str) -> None:
-        """Raise ``storage.bucket_missing`` if ``exc`` says the bucket does not exist."""
-        if not says_bucket_missing(exc):
-            return
-        what = BUCKET_NAMES[self.location.scheme]
-        cause = f"the {what} {self.location.bucket!r} does not exist at {self.endpoint}"
-        raise PipelineError(
-            ErrorCode.STORAGE_BUCKET_MISSING,
-            f"storage {self.url} failed {action} key {key!r}: {cause} (create it, or check "
-            "the bucket name in the URL and the endpoint/account in the environment)",
-            details={
-                **error_details(self.url, key, cause),
-                "endpoint": self.endpoint,
-                "bucket": self.location.bucket,
-            },
-        ) from None
-
-    def _where(self) -> str:
-        return (
-            f"storage {self.url} (endpoint {self.endpoint}, "
-            f"{BUCKET_NAMES[self.location.scheme]} {self.location.bucket})"
-        )
-
-    def _failure(self, exc: BaseException, key: str, action: str) -> PipelineError:
-        """A backend failure nobody typed above: refused credentials, or unavailable."""
-        self._check_bucket(exc, key, action)  # raises storage.bucket_missing
-        cause = self._cause(exc)
-        details = {**error_details(self.url, key, cause), "endpoint": self.endpoint}
-        if isinstance(exc, PermissionDeniedError | UnauthenticatedError | PermissionError):
-            return PipelineError(
-                ErrorCode.STORAGE_PERMISSION_DENIED,
-                f"{self._where()} refused {action} key {key!r}: {cause}; check the "
-                "credentials in the environment",
-                details=details,
-            )
-        if isinstance(exc, NotSupportedError | UnknownConfigurationKeyError):
-            return PipelineError(
-                ErrorCode.STORAGE_CONFIG,
-                f"{self._where()} cannot do {action} key {key!r} as configured: {cause}",
-                details=details,
-            )
-        retried = f"; {self.budget.describe()}" if transient(exc) else ""
-        return PipelineError(
-            ErrorCode.STORAGE_UNAVAILABLE,
-            f"{self._where()} failed {action} key {key!r}: {cause}{retried}",
-            details={
-                **details,
-                "timeout_s": self.budget.timeout_s,
-                "retries": self.budget.retries,
-                "budget_s": self.budget.budget_s,
-            },
-        )
-
-    def _missing(self, key: str, exc: BaseException) -> PipelineError:
-        cause = self._cause(exc)
-        return PipelineError(
-            ErrorCode.STORAGE_OBJECT_MISSING,
-            f"no object {key!r} in {self._where()}: {cause}",
-            details=error_details(self.url, key, cause),
-        )
-
-    def _exists(self, key: str, exc: BaseException) -> PipelineError:
-        cause = self._cause(exc)
-        return PipelineError(
-            ErrorCode.STORAGE_OBJECT_EXISTS,
-            f"object {key!r} already exists in storage {self.url} and objects are "
-            f"create-only: it was left as it is ({cause})",
-            details=error_details(self.url, key, cause),
-        )
-
-    def _precondition(self, key: str, expected: ObjectMeta, cause: str) -> PipelineError:
-        return PipelineError(
-            ErrorCode.STORAGE_PRECONDITION_FAILED,
-            f"object {key!r} in storage {self.url} is not the version expected "
-            f"(e_tag {expected.e_tag}, version {expected.version}): nothing was written "
-            f"({cause})",
-            details={
-                **error_details(self.url, key, cause),
-                "expected_e_tag": expected.e_tag,
-                "expected_version": expected.version,
-            },
-        )
 
 
 class _Refusal(Exception):

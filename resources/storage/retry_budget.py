@@ -2,14 +2,14 @@
 
 :class:`RetryBudget`: how long a bucket storage keeps trying through transient failures
 (``PIPELINE_STORAGE_RETRIES``, ``PIPELINE_STORAGE_RETRY_BUDGET_SECONDS``,
-``PIPELINE_STORAGE_TIMEOUT_SECONDS``, read when the storage is opened), as obstore's client
+``PIPELINE_STORAGE_TIMEOUT_SECONDS``, read when the storage is opened, their defaults and
+bounds rows of ``pipeline_defs/resume/settings_registry.py``), as obstore's client
 and retry options and as the bound of the conditional puts' own loop. What a failure is:
 :func:`transient` (worth another try), :func:`in_doubt` (the try may have reached the
 store), read from obstore 0.12's error text; :func:`backoff` (exponential, with jitter).
 """
 
 import math
-import os
 import random
 import re
 from dataclasses import dataclass
@@ -17,6 +17,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
+from pipeline_defs.resume.settings_registry import SETTINGS, read
 from resources.storage.base import error_details
 
 if TYPE_CHECKING:
@@ -37,36 +38,38 @@ _UNCOUNTED = 1_000_000  # "no count": the budget in seconds ends the retries fir
 class RetryBudget:
     """How long a bucket storage keeps trying through transient failures."""
 
-    timeout_s: float = 30.0
+    timeout_s: float = SETTINGS["storage_timeout_seconds"].default
     # No count of its own by default: an outage is waited out by time, within ``budget_s``
     # (ten quick retries of a refused connection were spent in seconds, and a step that
     # had paid failed in a one-minute outage). ``PIPELINE_STORAGE_RETRIES`` caps it.
-    retries: int | None = None
-    budget_s: float = 120.0
+    retries: int | None = SETTINGS["storage_retries"].default
+    budget_s: float = SETTINGS["storage_retry_budget_seconds"].default
 
-    ENV = {
-        "timeout_s": "PIPELINE_STORAGE_TIMEOUT_SECONDS",
-        "retries": "PIPELINE_STORAGE_RETRIES",
-        "budget_s": "PIPELINE_STORAGE_RETRY_BUDGET_SECONDS",
+    # field -> its setting in the registry
+    SETTING = {
+        "timeout_s": SETTINGS["storage_timeout_seconds"],
+        "retries": SETTINGS["storage_retries"],
+        "budget_s": SETTINGS["storage_retry_budget_seconds"],
     }
+    ENV = {field: setting.var for field, setting in SETTING.items()}
 
     @classmethod
     def from_env(cls, storage: str) -> "RetryBudget":
         """The budget the ``PIPELINE_STORAGE_*`` variables set (read when opening)."""
         values: dict[str, float | int] = {}
-        for field, name in cls.ENV.items():
-            text = os.environ.get(name, "").strip()
+        for field, setting in cls.SETTING.items():
+            name = setting.var
+            text = read(name).strip()
             if not text:
                 continue
             try:
-                value = int(text) if field == "retries" else float(text)
+                value = int(text) if setting.type is int else float(text)
             except ValueError:
                 value = -1
-            low = 0 if field == "retries" else 0.001
-            if not (math.isfinite(value) and low <= value <= 86_400):
-                cause = (
-                    f"{name}={text!r} is not a number of {field.split('_')[0]} in [{low}, 86400]"
-                )
+            low, high = setting.closed_range()
+            if not (math.isfinite(value) and low <= value <= high):
+                what = field.split("_")[0]
+                cause = f"{name}={text!r} is not a number of {what} in [{low:g}, {high:g}]"
                 raise PipelineError(
                     ErrorCode.STORAGE_CONFIG,
                     f"cannot open storage {storage}: {cause}",

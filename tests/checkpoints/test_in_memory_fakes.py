@@ -1,7 +1,7 @@
 """The run protocol and the judge on object storage, over in-memory fakes: no Dagster run,
 no S3 server, no PostgreSQL, milliseconds per test.
 
-The storage is ``MemoryStorage`` (``tests/support/memory_storage.py``; the suites of
+The storage is ``MemoryStorage`` (``resources/testing.py``; the suites of
 ``tests/storage/`` run on it beside a directory, S3 and Azure, so it keeps their contract),
 the ledger a real ``LedgerStore`` on an in-memory SQLite database (the ``memory_ledger``
 fixture), the checkpoint store the product's over both (``tests/support/memory_machines.py``).
@@ -20,13 +20,13 @@ from pathlib import Path
 import pytest
 from judge_steps import THIEF_RUN_ID, calls, set_knobs, step_key
 from memory_machines import Machine, machines
-from memory_storage import MemoryStorage
 
 from pipeline_defs.resume.decision_types import ResumeAction
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.status import StepStatus
 from pipeline_defs.steps.runner import OutcomeStatus
 from resources.ledger.store import LedgerStore
+from resources.testing import MemoryStorage
 
 pytestmark = pytest.mark.unit
 

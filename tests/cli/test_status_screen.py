@@ -97,6 +97,10 @@ def plant(env: Env, now: datetime) -> None:
         heartbeat_at=at(seconds=-1),
         updated_at=at(minutes=-2),
     )
+    # ... and waits for the shared rate limit (docs/DESIGN.md#rate-limit) for 5 more minutes.
+    ledger.rate_limits.note_wait(
+        EPISODE.step(LIVE), "live:0", "https://api.example/v1", "gpt-x", at(minutes=5)
+    )
     row(
         LAPSED,
         status="running",
@@ -207,6 +211,7 @@ def test_a_healthy_running_step_is_not_counted_as_blocked(payload: dict[str, Any
     assert totals["blocked"] == 1, totals
     live = next(s for s in payload["steps"] if s["step"] == LIVE)
     assert live["verdict"] == "blocked" and live["running_healthy"] is True
+    assert 200 < live["rate_wait_seconds"] <= 300
     assert (live["block_code"], live["what_to_do"]) == (None, None)
 
 
@@ -292,7 +297,8 @@ def test_the_screen_prints_the_summary_before_the_settings(screen: str) -> None:
 
 def test_the_screen_shows_a_live_lease_as_running_not_as_a_block(screen: str) -> None:
     sensor_now = column(screen, "sensor now")
-    assert sensor_now[LIVE] == "running"
+    # A step waiting for the rate limit is running; the screen says what it waits for.
+    assert re.fullmatch(r"waiting for the rate limit, (2\d\d|300) s", sensor_now[LIVE]), sensor_now
     assert sensor_now[EXHAUSTED] == "blocked"
     assert re.fullmatch(r"deferred (59m\d\ds|1h00m)", sensor_now[BACKOFF]), sensor_now
     assert "is working on it" not in screen  # no "what to do" for a live lease

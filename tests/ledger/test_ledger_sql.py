@@ -22,6 +22,8 @@ ALLOWED = {
     "cost_statements.py": "the named statements of provider calls and episode counts",
     "settings_statements.py": "the named statements of the settings table",
     "run_lease_statements.py": "the named statements of run leases",
+    "rate_statements.py": "the named statements of the shared rate limit",
+    "spend_statements.py": "the named statements of money reserved and settled",
     "tables.py": "the tables' definitions (CHECK texts, server defaults)",
     "transitions.py": "the status condition each operation's WHERE takes, from the table",
     "engine.py": "the connection's own PRAGMAs and BEGIN (no statement of the ledger's)",

@@ -12,7 +12,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from memory_storage import MemoryStorage
 from sensor_steps import (
     SENSOR_STEPS,
     Src,
@@ -39,6 +38,7 @@ from pipeline_defs.steps.runner import RunInfo, StepRunner
 from resources.checkpoints.published import published_checkpoints
 from resources.pipeline import LedgerPointers
 from resources.storage import ObjectMeta
+from resources.testing import MemoryStorage
 
 NOW = datetime.now(UTC).replace(microsecond=0)
 ROWS = (
@@ -154,7 +154,7 @@ def test_grid_never_forces_and_launches_only_what_the_rules_allow(grid: Grid) ->
         expected = {
             ResumeAction.SKIP: {Verdict.SKIP},
             ResumeAction.NOT_APPLICABLE: {Verdict.NOT_APPLICABLE},
-            ResumeAction.BLOCK: {Verdict.BLOCKED},
+            ResumeAction.BLOCK: {Verdict.BLOCKED, Verdict.RUNNING},
         }.get(action, {Verdict.LAUNCH, Verdict.DEFERRED, Verdict.WAITING})
         assert ev.verdict in expected
         assert (ev.run_key is not None) == (action in LAUNCH_ACTIONS)
@@ -212,7 +212,7 @@ def _src(grid: Grid, row: str, rc: int, backoff: str | None, cp: str) -> dict[st
         (("partial", 0, None, "present"), "rerun_self", "launch", None),
         (("stale", 0, None, "present"), "rerun_self", "launch", None),
         (("pending", 0, None, "absent"), "rerun_self", "launch", None),
-        (("running_healthy", 0, None, "present"), "block", "blocked", "step.already_running"),
+        (("running_healthy", 0, None, "present"), "block", "running", "step.already_running"),
         (("running_stale", 0, None, "present"), "stale_running_recovery", "launch", None),
         (("running_stale", 0, "future", "present"), "stale_running_recovery", "deferred", None),
         (("running_stale", 3, None, "present"), "block", "blocked", "step.recovery_exhausted"),

@@ -19,7 +19,6 @@ import dagster as dg
 import pytest
 import sqlalchemy as sa
 import yaml
-from memory_storage import MemoryStorage
 from sensor_steps import (
     SENSOR_STEPS,
     VERIFY_CALLS,
@@ -46,6 +45,7 @@ from resources.ledger.reads import Reads
 from resources.ledger.store import LedgerStore
 from resources.pipeline import LedgerPointers, PipelineResource
 from resources.storage import ObjectMeta
+from resources.testing import MemoryStorage
 from sensors.report import REPORT_JOB, reported
 from sensors.resume_sensor import DEFAULT_INTERVAL_SECONDS, TAG_VALUE_LIMIT, build_resume_sensor
 

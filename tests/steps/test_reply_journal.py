@@ -250,3 +250,19 @@ def test_a_damaged_entry_is_never_taken_back(tmp_path: Path, damage: str) -> Non
     assert fresh.take(_digest(CALL), 1) is None
     assert len(fresh.rejected) == 1 and name in fresh.rejected[0]
     assert hashlib.sha256(storage.get(name)).hexdigest()  # left where it was, not deleted
+
+
+def test_an_entry_another_delivery_kept_first_or_gc_took_is_no_failure(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A second keep of the same entry keeps the first's bytes and says it is kept; an entry
+    collected between the listing and the read is a miss, not an error."""
+    kept = KeptReply(b"\x89PNG picture", 1, "offline-image-v1")
+    assert _journal(tmp_path).keep(_digest(CALL), 1, kept, claim="c", call_id=1)
+    with caplog.at_level(logging.WARNING):
+        assert _journal(tmp_path).keep(_digest(CALL), 1, kept, claim="c", call_id=2)
+    assert "could not be kept" not in caplog.text
+    reader = _journal(tmp_path)
+    assert reader.take(_digest(CALL), 2) is None  # lists the lineage: the entry is there
+    LocalStorage(tmp_path).delete(reader.entry_key(_digest(CALL), 1))
+    assert reader.take(_digest(CALL), 1) is None

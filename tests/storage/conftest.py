@@ -1,7 +1,7 @@
 """Fixtures of the storage suites: every test taking ``storage`` runs on a local directory,
 on S3 (a real moto server, ``tests/support/s3_server.py``), on Azure Blob (the azurite
 emulator, ``tests/support/azurite_server.py``) and on ``MemoryStorage``
-(``tests/support/memory_storage.py``), the in-memory fake the fast tests use: the same suite
+(``resources/testing.py``), the in-memory fake the fast tests use: the same suite
 proves it keeps the contract. The server fixtures are the root conftest's."""
 
 from collections.abc import Callable
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 from azurite_server import AzureServer
-from memory_storage import MemoryStorage
 from s3_server import S3Server
 
 from resources.storage import ObjectStorage, Storage, open_storage
+from resources.testing import MemoryStorage
 
 
 @pytest.fixture(params=["local", "s3", "azure", "memory"])

@@ -4,7 +4,7 @@ and Azure Blob, and the in-memory fake the fast tests use.
 Every test taking ``storage`` runs on ``LocalStorage``, on ``ObjectStorage`` over moto's
 S3 server (``tests/support/s3_server.py``) and over the azurite emulator
 (``tests/support/azurite_server.py``), and on ``MemoryStorage``
-(``tests/support/memory_storage.py``), which passing it proves faithful. Then what only a
+(``resources/testing.py``), which passing it proves faithful. Then what only a
 local directory can get wrong (links, FIFOs, directories where an object should be) and how
 a configured URL is read.
 """

@@ -17,20 +17,20 @@ BACKEND_URL = os.environ.get("PIPELINE_TEST_BACKEND_URL", "redis://127.0.0.1:637
 REQUIRE_ENV = "PIPELINE_REQUIRE_BROKER"
 
 
-def broker_problem() -> str | None:
+def broker_problem(broker_url: str = BROKER_URL, backend_url: str = BACKEND_URL) -> str | None:
     """Why the broker or the backend cannot be used here, or None."""
     import redis
 
     try:
         # kombu ships py.typed but leaves Connection.__init__ unannotated (its stub gap).
-        with Connection(BROKER_URL, connect_timeout=3) as connection:  # type: ignore[no-untyped-call]
+        with Connection(broker_url, connect_timeout=3) as connection:  # type: ignore[no-untyped-call]
             connection.ensure_connection(max_retries=1, timeout=3)
     except Exception as exc:
-        return f"RabbitMQ at {BROKER_URL}: {type(exc).__name__}: {exc}"
+        return f"RabbitMQ at {broker_url}: {type(exc).__name__}: {exc}"
     try:
-        redis.Redis.from_url(BACKEND_URL, socket_connect_timeout=3).ping()
+        redis.Redis.from_url(backend_url, socket_connect_timeout=3).ping()
     except Exception as exc:
-        return f"Redis at {BACKEND_URL}: {type(exc).__name__}: {exc}"
+        return f"Redis at {backend_url}: {type(exc).__name__}: {exc}"
     return None
 
 

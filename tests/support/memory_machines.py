@@ -3,10 +3,10 @@ the judge over object storage (docs/DESIGN.md#storage) with no Dagster, no serve
 but each machine's scratch.
 
 A :class:`Machine` is what a worker, the sensor or the CLI is on a bucket: its own home
-(scratch), the shared ledger (``memory_ledger.py``) and the shared storage
-(``memory_storage.py``), and the checkpoint store the product builds over them with the
-pointers read from the ledger rows. The steps are the test steps ``alpha`` → ``beta`` →
-``gamma`` of ``judge_steps.py``.
+(scratch), the shared ledger (``open_memory_ledger``) and the shared storage
+(``MemoryStorage``, both of ``resources/testing.py``), and the checkpoint store the product
+builds over them with the pointers read from the ledger rows. The steps are the test steps
+``alpha`` → ``beta`` → ``gamma`` of ``judge_steps.py``.
 """
 
 import itertools
@@ -17,7 +17,6 @@ from datetime import datetime
 from pathlib import Path
 
 from judge_steps import PARTITION, STEPS, CountingTextModel, step_key
-from memory_storage import MemoryStorage
 
 from pipeline_defs.judging.evaluation import evaluate_partitions
 from pipeline_defs.judging.step_evaluation import StepEvaluation
@@ -34,6 +33,7 @@ from resources.ledger.store import LedgerStore
 from resources.pipeline import LedgerPointers
 from resources.providers import OfflineImageModel
 from resources.storage import Storage
+from resources.testing import MemoryStorage
 
 GRAPH = StepGraph(STEPS)
 BY_ID = {step.step_id: step for step in STEPS}

@@ -10,8 +10,10 @@ base64 PNG drawn by the offline image model. So the whole pipeline can run again
 import base64
 import hashlib
 import json
+import math
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -41,6 +43,7 @@ class Seen:
     path: str
     headers: dict[str, str]
     body: dict[str, Any]
+    at: float = 0.0  # time.monotonic() when it arrived
 
 
 def chat_body(
@@ -98,6 +101,37 @@ FALLBACKS: dict[str, Callable[[dict[str, Any]], Reply]] = {
 }
 
 
+@dataclass
+class SlidingLimit:
+    """An endpoint's rate limit as a real one counts it: at most ``per_window`` requests of
+    a model in any sliding ``window`` seconds; beyond it a 429 with ``Retry-After`` (whole
+    seconds, until the oldest request counted leaves the window). Refused requests do not
+    count; ``refused`` is how many were answered 429."""
+
+    per_window: int
+    window: float = 60.0
+    accepted: dict[str, deque[float]] = field(default_factory=dict)
+    refused: int = 0
+    times: list[float] = field(default_factory=list)
+
+    def admit(self, model: str, now: float) -> Reply | None:
+        """None when the request is admitted, else the 429 to answer."""
+        seen = self.accepted.setdefault(model, deque())
+        while seen and seen[0] <= now - self.window:
+            seen.popleft()
+        if len(seen) < self.per_window:
+            seen.append(now)
+            self.times.append(now)
+            return None
+        self.refused += 1
+        wait = max(1, math.ceil(seen[0] + self.window - now))
+        return Reply(
+            429,
+            {"error": {"message": "Rate limit reached", "type": "requests"}},
+            headers={"retry-after": str(wait)},
+        )
+
+
 class FakeOpenAI:
     """Scripts per-path replies and records every request (headers and JSON body)."""
 
@@ -109,6 +143,8 @@ class FakeOpenAI:
         self.fallback = fallback
         # Asked first for every request: a Reply answers it, None leaves it to the scripts.
         self.rule: Callable[[str, dict[str, Any]], Reply | None] | None = None
+        # The endpoint's rate limit, if it enforces one (asked before the rule).
+        self.limit: SlidingLimit | None = None
 
     def script(self, path: str, *replies: Reply) -> None:
         with self.lock:
@@ -116,6 +152,10 @@ class FakeOpenAI:
 
     def next_reply(self, path: str, request: dict[str, Any]) -> Reply:
         with self.lock:
+            if self.limit is not None:
+                refused = self.limit.admit(str(request.get("model", "")), time.monotonic())
+                if refused is not None:
+                    return refused
             ruled = self.rule(path, request) if self.rule is not None else None
             if ruled is not None:
                 return ruled
@@ -141,7 +181,7 @@ def _handler_for(server: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
             request = json.loads(raw)
             headers = {name.lower(): value for name, value in self.headers.items()}
             with server.lock:
-                server.requests.append(Seen(path, headers, request))
+                server.requests.append(Seen(path, headers, request, time.monotonic()))
             reply = server.next_reply(path, request)
             if reply.delay:
                 time.sleep(reply.delay)

@@ -30,7 +30,7 @@ from typing import Any
 
 from pipeline_defs.project import ProjectConfig
 from pipeline_defs.resume.decision_types import ResumeAction, ResumeDecision
-from pipeline_defs.resume.errors import ErrorCode, PipelineError
+from pipeline_defs.resume.errors import ErrorCode, OwnershipLost, PipelineError
 from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.resume.status import LedgerRow, StepStatus
 from pipeline_defs.steps.context import ProviderMeter, StepContext
@@ -158,9 +158,7 @@ class StepRunner:
         self.models(self.judge.project(key))
         try:
             outcome = self._claim_and_finalize(key, run, decision, row, inputs)
-        except PipelineError as error:
-            if error.code != ErrorCode.STEP_OWNERSHIP_LOST:
-                raise
+        except OwnershipLost as error:
             outcome = redelivered_outcome(self.judge, key, run, error)
         if run.redraw_items:
             outcome = report_dependents(self.judge, key, run, outcome)

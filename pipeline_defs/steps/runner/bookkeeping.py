@@ -7,7 +7,7 @@ from datetime import timedelta
 
 from pipeline_defs.resume.clock import format_timestamp
 from pipeline_defs.resume.decision_types import ResumeDecision
-from pipeline_defs.resume.errors import ErrorCode, PipelineError
+from pipeline_defs.resume.errors import ErrorCode, OwnershipLost, PipelineError
 from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.resume.status import StepStatus
 from pipeline_defs.steps.faults import crash_point
@@ -42,7 +42,7 @@ class Bookkeeping:
         try:
             yield
         except BaseException as exc:
-            if not (isinstance(exc, PipelineError) and exc.code == ErrorCode.STEP_OWNERSHIP_LOST):
+            if not isinstance(exc, OwnershipLost):
                 self.record_failure(key, run, decision, exc, attempts)
             raise
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipeline_defs.project import money_budget, project_config_path
 from pipeline_defs.resume.completion import CompletionReport
 from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.resume.status import StepStatus
@@ -17,6 +18,7 @@ from pipeline_defs.steps.judge import StepJudge
 from pipeline_defs.steps.lease import Lease
 from pipeline_defs.steps.mutations import PreparedEdit, intents_data
 from pipeline_defs.steps.mutator_edits import MutatorEdits
+from pipeline_defs.steps.rate_wait import LedgerThrottle, limits_of
 from pipeline_defs.steps.runner.exit_verify import exit_verify
 from pipeline_defs.steps.runner.result_envelope import envelope
 from pipeline_defs.steps.runner.run_info import RunInfo
@@ -58,15 +60,28 @@ def execute(
     journal = None
     if lineage is not None:  # None: the claim was lost already; the guard says so below
         journal = writers.checkpoints.journal(key, lineage, judge.log)
+    project = judge.project(key)
+    throttle = LedgerThrottle(
+        writers.ledger.rate_limits,
+        key,
+        run.run_id,
+        limits_of(project.provider),
+        guard=lease.check,
+    )
     meter = ProviderMeter(
         writers.ledger,
         key,
         run.run_id,
         models,
         guard=lease.check,
-        cap=judge.call_cap(key, judge.project(key)),
+        cap=judge.call_cap(key, project),
         claimed=True,
         journal=journal,
+        # prices and money budgets (docs/DESIGN.md#money-budgets)
+        money=money_budget(
+            project, str(project_config_path(writers.checkpoints.home, key.project_id))
+        ),
+        throttle=throttle,
     )
     ctx = writers.context(judge, key, run_id=run.run_id, meter=meter, redraw=run.redraw_items)
     started = clock()

@@ -6,7 +6,7 @@ from pipeline_defs.resume.decision_types import (
     ResumeAction,
     ResumeDecision,
 )
-from pipeline_defs.resume.errors import ErrorCode, PipelineError
+from pipeline_defs.resume.errors import BudgetExhausted, ErrorCode, PipelineError
 from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.resume.status import LedgerRow, StepStatus
 from pipeline_defs.resume.way_out import recovery_way_out
@@ -98,10 +98,8 @@ def is_stop(error: PipelineError) -> bool:
     (``budget.exhausted``: the next judgement of the step is row 14's BLOCK). Dagster's
     run retries do not relaunch a run failed by one (docs/DESIGN.md#recovery-buttons).
     Nothing is judged here: the answer is the judge's, or the fact it would judge on."""
-    return (
-        error.details.get("decision") == ResumeAction.BLOCK.value
-        or error.code == ErrorCode.BUDGET_EXHAUSTED
-    )
+    blocked = error.details.get("decision") == ResumeAction.BLOCK.value
+    return blocked or isinstance(error, BudgetExhausted)
 
 
 def not_applicable(

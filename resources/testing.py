@@ -1,4 +1,18 @@
-"""``MemoryStorage``: the storage contract (docs/DESIGN.md#storage) in a dict, for fast tests.
+"""Fakes for testing a code location built on these resources, with no server and no file.
+
+What the pipeline's own fast tests use, public for other code locations' tests (as a
+task library ships its in-memory connector):
+
+- :class:`MemoryStorage`: the storage contract in a dict. It is one more backend of the
+  storage contract suite (``tests/storage/test_storage_contract.py``, beside a directory,
+  S3 and Azure), so it keeps every promise they keep;
+- :func:`open_memory_ledger`: a real, migrated ``LedgerStore`` on an in-memory SQLite
+  database (the product's SQL, no file), gone when the block ends;
+- :class:`OfflineTextModel` and :class:`OfflineImageModel`: the deterministic models, no
+  endpoint, no key (``provider.kind: offline``; defined in ``resources/providers/``).
+
+``MemoryStorage``
+-----------------
 
 A fake, not a stand-in for a backend's quirks: it keeps every promise of the ``Storage``
 protocol (``resources/storage/base.py``) and the contract suite proves it
@@ -19,15 +33,45 @@ protocol (``resources/storage/base.py``) and the contract suite proves it
 
 One lock serialises every call, so its compare-and-sets are exact under threads (as a
 bucket's are). Like a bucket, a key may be both an object and a prefix of others.
+
+``open_memory_ledger``
+----------------------
+A real ``LedgerStore`` on an in-memory SQLite database: no file, no server.
+
+The store takes a URL and builds its engine itself (``resources/ledger/engine.py``:
+``engine_for``, one engine per URL and process, pysqlite's default pool), so the in-memory
+database must be one that URL reaches from every connection of that pool:
+
+- ``sqlite://`` (``:memory:``) gets SQLAlchemy's ``SingletonThreadPool``: one connection,
+  so one database, *per thread* (a lease's heartbeat thread, a racing claim, would each meet
+  an empty database with no tables), and one engine for the whole process, so every test
+  would share it;
+- ``?mode=memory&cache=shared`` gets the same pool and a deprecation warning;
+- a named database of SQLite's ``memdb`` VFS, ``file:/<name>?vfs=memdb``, is shared by
+  every connection of this process that opens the same name. SQLAlchemy takes it for a file
+  (``QueuePool``: real connections, one per thread), SQLite locks it as it locks a file
+  (``BEGIN IMMEDIATE``, the busy timeout), so claims race as on a file. It lives while a
+  connection to it is open: ``open_memory_ledger`` holds one, and a fresh name per ledger
+  keeps tests apart.
+
+What differs from a ledger file: ``stored_settings`` answers ``{}`` (it refuses to open a
+SQLite ledger that has no file, so as not to create one), and the journal is in memory
+(``PRAGMA journal_mode=WAL`` is a no-op there). Everything else is the product's SQL.
 """
 
+import contextlib
 import hashlib
+import sqlite3
 import threading
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from pipeline_defs.resume.errors import PipelineError
+from resources.ledger.store import LedgerStore
+from resources.providers.offline_images import OfflineImageModel
+from resources.providers.offline_text import OfflineTextModel
 from resources.storage.base import (
     ObjectMeta,
     not_the_version,
@@ -35,6 +79,14 @@ from resources.storage.base import (
     object_missing,
     validate_key,
 )
+
+__all__ = [
+    "MemoryStorage",
+    "OfflineImageModel",
+    "OfflineTextModel",
+    "memory_ledger_url",
+    "open_memory_ledger",
+]
 
 
 @dataclass(frozen=True)
@@ -173,3 +225,25 @@ class MemoryStorage:
             "current_e_tag": None if current is None else current.e_tag,
         }
         return not_the_version(self.url, key, cause, versions)
+
+
+def memory_ledger_url(name: str) -> tuple[str, str]:
+    """The SQLAlchemy URL of the in-memory database ``name`` and its SQLite URI."""
+    uri = f"file:/{name}?vfs=memdb"
+    return f"sqlite:///{uri}&uri=true", uri
+
+
+@contextlib.contextmanager
+def open_memory_ledger() -> Iterator[LedgerStore]:
+    """A migrated ledger on a fresh in-memory database, gone when the block ends."""
+    url, uri = memory_ledger_url(f"ledger-{uuid.uuid4().hex}")
+    keeper = sqlite3.connect(uri, uri=True)  # the database lives while this is open
+    try:
+        ledger = LedgerStore(url)
+        ledger.migrate()
+        try:
+            yield ledger
+        finally:
+            ledger.engine.dispose()
+    finally:
+        keeper.close()

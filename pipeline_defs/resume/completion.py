@@ -20,6 +20,9 @@ class Origin(StrEnum):
     # A mutator's victim no longer holds the edits it published (changed since it was
     # reviewed, gone or blocked): nothing of the mutator is missing; it reviews again.
     VICTIM_CHANGED = "victim_changed"
+    # An input it read changed since (a prompt upstream edited by hand or by a review): what
+    # was made from the old input is made again; nothing is missing.
+    INPUT_CHANGED = "input_changed"
     ARTIFACT_MISSING = "artifact_missing"
     CONTRACT_DRIFT = "contract_drift"
     INVARIANT_DRIFT = "invariant_drift"
@@ -31,10 +34,11 @@ ORIGIN_PRIORITY: Mapping[Origin, int] = MappingProxyType(
     {
         Origin.CLEAN: 0,
         Origin.VICTIM_CHANGED: 1,
-        Origin.ARTIFACT_MISSING: 2,
-        Origin.INVARIANT_DRIFT: 3,
-        Origin.CONTRACT_DRIFT: 4,
-        Origin.VERIFY_CRASHED: 5,
+        Origin.INPUT_CHANGED: 2,
+        Origin.ARTIFACT_MISSING: 3,
+        Origin.INVARIANT_DRIFT: 4,
+        Origin.CONTRACT_DRIFT: 5,
+        Origin.VERIFY_CRASHED: 6,
     }
 )
 

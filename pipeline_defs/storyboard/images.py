@@ -392,7 +392,7 @@ class ImageStep(Step):
         ]
         if outdated:
             return CompletionReport.incomplete(
-                Origin.ARTIFACT_MISSING,
+                Origin.INPUT_CHANGED,
                 tuple(outdated[:MAX_LISTED]),
                 Severity.PARTIAL,
                 missing_count=len(outdated),

@@ -120,6 +120,9 @@ def test_an_accepted_prompt_reaches_its_picture_and_only_it(env: Env) -> None:
     decision = env.judge("scene_image_pipeline")
     assert decision.action.value == "rerun_self", decision
     assert edited in decision.reason and "older prompt" in decision.reason, decision.reason
+    # Nothing is missing: the picture's input changed (not "artifacts are missing").
+    assert decision.origin is not None and decision.origin.value == "input_changed", decision
+    assert "missing" not in decision.reason, decision.reason
     before = env.checkpoint("scene_image_pipeline")
     assert before is not None
     page = env.root / "sheet.html"

@@ -108,6 +108,7 @@ outcomes = st.one_of(
     st.sampled_from(
         [
             Origin.ARTIFACT_MISSING,
+            Origin.INPUT_CHANGED,
             Origin.VICTIM_CHANGED,
             Origin.CONTRACT_DRIFT,
             Origin.INVARIANT_DRIFT,

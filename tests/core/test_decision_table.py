@@ -807,6 +807,7 @@ def test_origin_priority_order() -> None:
         Origin.CONTRACT_DRIFT,
         Origin.INVARIANT_DRIFT,
         Origin.ARTIFACT_MISSING,
+        Origin.INPUT_CHANGED,
         Origin.VICTIM_CHANGED,
         Origin.CLEAN,
     ]

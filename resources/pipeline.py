@@ -9,6 +9,7 @@ import dagster as dg
 
 from pipeline_defs.resume.partition import Episode, StepKey
 from pipeline_defs.resume.settings import EffectiveSettings, ResumeSettings, resolve_settings
+from pipeline_defs.resume.settings_registry import RESOURCE, SETTINGS
 from resources.checkpoints.published import published_checkpoints
 from resources.checkpoints.store import CheckpointStore
 from resources.ledger.store import LedgerStore
@@ -17,6 +18,9 @@ from resources.storage import open_storage
 _LOCK = threading.RLock()  # checkpoints_for builds a ledger store under it
 _LEDGERS: dict[str, LedgerStore] = {}
 _CHECKPOINTS: dict[tuple[Path, str | None, str | None, int], CheckpointStore] = {}
+
+# The settings a field of the resource sets (a field each, above the variable and the ledger).
+RESOURCE_KEYS: tuple[str, ...] = SETTINGS.keys_from(RESOURCE)
 
 
 def ledger_for(url: str) -> LedgerStore:
@@ -82,19 +86,25 @@ class LedgerPointers:
 class PipelineResource(dg.ConfigurableResource["PipelineResource"]):
     """Where the data lives and how the judge is tuned.
 
-    Unset fields fall back to ``PIPELINE_*`` environment variables, read when a run or a
-    sensor tick asks (never at import), then to the ledger's settings table (shared by the
-    sensor daemon and every run worker), then to the defaults of :class:`ResumeSettings`.
+    One field per setting the registry lets the resource set (``RESOURCE_KEYS``: where the
+    data and the ledger live, and every limit the ledger holds), each with its row's doc as
+    the launchpad's help. Unset fields fall back to ``PIPELINE_*`` environment variables,
+    read when a run or a sensor tick asks (never at import), then to the ledger's settings
+    table (shared by the sensor daemon and every run worker), then to the defaults of
+    :class:`ResumeSettings`.
     """
 
-    home: str | None = None
-    db_url: str | None = None
+    home: str | None = SETTINGS["home"].resource_field()
+    db_url: str | None = SETTINGS["db_url"].resource_field()
     # Where checkpoints are published: unset, files under ``home``; s3://, gs://, az://
-    # (or a directory) makes ``home`` scratch (PIPELINE_STORAGE_URL).
-    storage_url: str | None = None
-    running_timeout_seconds: int | None = None
-    max_recovery_attempts: int | None = None
-    retry_backoff_seconds: int | None = None
+    # (or a directory) makes ``home`` scratch.
+    storage_url: str | None = SETTINGS["storage_url"].resource_field()
+    running_timeout_seconds: int | None = SETTINGS["running_timeout_seconds"].resource_field()
+    lease_seconds: float | None = SETTINGS["lease_seconds"].resource_field()
+    heartbeat_seconds: float | None = SETTINGS["heartbeat_seconds"].resource_field()
+    max_recovery_attempts: int | None = SETTINGS["max_recovery_attempts"].resource_field()
+    retry_backoff_seconds: int | None = SETTINGS["retry_backoff_seconds"].resource_field()
+    max_calls_per_episode: int | None = SETTINGS["max_calls_per_episode"].resource_field()
 
     def settings(self) -> ResumeSettings:
         return self.effective_settings().settings
@@ -107,12 +117,7 @@ class PipelineResource(dg.ConfigurableResource["PipelineResource"]):
         """
         return resolve_settings(
             ledger=self.ledger().stored_settings(),
-            home=self.home,
-            db_url=self.db_url,
-            storage_url=self.storage_url,
-            running_timeout_seconds=self.running_timeout_seconds,
-            max_recovery_attempts=self.max_recovery_attempts,
-            retry_backoff_seconds=self.retry_backoff_seconds,
+            **{key: getattr(self, key) for key in RESOURCE_KEYS},
         )
 
     def location(self) -> ResumeSettings:

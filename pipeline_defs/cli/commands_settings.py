@@ -10,7 +10,7 @@ from pipeline_defs.cli.app import checked_workspace, main
 from pipeline_defs.cli.render import render_table
 from pipeline_defs.cli.shared import operation
 from pipeline_defs.operations.workspace import load_workspace, safe_url
-from pipeline_defs.resume.settings import ENV_NAMES, env_ledger_values, format_value
+from pipeline_defs.resume.settings import ENV_NAMES, LEDGER_KEYS, env_ledger_values
 from pipeline_defs.resume.settings_registry import read
 from resources.ledger.store import worker
 
@@ -57,17 +57,24 @@ def settings_group() -> None:
 @settings_group.command("show")
 @operation("settings show")
 def settings_show(*, as_json: bool) -> dict[str, Any] | None:
-    """Each setting in force and where it came from (env, ledger, default)."""
+    """Every PIPELINE_* setting, its value in force and where it came from (resource, env,
+    ledger, default); the ledger holds the judge's limits (settings set)."""
     ws = load_workspace()  # not checked_workspace(): no refusal on the pair it is there to show
-    rows = ws.effective_settings.rows()
+    effective = ws.effective_settings
+    every = effective.registry_rows()
     if as_json:
-        return {"ledger": safe_url(ws.ledger.url), "settings": rows}
+        return {
+            "ledger": safe_url(ws.ledger.url),
+            "settings": effective.rows(),  # the ledger-held ones, values typed
+            "variables": every,
+        }
     click.echo(
         render_table(
-            ["setting", "value", "source", "override variable"],
-            [(r["key"], format_value(r["value"]), r["source"], r["env"]) for r in rows],
+            ["setting", "value", "source", "variable"],
+            [(r["key"], r["value"], r["source"], r["variable"]) for r in every],
         )
     )
+    click.echo(f"held in the ledger (storyboard settings set): {', '.join(LEDGER_KEYS)}")
     return None
 
 

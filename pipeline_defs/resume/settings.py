@@ -260,6 +260,25 @@ class EffectiveSettings:
             for key in keys
         ]
 
+    def registry_rows(self, env: Mapping[str, str] | None = None) -> list[dict[str, str]]:
+        """One row per setting of the registry, in its order: key, variable, value as an
+        operator may see it (``Setting.shown``), source. The judge's settings as in force;
+        the others (read where they are used) as this process's variable sets them, else
+        their default (``env``: this process's environment, read now)."""
+        rows = []
+        for setting in SETTINGS:
+            if setting.key in ENV_NAMES:
+                value: object = getattr(self.settings, setting.key)
+                source = self.sources.get(setting.key, SOURCE_DEFAULT)
+            else:
+                text = read(setting.var, env)
+                value, source = (text, SOURCE_ENV) if text else (setting.default, SOURCE_DEFAULT)
+            shown = setting.shown(None if value is None else format_value(value))
+            rows.append(
+                {"key": setting.key, "variable": setting.var, "value": shown, "source": source}
+            )
+        return rows
+
 
 def resolve_settings(
     env: Mapping[str, str] | None = None,

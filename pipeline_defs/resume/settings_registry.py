@@ -5,15 +5,17 @@ it may come from (the environment, the ledger's ``settings`` table, a field of t
 location's ``PipelineResource``) and a one-line doc. From the table come the judge's
 validated settings (``pipeline_defs/resume/settings.py``: each field's default and bounds),
 the fleet's and the bucket storage's (their variables, defaults and bounds), the keys the
-ledger holds (``storyboard settings show|set``), the resource's fields and their launchpad
-help (``resources/pipeline.py``) and the variable table of docs/OPERATING.md
-(:func:`markdown_table`, kept equal by ``tests/core/test_settings_registry.py``).
+ledger holds (``storyboard settings set``), the rows ``storyboard settings show`` prints, the
+resource's fields and their launchpad help (``resources/pipeline.py``) and the variable
+table of README.md (:func:`markdown_table`, kept equal by
+``tests/core/test_settings_surfaces.py``).
 
 :func:`read` is the only reader of a ``PIPELINE_*`` variable, at call time (never at
 import); no other module names one (``tests/core/test_settings_registry.py``).
 """
 
 import os
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +42,11 @@ MAX_OFFLINE_LATENCY_MS = 600_000  # 10 minutes per simulated call
 DEFAULT_MAX_CALLS_PER_EPISODE = 200
 MAX_CALLS_PER_EPISODE = 10_000_000
 MAX_STORAGE_SECONDS = 86_400  # a bucket request's timeout, retries and retry budget
+
+
+UNSET = "(unset)"
+# ``scheme://user:password@host``: the password of a URL a setting may hold.
+_URL_PASSWORD = re.compile(r"(://[^/@:]*:)[^/]*@")
 
 
 @dataclass(frozen=True)
@@ -88,11 +95,26 @@ class Setting:
             allow_inf_nan=False if self.type is float else None,
         )
 
+    def shown(self, value: object) -> str:
+        """``value`` as an operator may see it printed: a secret only as set or not, a
+        URL's password hidden, no value as ``(unset)``."""
+        if value is None or value == "":
+            return UNSET
+        if self.kind == "secret":
+            return "(set)"
+        text = str(value)
+        if self.kind == "url":
+            return _URL_PASSWORD.sub(r"\1***@", text)
+        return text
+
     def resource_field(self) -> Any:
         """The ``PipelineResource`` field: unset by default, the doc as the launchpad's help."""
         if RESOURCE not in self.sources:
             raise ValueError(f"{self.var} is not set on the resource (sources {self.sources})")
-        return Field(default=None, description=f"{self.doc} (else {self.var})")
+        then = ", then the ledger's setting" if LEDGER in self.sources else ""
+        return Field(
+            default=None, description=f"{self.doc} (unset: {self.var}{then}, then the default)"
+        )
 
 
 class Registry:
@@ -349,7 +371,7 @@ def var(key: str) -> str:
 
 
 def markdown_table(registry: Registry = SETTINGS) -> str:
-    """The docs' variable table, one row per setting, as docs/OPERATING.md holds it."""
+    """The docs' variable table, one row per setting, as README.md holds it."""
     lines = [
         "| variable | type | default | bounds | from | what it sets |",
         "|---|---|---|---|---|---|",

@@ -58,8 +58,10 @@ refresh spread over ticks throws nothing away).
 
 The phases live in modules of their own: :mod:`~pipeline_defs.judging.scan` (the
 filesystem scan), :mod:`~pipeline_defs.judging.plan` (what to judge),
+:mod:`~pipeline_defs.judging.tick_rows` (the ledger rows to judge with),
 :mod:`~pipeline_defs.judging.dispatch` (in process or in workers, within the budget),
 :mod:`~pipeline_defs.judging.memo` (what is remembered per partition),
+:mod:`~pipeline_defs.judging.tick_subdirs` (artifact sub-directories found while judging),
 :mod:`~pipeline_defs.judging.blocks` (which blocks to report) and
 :mod:`~pipeline_defs.judging.cursor` (the persisted cursor); the process-wide tickers are
 in :mod:`~pipeline_defs.judging.registry`.
@@ -70,7 +72,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from pipeline_defs.judging.blocks import block_diff
 from pipeline_defs.judging.cursor import CursorState, digest, scope_of
@@ -86,11 +88,13 @@ from pipeline_defs.judging.plan import (
     hold_for_backfills,
     unchanged,
 )
-from pipeline_defs.judging.scan import PartitionScan, Scan, episode_of, scan_partitions, tree_digest
-from pipeline_defs.judging.step_evaluation import JUDGED_COLUMNS, StepEvaluation
+from pipeline_defs.judging.scan import PartitionScan, scan_partitions, tree_digest
+from pipeline_defs.judging.step_evaluation import StepEvaluation
 from pipeline_defs.judging.stores import ReadStores
 from pipeline_defs.judging.tick_result import TickConfig, TickResult, TickStats
-from pipeline_defs.resume.clock import as_utc, format_timestamp, parse_timestamp
+from pipeline_defs.judging.tick_rows import TickRows
+from pipeline_defs.judging.tick_subdirs import known_subdirs, settle_subdirs
+from pipeline_defs.resume.clock import as_utc
 from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.resume.status import LedgerRow
 from pipeline_defs.steps.spec import Step
@@ -129,9 +133,6 @@ _AFTER_PER_KEY = 50e-6
 _MAX_RESERVE_SHARE = 0.5
 _PACE_MARGIN = 0.8
 _BACKLOG_MIN = 50
-# Partitions per targeted row read: the ledger store filters up to 500 (project, episode)
-# pairs in a query (its _PAIR_FILTER_LIMIT), and reads more partitions' projects whole.
-_ROWS_PER_READ = 500
 
 
 # ----------------------------------------------------------------------------- ticker
@@ -143,6 +144,7 @@ class ResumeTicker:
         self.stores = stores
         self.config = config
         self.scope = scope_of(self.judge.steps, stores)
+        self.rows = TickRows(stores.ledger, self.judge.step_ids)
         self.dispatch = JudgeDispatch(
             self.judge,
             stores,
@@ -302,7 +304,13 @@ class ResumeTicker:
         backfilled_before = self._backfilled if plan.memory_ok else set()
         self._backfilled = (set(stats.backfills) | (backfilled_before - set(judged))) & self._held
         checks, blocked = block_diff(evaluations, blocked, keys, self.judge.step_ids)
-        shape, tree = self._settle_subdirs(plan, memos)
+        shape, tree = settle_subdirs(
+            plan,
+            memos,
+            self.judge.step_ids,
+            self.judge.artifact_dirs,
+            self.stores.checkpoints.scan_layout,
+        )
 
         self._memos = memos
         stats.unjudged = sum(pk not in memos for pk in self._unfinished)
@@ -354,7 +362,7 @@ class ResumeTicker:
         epoch = now.timestamp()
         parts = digest(keys)
         marker = self.stores.ledger.cursor()
-        shape = PartitionScan(self.judge.step_ids, self._subdirs(state))
+        shape = PartitionScan(self.judge.step_ids, known_subdirs(state, self.judge.artifact_dirs))
         memory_ok = state is not None and self._token is not None and state.token == self._token
         last_full = state.full_at if state is not None else None
         refresh = self.config.full_refresh_seconds
@@ -403,7 +411,7 @@ class ResumeTicker:
             stats.mode = "full" if memory_ok else "cold"
             plan.full_at = epoch
             targets = {pk: "all" for pk in keys}
-            rows = self._read_rows(keys, None, stats)
+            rows = self.rows.read(keys, None, stats)
         else:
             stats.mode = "incremental"
             targets = changed_partitions(keys, scanned, self._memos, epoch)
@@ -416,7 +424,7 @@ class ResumeTicker:
             plan.deferred = self._defer_backlog(targets, deadline)
             named = self._incremental_rows(targets, marker, stats, len(keys))
             # Too many changes to name them: one full read instead.
-            rows = named if named is not None else self._read_rows(keys, None, stats)
+            rows = named if named is not None else self.rows.read(keys, None, stats)
             add_ledger_changes(targets, keys, rows, self._memos)
         for why in targets.values():
             stats.changed[why] = stats.changed.get(why, 0) + 1
@@ -454,104 +462,12 @@ class ResumeTicker:
             del targets[pk]
         return backlog[fits:]
 
-    def _read_rows(
-        self,
-        keys: Sequence[str],
-        changed_since: tuple[int, str] | None,
-        stats: TickStats,
-        *,
-        targeted: bool = False,
-    ) -> dict[StepKey, LedgerRow]:
-        """The rows of ``keys`` (and those changed since), in one read; ``targeted``: some
-        of the partitions only, read in slices the ledger store filters by (project,
-        episode) pairs (one read of more pairs reads their projects' rows whole)."""
-        episodes = [e for e in (episode_of(pk) for pk in keys) if e is not None]
-        if not episodes and changed_since is None:
-            return {}
-        slices = (
-            [episodes[i : i + _ROWS_PER_READ] for i in range(0, len(episodes), _ROWS_PER_READ)]
-            if targeted and changed_since is None
-            else [episodes]
-        )
-        rows: dict[StepKey, LedgerRow] = {}
-        for part in slices:
-            stats.row_queries += 1
-            rows.update(
-                self.stores.ledger.get_many(
-                    episodes=part,
-                    step_ids=self.judge.step_ids,
-                    changed_since=changed_since,
-                    columns=JUDGED_COLUMNS,
-                )
-            )
-        stats.rows_fetched += len(rows)
-        return rows
-
     def _incremental_rows(
         self, targets: Mapping[str, str], marker: tuple[int, str], stats: TickStats, total: int
     ) -> dict[StepKey, LedgerRow] | None:
         """The rows of ``targets`` and of the partitions touched in the ledger since the
-        last tick; None when there are too many to name (one full read is cheaper): more
-        than ``max_targeted`` and than a quarter of all ``total`` partitions."""
-        if len(targets) > max(self.config.max_targeted, total // 4):
-            return None
-        if self._marker == marker:
-            return self._read_rows(list(targets), None, stats, targeted=True) if targets else {}
-        assert self._marker is not None
-        seq, updated = self._marker
-        since = parse_timestamp(updated)
-        if since is None:
-            return None
-        back = format_timestamp(since - timedelta(seconds=self.config.skew_seconds))
-        if not targets:
-            return self._read_rows([], (seq, back), stats)
-        # Partitions touched in the ledger, and the ones changed on disk: two reads, each
-        # driven by an index. Asked in one query (``touched OR listed``), the OR keeps
-        # PostgreSQL from using either index: it scanned the whole table, 0.1 s per 20,000
-        # rows of server time while the tick waited (benchmarks/sensor_tick.py, 1 % tick).
-        rows = self._read_rows([], (seq, back), stats)
-        rows.update(self._read_rows(list(targets), None, stats, targeted=True))
-        return rows
-
-    # ------------------------------------------------------------------ subdirs
-    def _subdirs(self, state: CursorState | None) -> dict[str, list[str]]:
-        merged: dict[str, set[str]] = {}
-        if state is not None:
-            for step_id, known in state.subdirs.items():
-                merged.setdefault(step_id, set()).update(known)
-        for step_id, found in self.judge.artifact_dirs.items():
-            merged.setdefault(step_id, set()).update(found)
-        return {k: sorted(v) for k, v in merged.items() if v}
-
-    def _settle_subdirs(
-        self, plan: TickPlan, memos: Mapping[str, Memo]
-    ) -> tuple[PartitionScan, str]:
-        """Artifact sub-directories found in envelopes become part of the tree identity.
-
-        Only the new ones are stat'ed (into ``memos`` too); everything else keeps the
-        identity seen before judging, so a change made while the tick judged still shows
-        up as a change next tick.
-        """
-        subdirs = plan.shape.subdirs
-        merged = {
-            k: sorted(set(subdirs.get(k, ())) | self.judge.artifact_dirs.get(k, set()))
-            for k in set(subdirs) | set(self.judge.artifact_dirs)
-        }
-        merged = {k: v for k, v in merged.items() if v}
-        if merged == {k: list(v) for k, v in subdirs.items()}:
-            return plan.shape, plan.tree
-        wider = PartitionScan(self.judge.step_ids, merged)
-        layout = self.stores.checkpoints.scan_layout
-        rescanned: dict[str, Scan] = {}
-        for pk, scan in plan.scanned.items():
-            episode = episode_of(pk)
-            if episode is not None and scan.ints:
-                base = layout.checkpoint_episode_dir(episode.project_id, episode.episode_id)
-                scan = scan._replace(ints=plan.shape.widen(scan.ints, wider, base + "/"))
-                if pk in memos:
-                    memos[pk].tree = scan.ints
-            rescanned[pk] = scan
-        return wider, tree_digest(plan.keys, rescanned)
+        last tick (:meth:`TickRows.incremental`); None when one full read is cheaper."""
+        return self.rows.incremental(targets, self._marker, marker, stats, total, self.config)
 
     def close(self) -> None:
         """Stop the worker processes (if any)."""

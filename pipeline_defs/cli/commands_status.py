@@ -23,9 +23,11 @@ from pipeline_defs.cli.render import (
 from pipeline_defs.cli.shared import operation
 from pipeline_defs.operations.operator_words import shown_status
 from pipeline_defs.operations.status_report import StepState, status_report
+from pipeline_defs.operations.status_spend import SpendFigures, SpendReport
 from pipeline_defs.operations.status_summary import QueueHolder, StatusSummary, UnservedQueue
 from pipeline_defs.operations.workspace import Workspace
 from pipeline_defs.resume.fleet_settings import worker_command
+from pipeline_defs.resume.money import money_text
 from pipeline_defs.resume.settings import EffectiveSettings, format_value
 from pipeline_defs.steps.lease import abandoned_after_seconds
 
@@ -56,6 +58,7 @@ def status(*, partitions: tuple[str, ...], as_json: bool) -> dict[str, Any] | No
     # One write for the table (a reader that stops early, e.g. ``head``, cuts it short).
     click.echo("\n".join(_status_table(report.steps, width)) if report.steps else "no partitions")
     lines = ["", *packed("", _totals_items(report.totals), width)]
+    lines += _spend_lines(report.spend)
     lines += _worker_lines(report.steps, width)
     lines += _summary_lines(
         report.summary, width, ws.settings.lease_seconds, ws.settings.heartbeat_seconds
@@ -105,6 +108,34 @@ def _status_table(steps: Sequence[StepState], width: int) -> list[str]:
         if s.what_to_do and first is None:
             advice(lines, s.what_to_do, width)
     return lines
+
+
+def _spent(figures: SpendFigures, today: bool) -> str:
+    calls = figures.calls_today if today else figures.calls_total
+    micros = figures.cost_today_micros if today else figures.cost_total_micros
+    return f"{calls} call{'s' if calls != 1 else ''} {money_text(micros)}"
+
+
+def _spend_lines(spend: SpendReport) -> list[str]:
+    """Per project, then per episode that recorded a call: today (UTC) and in all, in calls
+    and money; spent/limit beside the money budget it counts against (the project's day, the
+    episode's whole)."""
+    lines = [f"spend, today ({spend.day} UTC) and in all:"]
+    for project in spend.projects:
+        f = project.figures
+        today = _spent(f, True)
+        if f.budget_micros is not None:
+            today += f" of {money_text(f.budget_micros)} (max_cost_per_project_per_day)"
+        lines.append(f"  project {project.project}: today {today}; in all {_spent(f, False)}")
+    for episode in spend.episodes:
+        f = episode.figures
+        if not f.calls_total and f.budget_micros is None:
+            continue
+        total = _spent(f, False)
+        if f.budget_micros is not None:
+            total += f" of {money_text(f.budget_micros)} (max_cost_per_episode)"
+        lines.append(f"  {episode.partition}: today {_spent(f, True)}; in all {total}")
+    return lines if len(lines) > 1 else []
 
 
 def _worker_lines(steps: Sequence[StepState], width: int) -> list[str]:

@@ -21,6 +21,7 @@ from pipeline_defs.operations.shadow_decide import (
     owner_ended_rule,
     verdict_counts,
 )
+from pipeline_defs.operations.status_spend import SpendReport, spend_report
 from pipeline_defs.operations.status_summary import (
     QUEUED_VERDICTS,
     LeaseSummary,
@@ -140,6 +141,9 @@ class StatusReport:
     totals: dict[str, Any]
     p95_claimed_seconds: dict[str, float | None]  # per step, over the finished rows
     summary: StatusSummary
+    # Per episode and project, today (UTC) and in all, in calls and money, beside the money
+    # budgets set (docs/DESIGN.md#money-budgets).
+    spend: SpendReport
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -151,6 +155,7 @@ class StatusReport:
             "totals": self.totals,
             "p95_claimed_seconds": self.p95_claimed_seconds,
             "summary": self.summary.as_dict(),
+            "spend": self.spend.as_dict(),
         }
 
 
@@ -428,7 +433,8 @@ def status_report(
         ),
         last_hour=last_hour(audit, now),
     )
-    return StatusReport(states, totals, p95, summary)
+    spend = spend_report(ws, episodes, now, by_episode=scope is not None)
+    return StatusReport(states, totals, p95, summary, spend)
 
 
 def _waiting(states: Sequence[StepState], queue: Mapping[str, Any], now: datetime) -> QueueSummary:

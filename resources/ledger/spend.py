@@ -10,6 +10,7 @@ exceeded by what is reserved. A refused call records and counts nothing (its tra
 rolls back).
 """
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from sqlalchemy.engine import Connection
@@ -62,6 +63,20 @@ class SpendLine:
     priced: int  # calls that had a price
 
 
+@dataclass(frozen=True)
+class SpendTotal:
+    """The calls and money (spent or reserved, micro-units) of one episode, or of a whole
+    project (``episode_id`` None), in all and on one UTC day."""
+
+    project_id: str
+    episode_id: str | None
+    calls: int
+    calls_today: int
+    micros: int
+    micros_today: int
+    priced: int  # calls that had a price
+
+
 class Spend:
     """Settling calls and reading the spend."""
 
@@ -101,11 +116,49 @@ class Spend:
 
         self.session.retry("settle a provider call", body)
 
-    def spend_lines(self, project_id: str | None = None) -> list[SpendLine]:
-        """Every episode's calls and money per day (of one project, or all)."""
-        query = spend_statements.spend_by_episode(project_id)
+    def spend_lines(
+        self, project_id: str | None = None, episodes: Iterable[tuple[str, str]] | None = None
+    ) -> list[SpendLine]:
+        """Every episode's calls and money per day (of one project, of ``episodes``:
+        (project, episode) pairs, or of all)."""
+        pairs = None if episodes is None else list(episodes)
+        query = spend_statements.spend_by_episode(project_id, pairs)
         with self.session.single() as conn:
             rows = conn.execute(query).all()
         return [
             SpendLine(str(p), str(e), str(d), int(c), int(m), int(n)) for p, e, d, c, m, n in rows
+        ]
+
+    def episode_totals(
+        self,
+        today: str,
+        episodes: Iterable[tuple[str, str]] | None = None,
+        *,
+        project_ids: Iterable[str] | None = None,
+    ) -> list[SpendTotal]:
+        """Per episode that recorded a call, of ``episodes`` ((project, episode) pairs), else
+        of the projects ``project_ids``: its calls and money in all and of ``today``
+        (``YYYY-MM-DD``, UTC). Only their rows are read."""
+        pairs = None if episodes is None else list(episodes)
+        projects = None if project_ids is None else sorted(set(project_ids))
+        if pairs == [] or projects == [] or (pairs is None and projects is None):
+            return []
+        query = spend_statements.episode_totals(today, pairs, projects)
+        rows = self.session.in_read("read the episodes' spend", lambda c: c.execute(query).all())
+        return [
+            SpendTotal(str(p), str(e), int(c), int(ct), int(m), int(mt), int(n))
+            for p, e, c, ct, m, mt, n in rows
+        ]
+
+    def project_totals(self, today: str, project_ids: Iterable[str]) -> list[SpendTotal]:
+        """Per project of ``project_ids`` that recorded a call: its calls and money in all
+        and of ``today``, every episode together. Only those projects' rows are read."""
+        projects = sorted(set(project_ids))
+        if not projects:
+            return []
+        query = spend_statements.project_totals(today, projects)
+        rows = self.session.in_read("read the projects' spend", lambda c: c.execute(query).all())
+        return [
+            SpendTotal(str(p), None, int(c), int(ct), int(m), int(mt), int(n))
+            for p, c, ct, m, mt, n in rows
         ]

@@ -7,12 +7,13 @@ Run by :mod:`resources.ledger.spend` (the rules of every statement module are
 statement.
 """
 
+from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
 
 from pipeline_defs.resume.partition import StepKey
-from resources.ledger.statements import upsert
+from resources.ledger.statements import of_episodes, upsert
 from resources.ledger.tables import episode_calls, project_day_spend, provider_call
 
 # What a call spent: its settled cost, else (failed, outcome unknown, not settled yet) the
@@ -107,8 +108,11 @@ def shift_project_day(project_id: str, day: str, delta: int) -> sa.Update:
     )
 
 
-def spend_by_episode(project_id: str | None = None) -> sa.Select[Any]:
-    """Per episode: calls and money (spent or reserved) in all, and of ``today``."""
+def spend_by_episode(
+    project_id: str | None = None, episodes: Sequence[tuple[str, str]] | None = None
+) -> sa.Select[Any]:
+    """Per episode and UTC day: calls and money (spent or reserved), of one project, of
+    ``episodes`` ((project, episode) pairs), or of all."""
     query = sa.select(
         provider_call.c.project_id,
         provider_call.c.episode_id,
@@ -119,4 +123,45 @@ def spend_by_episode(project_id: str | None = None) -> sa.Select[Any]:
     ).group_by(provider_call.c.project_id, provider_call.c.episode_id, _day_of(provider_call.c.at))
     if project_id is not None:
         query = query.where(provider_call.c.project_id == project_id)
+    if episodes is not None:
+        query = query.where(of_episodes(provider_call, episodes))
     return query
+
+
+def _totals(today: str) -> list[Any]:
+    """Calls and money in all and of ``today`` (UTC), and the calls that had a price."""
+    of_today = _day_of(provider_call.c.at) == today
+    return [
+        sa.func.count().label("calls"),
+        sa.func.coalesce(sa.func.sum(sa.case((of_today, 1), else_=0)), 0).label("calls_today"),
+        sa.func.coalesce(sa.func.sum(SPENT), 0).label("micros"),
+        sa.func.coalesce(sa.func.sum(sa.case((of_today, SPENT), else_=0)), 0).label("micros_today"),
+        sa.func.count(provider_call.c.price).label("priced"),
+    ]
+
+
+def episode_totals(
+    today: str,
+    episodes: Sequence[tuple[str, str]] | None = None,
+    project_ids: Sequence[str] | None = None,
+) -> sa.Select[Any]:
+    """Per episode of ``episodes`` ((project, episode) pairs), else of the projects
+    ``project_ids``: its calls and money in all and of ``today``."""
+    query = sa.select(
+        provider_call.c.project_id, provider_call.c.episode_id, *_totals(today)
+    ).group_by(provider_call.c.project_id, provider_call.c.episode_id)
+    if episodes is not None:
+        query = query.where(of_episodes(provider_call, episodes))
+    if project_ids is not None:
+        query = query.where(provider_call.c.project_id.in_(list(project_ids)))
+    return query
+
+
+def project_totals(today: str, project_ids: Sequence[str]) -> sa.Select[Any]:
+    """Per project of ``project_ids``: its calls and money in all and of ``today``, every
+    episode of it together."""
+    return (
+        sa.select(provider_call.c.project_id, *_totals(today))
+        .where(provider_call.c.project_id.in_(list(project_ids)))
+        .group_by(provider_call.c.project_id)
+    )

@@ -47,6 +47,16 @@ def add_episode(
                 f"estimated provider calls: {result['estimated_calls']} for "
                 f"{result['estimate']['scenes']} scenes ({cap})"
             )
+        cost = result["estimated_cost"]
+        if cost is not None:
+            budget = result["max_cost_per_episode"]
+            limit = "" if budget is None else f" (budget {budget} per episode)"
+            click.echo(
+                f"estimated cost: at most {cost['total']} ({cost['text_calls']} text calls at "
+                f"their worst case, {cost['image_calls']} pictures){limit}"
+            )
+        for warning in result["warnings"]:
+            click.echo(f"warning: {warning}", err=True)
     return result
 
 

@@ -22,8 +22,9 @@ from pipeline_defs.resume.budget import CallCap, cap_in_force
 from pipeline_defs.resume.errors import ErrorCode, PipelineError
 from pipeline_defs.resume.files import describe_mode, read_nofollow, write_file_under
 from pipeline_defs.resume.layout import DataLayout
+from pipeline_defs.resume.money import money_text, to_micros
 from pipeline_defs.resume.partition import Episode, validate_id
-from pipeline_defs.storyboard.estimate import CallEstimate, estimate_calls
+from pipeline_defs.storyboard.estimate import CallEstimate, estimate_calls, estimate_cost
 from pipeline_defs.storyboard.story_source import accept_story
 
 
@@ -187,6 +188,17 @@ def add_episode(
     if estimate is not None:  # what a [budget.exhausted] refusal's suggestion covers
         ws.ledger.note_episode_estimate(project_id, episode_id, estimate.total)
     added = register_partition(instance, episode.partition_key)
+    cost = None if estimate is None else estimate_cost(estimate, project, len(payload))
+    budget = project.budget.max_cost_per_episode
+    warnings = []
+    if cost is not None and budget is not None and cost.total > to_micros(budget):
+        # Only said: the budget itself refuses call by call (docs/DESIGN.md#money-budgets).
+        warnings.append(
+            f"the story's estimated calls may cost up to {money_text(cost.total)}, over the "
+            f"episode's money budget of {money_text(to_micros(budget))} "
+            f"(budget.max_cost_per_episode in {config_path}); registered anyway: calls are "
+            "refused only once the budget is spent, and the estimate is a worst case"
+        )
     return {
         "partition": episode.partition_key,
         "story": str(target),
@@ -197,4 +209,7 @@ def add_episode(
         "estimated_calls": estimate.total if estimate is not None else None,
         "estimate": estimate.as_dict() if estimate is not None else None,
         "max_calls_per_episode": cap.limit,
+        "estimated_cost": cost.as_dict() if cost is not None else None,
+        "max_cost_per_episode": None if budget is None else money_text(to_micros(budget)),
+        "warnings": warnings,
     }

@@ -231,8 +231,8 @@ def _judge_settled(
         missing = _summarize(report.missing) or "unspecified artifacts"
         return _rerun(f"completed but artifacts are missing: {missing}", origin)
     if origin is Origin.INPUT_CHANGED:  # made from an input that changed since: made again
-        changed = _summarize(report.missing) or "an input changed"
-        return _rerun(f"completed, but its input changed since: {changed}", origin)
+        inputs = _summarize(report.missing) or "an input changed"
+        return _rerun(f"completed, but its input changed since: {inputs}", origin)
     if origin is Origin.VICTIM_CHANGED:  # a mutator's edits no longer held: review again
         victims = _summarize(report.missing) or "a victim changed"
         return _rerun(f"completed, but its edits no longer hold in: {victims}", origin)

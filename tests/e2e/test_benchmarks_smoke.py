@@ -52,6 +52,8 @@ SMOKE: dict[str, Smoke] = {
     "status_scale.py": Smoke(
         r"postgresql: one partition at 200 vs 20 episodes: [\d.]+x", pg="--pg-url"
     ),
+    # Three processes through one shared rate limit against the local limited endpoint.
+    "rate_limit.py": Smoke(r"granted [\d.]+ requests/min of \d+ \([\d.]+ %", pg="--pg-url"),
 }
 EXCLUDED: dict[str, str] = {
     "convergence_location.py": "not a script: the code location sensor_convergence.py serves",

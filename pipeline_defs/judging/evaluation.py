@@ -41,7 +41,7 @@ import json
 import posixpath
 from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence, Sized
 from dataclasses import replace
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from pipeline_defs.judging.batch_verdicts import PartitionRun, SealedVerdicts
 from pipeline_defs.judging.projects import ProjectCache
@@ -58,7 +58,7 @@ from pipeline_defs.judging.step_evaluation import (
     Verdict,
 )
 from pipeline_defs.judging.stores import PipelineLike, ReadStores, Stores
-from pipeline_defs.resume.clock import MAX_CLOCK_SKEW, as_utc, parse_timestamp
+from pipeline_defs.resume.clock import as_utc
 from pipeline_defs.resume.completion import Origin
 from pipeline_defs.resume.decision_types import (
     CODE_ALREADY_RUNNING,
@@ -76,7 +76,6 @@ from pipeline_defs.resume.identity import (
     directory_identity,
 )
 from pipeline_defs.resume.partition import Episode, StepKey
-from pipeline_defs.resume.settings import ResumeSettings
 from pipeline_defs.resume.status import LedgerRow, StepStatus
 from pipeline_defs.steps.graph import StepGraph, order_steps
 from pipeline_defs.steps.judge import StepJudge
@@ -445,43 +444,6 @@ def _verdict(
     if waits:
         return Verdict.LAUNCH, f"launch {action.value}, in one run after {', '.join(waits)}"
     return Verdict.LAUNCH, f"launch {action.value}"
-
-
-def next_wake(
-    rows: Iterable[LedgerRow], settings: ResumeSettings, now: datetime
-) -> datetime | None:
-    """Earliest future moment at which time alone can change a decision of these rows.
-
-    A running row becomes stale at ``heartbeat_at + lease_seconds`` (without a heartbeat:
-    ``started_at + running_timeout_seconds``), and a lease
-    from beyond the allowed clock skew in the future turns from "investigate" to healthy
-    at ``started_at - MAX_CLOCK_SKEW``; a backoff ends at ``retry_not_before``. Nothing
-    else in the table depends on the clock. Moments past ``datetime.max`` (a year-9999
-    ``started_at``) never come.
-    """
-    now = as_utc(now)
-    timeout = timedelta(seconds=settings.running_timeout_seconds)
-    lease = timedelta(seconds=settings.lease_seconds)
-    found: list[datetime] = []
-    for row in rows:
-        if row.status is StepStatus.RUNNING:
-            started = parse_timestamp(row.started_at)
-            beat = parse_timestamp(row.heartbeat_at)
-            if beat is not None:  # the lease lapses unless renewed (re-read at that time)
-                with contextlib.suppress(OverflowError):
-                    found.append(beat + lease)
-            elif started is not None:
-                with contextlib.suppress(OverflowError):
-                    found.append(started + timeout)
-            if started is not None:
-                with contextlib.suppress(OverflowError):
-                    found.append(started - MAX_CLOCK_SKEW)
-        if row.retry_not_before is not None:  # most rows: no backoff, nothing to parse
-            retry = parse_timestamp(row.retry_not_before)
-            if retry is not None:
-                found.append(retry)
-    future = [t for t in found if t > now]
-    return min(future) if future else None
 
 
 # ----------------------------------------------------------------------------- public API

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
-from pipeline_defs.judging.evaluation import next_wake
 from pipeline_defs.judging.scan import Scan
 from pipeline_defs.judging.step_evaluation import JUDGED_COLUMNS, StepEvaluation, Verdict
+from pipeline_defs.judging.wake import next_wake
 from pipeline_defs.resume.identity import Identity
 from pipeline_defs.resume.partition import StepKey
 from pipeline_defs.resume.settings import ResumeSettings

@@ -4,22 +4,12 @@ Every operation is a short transaction of its own: no connection or transaction 
 while a step body runs. The same statements run on PostgreSQL and SQLite.
 
 :class:`LedgerStore` is the one public class: one :class:`~resources.ledger.session.LedgerSession`
-(the engine, the schema on first use, the retry of a dropped connection) and a small part per
-concern holding it, each in a module of its own. The store names their operations as
-methods of its own, each with the part's signature and a one-line docstring, delegating
-to the part (the part's docstring says the rest):
-
-- :mod:`~resources.ledger.statements` and the ``*_statements`` modules beside it: every SQL
-  statement the parts run, by name;
-- :mod:`~resources.ledger.engine`: one engine per URL and process, SQLite pragmas;
-- :mod:`~resources.ledger.schema`: migrations to head;
-- :mod:`~resources.ledger.settings_cache`: the ``settings`` table, cached and audited;
-- :mod:`~resources.ledger.reads`: single and bulk reads, the cursor, audit and cost rows;
-- :mod:`~resources.ledger.claims`: claims, adoptions, not-applicable rows;
-- :mod:`~resources.ledger.status_writes`: the owner's transition, leases, force, reset;
-- :mod:`~resources.ledger.publishing`: work under the row lock, commit pointers, seals;
-- :mod:`~resources.ledger.audit_and_cost`: audit appends and provider-call rows;
-- :mod:`~resources.ledger.run_leases`: each run's coordinator lease.
+(the engine, the schema on first use, the retry of a dropped connection) and a part per
+concern holding it, each a module: ``settings_cache``, ``reads``, ``claims``,
+``status_writes``, ``publishing``, ``audit_and_cost``, ``run_leases`` (their operations are
+the store's methods, each with the part's signature, delegating), ``spend`` and
+``rate_limits`` (the store's attributes of those names). Every SQL statement is named in
+``statements`` and the ``*_statements`` modules beside it.
 """
 
 from collections.abc import Callable, Iterable, Mapping, Sequence

@@ -13,7 +13,7 @@ import pytest
 import sqlalchemy as sa
 from cli_helpers import CliEnv
 
-from pipeline_defs.judging.evaluation import next_wake
+from pipeline_defs.judging.wake import next_wake
 from pipeline_defs.resume.clock import MAX_CLOCK_SKEW, format_timestamp
 from pipeline_defs.resume.completion import CompletionReport
 from pipeline_defs.resume.decision import decide

@@ -160,7 +160,7 @@ def _worker_lines(steps: Sequence[StepState], width: int) -> list[str]:
 
 def _sensor_now(state: StepState) -> str | None:
     if state.running_healthy and state.rate_wait_seconds is not None:
-        return f"waiting for the rate limit, {math.ceil(state.rate_wait_seconds)} s"
+        return f"rate limit, {math.ceil(state.rate_wait_seconds)}s"
     if state.running_healthy:
         return "running"
     if state.verdict == "deferred" and state.retry_in_seconds is not None:

@@ -365,7 +365,7 @@ def status_report(
                 # A live lease of a run that has ended is no healthy run (the sensor relaunches it).
                 state.running_healthy = (
                     evaluations[episode.partition_key, step_id].running_healthy
-                    and now_judged["verdict"] == "blocked"
+                    and now_judged["verdict"] == "running"
                 )
                 if now_judged["verdict"] == "blocked" and not state.running_healthy:
                     state.block_code = now_judged["code"]

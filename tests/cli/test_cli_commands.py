@@ -292,7 +292,7 @@ def test_decide_is_a_shadow_with_zero_writes(cli_db: CliEnv) -> None:
     assert got["p2/e1", "outline"]["origin"] == "contract_drift"
     assert "scenes.camera_style" in got["p2/e1", "outline"]["reason"]
     assert got["p2/e1", "sketch"]["verdict"] == "skip"
-    assert got["p2/e1", "probe"]["verdict"] == "blocked"
+    assert got["p2/e1", "probe"]["verdict"] == "running"
     assert "running healthy" in got["p2/e1", "probe"]["reason"]
     assert got["p3/e1", "source"]["verdict"] == "launch"
     # One run per partition (docs/DESIGN.md#sensor): outline goes in source's run.

@@ -2,9 +2,10 @@
 and per project, today (UTC) and in all, in calls and in money, beside the project's money
 budgets where ``project.yaml`` sets them.
 
-Read from ``provider_call`` by the ledger (``resources/ledger/spend.py``), filtered in SQL to
-the episodes shown and to their projects. Money is spent or reserved: a settled call's
-cost, else (failed, outcome unknown, still in flight) the worst case reserved for it.
+Read by the ledger (``resources/ledger/spend.py``): an episode's from its ``provider_call``
+rows, filtered in SQL to the episodes shown; a project's from its ``project_day_spend`` rows
+(one per day, kept by every call). Money is spent or reserved: a settled call's cost, else
+(failed, outcome unknown, still in flight) the worst case reserved for it.
 """
 
 from collections.abc import Sequence

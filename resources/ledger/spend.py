@@ -32,20 +32,29 @@ def _refused(budget: str, spent: int, limit: int, reserve: int, key: StepKey) ->
 
 
 def reserve(conn: Connection, key: StepKey, held: Reservation, *, sqlite: bool, day: str) -> None:
-    """Reserve ``held.micros`` for a call of ``key`` (its episode's ``episode_calls`` row is
-    seeded already, by the call count), within each budget set; ``budget.exhausted`` naming
-    the budget that has not the room."""
-    if not held.touches_money:
-        return
+    """Count a call of ``key`` in its project's row of ``day`` and reserve ``held.micros`` for
+    it (its episode's ``episode_calls`` row is seeded already, by the call count), within
+    each budget set; ``budget.exhausted`` naming the budget that has not the room."""
     micros = held.micros
-    update = spend_statements.reserve_episode(key, micros, held.per_episode)
-    if conn.execute(update).rowcount != 1:
-        query = spend_statements.episode_spend(key.project_id, key.episode_id)
-        spent = int(conn.execute(query).scalar_one())
-        raise _refused(EPISODE_MONEY, spent, held.per_episode or 0, micros, key)
-    conn.execute(spend_statements.seed_project_day(sqlite, key.project_id, day))
-    update = spend_statements.reserve_project_day(key.project_id, day, micros, held.per_project_day)
-    if conn.execute(update).rowcount != 1:
+    if held.touches_money:
+        update = spend_statements.reserve_episode(key, micros, held.per_episode)
+        if conn.execute(update).rowcount != 1:
+            query = spend_statements.episode_spend(key.project_id, key.episode_id)
+            spent = int(conn.execute(query).scalar_one())
+            raise _refused(EPISODE_MONEY, spent, held.per_episode or 0, micros, key)
+    update = spend_statements.reserve_project_day(
+        key.project_id, day, micros, held.per_project_day, priced=held.price is not None
+    )
+    counted = conn.execute(update).rowcount == 1
+    if (
+        not counted
+        and conn.execute(spend_statements.project_day_total(key.project_id, day)).first() is None
+    ):
+        # The day's first call of the project: its row, from the day's calls recorded so far
+        # (read once a day, not per call), then the call counted in it.
+        conn.execute(spend_statements.seed_project_day(sqlite, key.project_id, day))
+        counted = conn.execute(update).rowcount == 1
+    if not counted:
         query = spend_statements.project_day_total(key.project_id, day)
         spent = int(conn.execute(query).scalar_one())
         raise _refused(PROJECT_DAY_MONEY, spent, held.per_project_day or 0, micros, key)

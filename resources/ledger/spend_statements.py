@@ -50,28 +50,42 @@ def episode_spend(project_id: str, episode_id: str) -> sa.Select[Any]:
 
 
 def seed_project_day(on_sqlite: bool, project_id: str, day: str) -> Any:
-    """The project's row of ``day``, if it has none, at what its calls of the day spent."""
+    """The project's row of ``day``, if it has none, at what its calls of the day spent (read
+    once a day: the day's first call finds the row missing)."""
     spent = (
-        sa.select(sa.literal(project_id), sa.literal(day), sa.func.coalesce(sa.func.sum(SPENT), 0))
+        sa.select(
+            sa.literal(project_id),
+            sa.literal(day),
+            sa.func.coalesce(sa.func.sum(SPENT), 0),
+            sa.func.count(),
+            sa.func.count(provider_call.c.price),
+        )
         .select_from(provider_call)
         .where(provider_call.c.project_id == project_id, _day_of(provider_call.c.at) == day)
     )
     return (
         upsert(on_sqlite)(project_day_spend)
-        .from_select(["project_id", "day", "cost_micros"], spent)
+        .from_select(["project_id", "day", "cost_micros", "calls", "priced"], spent)
         .on_conflict_do_nothing()
     )
 
 
-def reserve_project_day(project_id: str, day: str, micros: int, limit: int | None) -> sa.Update:
-    """``micros`` more in the project's spend of ``day``, only while within ``limit``."""
+def reserve_project_day(
+    project_id: str, day: str, micros: int, limit: int | None, *, priced: bool
+) -> sa.Update:
+    """One call more in the project's row of ``day``, and ``micros`` more in its spend, only
+    while within ``limit``."""
     within = (project_day_spend.c.cost_micros + micros <= limit,) if limit is not None else ()
     return (
         sa.update(project_day_spend)
         .where(
             project_day_spend.c.project_id == project_id, project_day_spend.c.day == day, *within
         )
-        .values(cost_micros=project_day_spend.c.cost_micros + micros)
+        .values(
+            cost_micros=project_day_spend.c.cost_micros + micros,
+            calls=project_day_spend.c.calls + 1,
+            priced=project_day_spend.c.priced + (1 if priced else 0),
+        )
     )
 
 
@@ -159,9 +173,18 @@ def episode_totals(
 
 def project_totals(today: str, project_ids: Sequence[str]) -> sa.Select[Any]:
     """Per project of ``project_ids``: its calls and money in all and of ``today``, every
-    episode of it together."""
+    episode of it together, from its rows per day (a few per project, whatever its calls)."""
+    day = project_day_spend.c
+    of_today = day.day == today
     return (
-        sa.select(provider_call.c.project_id, *_totals(today))
-        .where(provider_call.c.project_id.in_(list(project_ids)))
-        .group_by(provider_call.c.project_id)
+        sa.select(
+            day.project_id,
+            sa.func.sum(day.calls),
+            sa.func.coalesce(sa.func.sum(sa.case((of_today, day.calls), else_=0)), 0),
+            sa.func.sum(day.cost_micros),
+            sa.func.coalesce(sa.func.sum(sa.case((of_today, day.cost_micros), else_=0)), 0),
+            sa.func.sum(day.priced),
+        )
+        .where(day.project_id.in_(list(project_ids)))
+        .group_by(day.project_id)
     )

@@ -150,14 +150,18 @@ episode_calls = sa.Table(
     sa.Column("cost_micros", sa.BigInteger, nullable=False, server_default=sa.text("0")),
 )
 
-# Money spent or reserved per project and UTC day, micro-units: the project-day budget's
-# counter, kept like ``episode_calls.cost_micros`` by every call that carries money.
+# Per project and UTC day, kept by every call in the transaction that records it: money spent
+# or reserved (micro-units; the project-day budget's counter, kept like
+# ``episode_calls.cost_micros``), the calls, and those that had a price. ``status`` reads a
+# project's spend from these rows (a few per project), never from its calls.
 project_day_spend = sa.Table(
     "project_day_spend",
     metadata,
     sa.Column("project_id", sa.String(64), primary_key=True),
     sa.Column("day", sa.String(10), primary_key=True),  # YYYY-MM-DD, UTC
     sa.Column("cost_micros", sa.BigInteger, nullable=False),
+    sa.Column("calls", sa.BigInteger, nullable=False, server_default=sa.text("0")),
+    sa.Column("priced", sa.BigInteger, nullable=False, server_default=sa.text("0")),
 )
 
 # The judge's limits shared by the sensor daemon and every run worker: one row

@@ -7,7 +7,8 @@ The shipped storyboard with offline models priced in ``project.yaml`` (text free
 0.05), so the money is exact: offline replies report no usage, so every call keeps what was
 reserved for it, and a picture reserves its price. ep01 runs (24 calls, 15 pictures: 0.75);
 a call of ep01 yesterday (1.00), one of ep02 today (0.20) and one of another project today
-(7.00) are planted in ``provider_call``. SQLite and PostgreSQL.
+(7.00) are planted in ``provider_call`` and counted in their projects' days (as recording
+them would have). SQLite and PostgreSQL.
 """
 
 from collections.abc import Iterator
@@ -22,7 +23,7 @@ from cli_homes import EPISODE, PARTITION, shipped
 from pipeline_defs.resume.clock import format_timestamp
 from pipeline_defs.storyboard import sample_stories
 from resources.ledger.store import engine_for
-from resources.ledger.tables import provider_call
+from resources.ledger.tables import project_day_spend, provider_call
 
 # Noon, so "today" and "yesterday" are the days the planted calls name, whatever the hour.
 NOW = datetime.now(UTC).replace(hour=12, minute=0, second=0, microsecond=0)
@@ -84,6 +85,13 @@ def spent(cli_db: CliEnv, monkeypatch: pytest.MonkeyPatch) -> CliEnv:
         )  # fmt: skip
     cli.ok("materialize", "--partition", PARTITION)
     with engine_for(cli.db_url).begin() as conn:
+        # What the run's calls counted in the project's day, as they were recorded.
+        counted = conn.execute(
+            sa.select(project_day_spend.c.calls, project_day_spend.c.cost_micros).where(
+                project_day_spend.c.project_id == EPISODE.project_id
+            )
+        ).all()
+        assert [tuple(row) for row in counted] == [(24, 750_000)], counted
         # The run's calls all today (noon), whenever the test runs.
         conn.execute(sa.update(provider_call).values(at=format_timestamp(NOW)))
         conn.execute(
@@ -93,6 +101,22 @@ def spent(cli_db: CliEnv, monkeypatch: pytest.MonkeyPatch) -> CliEnv:
                 _call(EPISODE.project_id, OTHER, NOW, 200_000),
                 _call("elsewhere", "ep01", NOW, 7_000_000),
             ],
+        )
+        # The planted calls counted in their projects' days, as recording them would have.
+        day = sa.func.substr(provider_call.c.at, 1, 10)
+        spent = sa.func.coalesce(provider_call.c.cost_micros, provider_call.c.reserved_micros)
+        conn.execute(sa.delete(project_day_spend))
+        conn.execute(
+            sa.insert(project_day_spend).from_select(
+                ["project_id", "day", "cost_micros", "calls", "priced"],
+                sa.select(
+                    provider_call.c.project_id,
+                    day,
+                    sa.func.sum(spent),
+                    sa.func.count(),
+                    sa.func.count(provider_call.c.price),
+                ).group_by(provider_call.c.project_id, day),
+            )
         )
     monkeypatch.setattr("pipeline_defs.operations.status_report.utc_now", lambda: NOW)
     return cli
@@ -149,8 +173,10 @@ def test_the_spend_is_read_for_the_episode_and_its_project_only(
         s for s in sent_sql if s.lstrip().upper().startswith("SELECT") and "FROM provider_call" in s
     ]
     spend_reads = [s for s in reads if "sum(" in s.lower()]
-    assert len(spend_reads) == 2, spend_reads  # the episode's, the project's
+    assert len(spend_reads) == 1, spend_reads  # the episode's; the project's is its days'
     for statement in reads:
         where = statement.partition("WHERE")[2]
         assert "provider_call.project_id" in where, statement
+    days = [s for s in sent_sql if "FROM project_day_spend" in s and "sum(" in s.lower()]
+    assert len(days) == 1 and "project_day_spend.project_id IN" in days[0], days
     assert not any("elsewhere" in s for s in sent_sql)

@@ -417,6 +417,37 @@ def test_episode_calls_migration_counts_the_calls_already_recorded(db_url: str) 
         assert conn.exec_driver_sql("SELECT COUNT(*) FROM provider_call").scalar() == 3
 
 
+def test_the_money_migration_counts_the_calls_already_recorded_per_project_day(
+    db_url: str,
+) -> None:
+    """0012 → 0013 adds the projects' rows per day (docs/DESIGN.md#money-budgets), counting
+    the calls recorded before it (none had a price: no money)."""
+    engine = engine_for(db_url)
+    _run(engine, command.upgrade, "0012_rate_limit")
+    with engine.begin() as conn:
+        for project, at in (
+            ("p", "2026-01-01T10:00"),
+            ("p", "2026-01-01T11:00"),
+            ("p", "2026-01-02T09:00"),
+            ("q", "2026-01-02T09:00"),
+        ):
+            conn.exec_driver_sql(
+                "INSERT INTO provider_call (project_id, episode_id, step_id, kind, units, at) "
+                f"VALUES ('{project}', 'e1', 'a', 'text', 1, '{at}')"
+            )
+    _run(engine, command.upgrade, "0013_money")
+    with engine.connect() as conn:
+        rows = conn.exec_driver_sql(
+            "SELECT project_id, day, calls, priced, cost_micros FROM project_day_spend "
+            "ORDER BY project_id, day"
+        ).all()
+    assert [tuple(r) for r in rows] == [
+        ("p", "2026-01-01", 2, 0, 0),
+        ("p", "2026-01-02", 1, 0, 0),
+        ("q", "2026-01-02", 1, 0, 0),
+    ]
+
+
 def test_the_run_lease_migration_adds_its_table_and_takes_it_back(db_url: str) -> None:
     """0008 → 0009 adds ``run_lease`` (docs/DESIGN.md#run-leases): each run's coordinator
     lease; the way back drops it and nothing else."""

@@ -121,6 +121,31 @@ def test_the_project_day_budget_spans_the_projects_episodes(store: LedgerStore) 
     assert _day_micros(store, "p1") == 600_000
 
 
+def test_every_call_is_counted_in_its_projects_day(store: LedgerStore) -> None:
+    """The project's row of the day counts every call, priced or not, and what it reserved:
+    ``status`` reads a project's spend from these rows, never from its calls. A refused call
+    counts nothing."""
+    store.start_provider_call(KEY, "run-a", kind="text")  # no price, no budget
+    priced = Reservation(300_000, per_episode=500_000, price='{"model": "m"}')
+    store.start_provider_call(KEY, "run-a", kind="image", reservation=priced)
+    with pytest.raises(PipelineError):  # 600,000 would pass the episode's 500,000
+        store.start_provider_call(KEY, "run-a", kind="image", reservation=priced)
+    store.start_provider_call(OTHER_EPISODE, "run-b", kind="text")
+    query = sa.select(
+        project_day_spend.c.calls, project_day_spend.c.priced, project_day_spend.c.cost_micros
+    ).where(project_day_spend.c.project_id == "p1")
+    with store.session.single() as conn:
+        rows = [tuple(row) for row in conn.execute(query).all()]
+    assert rows == [(3, 1, 300_000)]
+    (total,) = store.spend.project_totals(rows_day(store), ["p1"])
+    assert (total.calls, total.calls_today, total.micros, total.priced) == (3, 3, 300_000, 1)
+
+
+def rows_day(store: LedgerStore) -> str:
+    with store.session.single() as conn:
+        return str(conn.execute(sa.select(project_day_spend.c.day)).scalars().first())
+
+
 # ------------------------------------------------------------- racing processes
 PROCESSES = 4
 TRIES = 15

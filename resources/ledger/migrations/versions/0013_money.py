@@ -39,7 +39,15 @@ def upgrade() -> None:
         sa.Column("project_id", sa.String(64), nullable=False),
         sa.Column("day", sa.String(10), nullable=False),
         sa.Column("cost_micros", sa.BigInteger, nullable=False),
+        sa.Column("calls", sa.BigInteger, nullable=False, server_default="0"),
+        sa.Column("priced", sa.BigInteger, nullable=False, server_default="0"),
         sa.PrimaryKeyConstraint("project_id", "day", name="pk_project_day_spend"),
+    )
+    # The calls recorded before, counted per project and day (none had a price).
+    op.execute(
+        "INSERT INTO project_day_spend (project_id, day, cost_micros, calls, priced) "
+        "SELECT project_id, substr(at, 1, 10), 0, count(*), 0 FROM provider_call "
+        "GROUP BY project_id, substr(at, 1, 10)"
     )
 
 

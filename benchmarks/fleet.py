@@ -27,7 +27,7 @@ next send" the time from a step's end to the run's next step sent (the coordinat
 the result sent back and its poll tick).
 
     .venv/bin/python benchmarks/fleet.py [--episodes 4] [--latency-ms 1500] [--workers 1,2,4]
-    .venv/bin/python benchmarks/fleet.py --smoke 240    # CI: small, fails past 240 s
+    .venv/bin/python benchmarks/fleet.py --smoke    # CI: small; fails when calls differ
 
 Absolute times differ between machines; the speed-up is the figure (target: 4 workers at
 least 3.6x one worker with 1.5 s calls, zero double calls).
@@ -340,16 +340,14 @@ def main() -> None:
     )
     parser.add_argument(
         "--smoke",
-        type=float,
-        default=None,
-        metavar="SECONDS",
+        action="store_true",
         help=f"a small run for CI ({SMOKE['episodes']} episodes, {SMOKE['latency_ms']} ms "
         f"calls, workers {SMOKE['workers']}; --episodes, --latency-ms and --workers are "
-        "ignored): exits 1 when it takes longer than SECONDS in all, when a run fails or "
-        "when the worker counts' provider calls differ",
+        "ignored): exits 1 when a run fails or when the worker counts' provider calls differ "
+        "(a double call); its time is printed, never judged",
     )
     args = parser.parse_args()
-    if args.smoke is not None:
+    if args.smoke:
         args.episodes, args.latency_ms, args.workers = (
             SMOKE["episodes"],
             SMOKE["latency_ms"],
@@ -385,11 +383,9 @@ def main() -> None:
     problems = []
     if len({r["calls"] for r in results}) != 1:
         problems.append("calls differ between worker counts: a double call?")
-    if args.smoke is not None and took > args.smoke:
-        problems.append(f"the smoke run took {took:.0f} s, over its {args.smoke:g} s")
     for problem in problems:
         print(problem)
-    if args.smoke is not None and problems:
+    if args.smoke and problems:
         sys.exit(1)
 
 

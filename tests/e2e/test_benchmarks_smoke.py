@@ -2,8 +2,9 @@
 
 A benchmark that is only run by hand rots (an import that moved, an option renamed): here
 each script under benchmarks/ runs end to end in seconds, on the suite's PostgreSQL (its
-databases named from a prefix of this test's own, as two people on one server would) and
-the moto S3 server the scripts start from tests/support. The figures are not judged (no
+databases named from a prefix of this test's own, as two people on one server would), the
+moto S3 server the scripts start from tests/support and, for the fleet, the machine's
+RabbitMQ and Redis (a queue of its own; about a minute). The figures are not judged (no
 timed assertion holds on a loaded CI host): a run must end with status 0 and print the line
 that carries its figure. A script left out is named in EXCLUDED with the reason.
 """
@@ -33,6 +34,7 @@ class Smoke:
     figure: str
     pg: str | None = None  # the option naming the PostgreSQL URL, if it takes one
     program: str | None = None  # a program it runs besides Python, skipped without it
+    broker: bool = False  # Celery workers on the machine's RabbitMQ and Redis (--broker-url)
 
 
 SMOKE: dict[str, Smoke] = {
@@ -52,6 +54,8 @@ SMOKE: dict[str, Smoke] = {
     "status_scale.py": Smoke(
         r"postgresql: one partition at 200 vs 20 episodes: [\d.]+x", pg="--pg-url"
     ),
+    # Celery workers (1, then 2) on the broker: a 2-episode backfill each, the same calls.
+    "fleet.py": Smoke(r"\| 2 \| [\d.]+ \| [\d.]+ \| [\d.]+x \| 48 \|", pg="--pg-url", broker=True),
     # Three processes through one shared rate limit against the local limited endpoint.
     "rate_limit.py": Smoke(r"granted [\d.]+ requests/min of \d+ \([\d.]+ %", pg="--pg-url"),
 }
@@ -65,8 +69,6 @@ EXCLUDED: dict[str, str] = {
     "resume_cost_report.py": "not a script: the pieces of resume_cost.py",
     "resume_cost_scenarios.py": "not a script: the pieces of resume_cost.py",
     "sensor_tick_fixture.py": "not a script: the pieces of sensor_tick.py",
-    "fleet.py": "Celery workers on the broker through minutes of backfills, with no size "
-    "small enough here yet; tests/e2e/test_fleet.py runs the fleet itself",
 }
 
 
@@ -82,6 +84,8 @@ def _command(script: str, smoke: Smoke, request: pytest.FixtureRequest) -> list[
         server_url = str(request.getfixturevalue("pg_server_url"))
         prefix = f"smoke_{uuid.uuid4().hex[:8]}"
         command += [smoke.pg, server_url, "--db-prefix", prefix]
+    if smoke.broker:
+        command += ["--broker-url", str(request.getfixturevalue("celery_broker"))]
     return command
 
 

@@ -143,10 +143,15 @@ class Env:
 
     @property
     def pipeline(self) -> PipelineResource:
+        # S6's dead run is stale once its lease lapses: a lease of the running timeout,
+        # renewed at half of it (else the default lease holds the dead run for a minute).
+        timeout = self.running_timeout
         return PipelineResource(
             home=str(self.home),
             db_url=self.db_url,
-            running_timeout_seconds=self.running_timeout,
+            running_timeout_seconds=timeout,
+            lease_seconds=timeout,
+            heartbeat_seconds=None if timeout is None else timeout / 2,
         )
 
     @property

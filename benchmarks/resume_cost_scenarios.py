@@ -138,8 +138,9 @@ def kill_mid_run(
             "killed_returncode": child.returncode,
         }
     )
-    # Wait until the dead run's lease is older than the running timeout.
-    started = parse_timestamp(row.started_at)
+    # Wait until the dead run's lease (its last heartbeat, else its start) is older than the
+    # running timeout, its lease.
+    started = parse_timestamp(row.heartbeat_at) or parse_timestamp(row.started_at)
     assert started is not None
     wait = running_timeout + 0.5 - (datetime.now(UTC) - started).total_seconds()
     if wait > 0:

@@ -50,21 +50,26 @@ class SettingsCache:
             database = sa.engine.make_url(self.session.url).database or ""
             if database in ("", ":memory:") or not Path(database).is_file():
                 return {}  # connecting would create the file
-        query = settings_statements.every_setting()
         try:
-            if self.session.is_sqlite:
-                conn = self.session.engine.connect().execution_options(read_only=True)
-            else:
-                conn = self.session.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
-            with conn:
-                return {str(k): str(v) for k, v in conn.execute(query).all()}
+            return self._select_settings()
         except sa.exc.DBAPIError as exc:
             if is_dropped_connection(exc):
                 raise  # the server, not the table, is missing: retried whole
             with self.session.engine.connect() as conn:
-                if sa.inspect(conn).has_table(settings.name):
-                    raise
-            return {}  # not migrated to 0004 yet
+                if not sa.inspect(conn).has_table(settings.name):
+                    return {}  # not migrated to 0004 yet
+        # The table is there now: another process migrated the new ledger between the read
+        # and the look (processes started at once on a fresh ledger). Read it again.
+        return self._select_settings()
+
+    def _select_settings(self) -> dict[str, str]:
+        query = settings_statements.every_setting()
+        if self.session.is_sqlite:
+            conn = self.session.engine.connect().execution_options(read_only=True)
+        else:
+            conn = self.session.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        with conn:
+            return {str(k): str(v) for k, v in conn.execute(query).all()}
 
     def set_setting(self, key: str, value: str, *, changed_by: str) -> tuple[str | None, str]:
         """Set one setting (validated with the whole table) and audit it: ``(old, new)``.

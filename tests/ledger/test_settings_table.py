@@ -265,3 +265,32 @@ def test_the_cli_refuses_to_start_on_a_bad_variable(cli_db: CliEnv) -> None:
     assert result.exit_code == 1
     assert "PIPELINE_MAX_RECOVERY_ATTEMPTS" in result.output
     assert not (cli_db.home / "ledger.sqlite3").exists()
+
+
+def test_settings_read_while_another_process_migrates_the_new_ledger(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Processes started at once on a new SQLite ledger: one reads the settings while
+    another migrates it. Its read found no table; by the time it looked, the table was
+    there, and it failed ``no such table: settings`` (seen in CI: three ``materialize`` at
+    once). The read is taken again instead."""
+    from resources.ledger.settings_cache import SettingsCache
+
+    url = f"sqlite:///{tmp_path / 'ledger.sqlite3'}"
+    (tmp_path / "ledger.sqlite3").touch()  # created by the other process's first connect
+    reader = LedgerStore(url)
+    select = SettingsCache._select_settings
+    reads: list[str] = []
+
+    def the_other_process_migrates_in_between(cache: SettingsCache) -> dict[str, str]:
+        reads.append("read")
+        if len(reads) == 1:
+            try:
+                return select(cache)  # the real read of the empty file: no such table
+            finally:
+                LedgerStore(url).migrate()  # ... and then the other process commits
+        return select(cache)
+
+    monkeypatch.setattr(SettingsCache, "_select_settings", the_other_process_migrates_in_between)
+    assert reader.stored_settings(max_age=0) == {}
+    assert reads == ["read", "read"]

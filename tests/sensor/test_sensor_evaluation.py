@@ -307,9 +307,11 @@ def test_upstream_running_or_blocked_makes_downstream_wait(
             next(p for p in step_dir.rglob("*") if p.name in ("out.bin", "f0.png")).unlink()
     assert stores.ledger.claim(StepKey("p", "e1", "src"), "busy:0")  # src running
     write_input(pipeline_home, "p/e2", "verify.json", {"mid": "drift"})  # mid blocked
+    # Judged now (not at the module's NOW): the claim's lease starts now, and one started
+    # after the judge's clock would be a lease from the future (a block to investigate).
     evs = {
         (e.partition_key, e.step_id): e
-        for e in evaluate_partitions(SENSOR_STEPS, stores, ["p/e1", "p/e2"], NOW)
+        for e in evaluate_partitions(SENSOR_STEPS, stores, ["p/e1", "p/e2"], datetime.now(UTC))
     }
     assert evs[("p/e1", "src")].verdict is Verdict.RUNNING  # held by a live run: no block
     for step_id in ("mid", "end", "side"):
